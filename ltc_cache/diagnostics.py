@@ -1,0 +1,58 @@
+"""This process's cache counters, and warnings that are given once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections import Counter
+
+__all__ = ["COUNTER_NAMES", "ProcessCounters", "counters", "warn_once"]
+
+logger = logging.getLogger("ltc_cache")
+
+COUNTER_NAMES = ("hits", "misses", "traces", "stores", "errors")
+
+
+class ProcessCounters:
+    """Thread-safe event counts; ``snapshot()`` always has every COUNTER_NAMES key."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._warned: set[str] = set()
+
+    def bump(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += amount
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {name: 0 for name in COUNTER_NAMES} | dict(self._counts)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts.clear()
+            self._warned.clear()
+
+    def first_time(self, topic: str) -> bool:
+        with self._lock:
+            new = topic not in self._warned
+            self._warned.add(topic)
+            return new
+
+
+# One per process by design: ``ltc_cache.stats()`` reports the process.
+counters = ProcessCounters()
+
+
+def warn_once(topic: str, message: str) -> None:
+    """Warn the first time ``topic`` comes up in this process; later ones go
+    to the DEBUG log only.
+
+    A cache problem is never fatal, but a user should hear of it once, not
+    once per compiled graph.
+    """
+    logger.debug("%s", message)
+    if counters.first_time(topic):
+        warnings.warn(f"ltc_cache: {message}", RuntimeWarning, stacklevel=3)

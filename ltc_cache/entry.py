@@ -1,0 +1,166 @@
+"""Entries to and from bytes: msgpack, a schema version and a checksum.
+
+Never pickle: an entry is data a new process can check before it trusts it.
+The envelope ``{"format", "schema", "sha256", "body"}`` is read first, so an
+entry of another schema is recognised as such even when its body changed
+shape; the body is only decoded once its checksum holds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import torch
+
+from .errors import EntryError
+from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
+
+__all__ = ["FORMAT", "MAX_ENTRY_BYTES", "SCHEMA_VERSION", "Entry", "decode", "encode"]
+
+FORMAT = "ltc_cache.entry"
+SCHEMA_VERSION = 1
+# Decoding is bounded: no entry we write comes near this.
+MAX_ENTRY_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What a new process needs to rebuild a compiled graph, and what
+    ``ltc-cache ls`` shows about it."""
+
+    key: str
+    ir: str
+    inputs: tuple[Source, ...]
+    outputs: tuple[Source, ...]
+    updates: tuple[Update, ...]
+    # graph_name, node_count, created, torch_version, graph_hash, key_parts …
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def graph_name(self) -> str:
+        return str(self.meta.get("graph_name", "?"))
+
+    @property
+    def created(self) -> float:
+        return float(self.meta.get("created", 0.0))
+
+
+def new_meta(*, graph_name: str, node_count: int, graph_hash: str,
+             key_parts: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "graph_name": graph_name,
+        "node_count": node_count,
+        "graph_hash": graph_hash,
+        "created": time.time(),
+        "torch_version": torch.__version__,
+        "key_parts": dict(key_parts),
+    }
+
+
+def _tensor_to_wire(t: torch.Tensor) -> dict[str, Any]:
+    t = t.detach().to("cpu").contiguous()
+    data = ctypes.string_at(t.data_ptr(), t.nbytes) if t.nbytes else b""
+    return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": data}
+
+
+def _tensor_from_wire(obj: Any) -> torch.Tensor:
+    dtype = getattr(torch, obj["dtype"], None)
+    if not isinstance(dtype, torch.dtype):
+        raise EntryError(f"unknown dtype {obj['dtype']!r}")
+    shape = [int(d) for d in obj["shape"]]
+    data = bytearray(obj["data"])  # writable, so the tensor owns a copy
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _source_to_wire(s: Source) -> list[Any]:
+    return [s.kind, _tensor_to_wire(s.ref) if s.kind == "const" else s.ref]
+
+
+def _source_from_wire(obj: Any, kinds: frozenset[str]) -> Source:
+    kind, ref = obj
+    if kind not in kinds:
+        raise EntryError(f"unknown source kind {kind!r}")
+    if kind == "const":
+        return Source(kind, _tensor_from_wire(ref))
+    if kind in ("arg", "out") and not isinstance(ref, int):
+        raise EntryError(f"{kind} index is {type(ref).__name__}, not int")
+    if kind == "attr" and not isinstance(ref, str):
+        raise EntryError("attribute path is not a string")
+    return Source(kind, ref)
+
+
+def encode(entry: Entry) -> bytes:
+    body = msgpack.packb({
+        "key": entry.key,
+        "ir": entry.ir,
+        "inputs": [_source_to_wire(s) for s in entry.inputs],
+        "outputs": [_source_to_wire(s) for s in entry.outputs],
+        "updates": [[u.output, _source_to_wire(u.target)] for u in entry.updates],
+        "meta": dict(entry.meta),
+    }, use_bin_type=True)
+    return msgpack.packb({
+        "format": FORMAT,
+        "schema": SCHEMA_VERSION,
+        "sha256": hashlib.sha256(body).digest(),
+        "body": body,
+    }, use_bin_type=True)
+
+
+def _unpack(data: bytes) -> Any:
+    # unpackb bounds every container and string by len(data), and
+    # read_envelope bounds len(data).
+    return msgpack.unpackb(data, raw=False, strict_map_key=True)
+
+
+def read_envelope(data: bytes) -> dict[str, Any]:
+    """The checked envelope of an entry; raises EntryError."""
+    if len(data) > MAX_ENTRY_BYTES:
+        raise EntryError(f"{len(data)} bytes is over the {MAX_ENTRY_BYTES} byte bound")
+    try:
+        envelope = _unpack(data)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise EntryError(f"not msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
+        raise EntryError("not an ltc_cache entry")
+    if envelope.get("schema") != SCHEMA_VERSION:
+        raise EntryError(f"schema {envelope.get('schema')!r}, this ltc_cache reads "
+                         f"{SCHEMA_VERSION}")
+    body = envelope.get("body")
+    if not isinstance(body, bytes) or hashlib.sha256(body).digest() != envelope.get("sha256"):
+        raise EntryError("checksum mismatch")
+    return envelope
+
+
+def decode(data: bytes, expected_key: str | None = None) -> Entry:
+    """Bytes -> Entry; raises EntryError for anything but a good entry
+    (of ``expected_key``, where given)."""
+    body = read_envelope(data)["body"]
+    try:
+        obj = _unpack(body)
+        entry = Entry(
+            key=obj["key"],
+            ir=obj["ir"],
+            inputs=tuple(_source_from_wire(s, INPUT_KINDS) for s in obj["inputs"]),
+            outputs=tuple(_source_from_wire(s, OUTPUT_KINDS) for s in obj["outputs"]),
+            updates=tuple(Update(int(o), _source_from_wire(t, frozenset({"arg", "attr"})))
+                          for o, t in obj["updates"]),
+            meta=obj["meta"],
+        )
+    except EntryError:
+        raise
+    except Exception as exc:  # the body has the wrong shape
+        raise EntryError(f"malformed body ({type(exc).__name__}: {exc})") from None
+    if not isinstance(entry.key, str) or not isinstance(entry.ir, str) \
+            or not isinstance(entry.meta, dict):
+        raise EntryError("malformed body (field types)")
+    if expected_key is not None and entry.key != expected_key:
+        raise EntryError(f"stored under {expected_key[:12]} but is {entry.key[:12]}")
+    return entry

@@ -1,0 +1,153 @@
+"""Lazy-trace an FX graph once and describe what replaying it needs.
+
+This keeps the semantics of ``torch._lazy.extract_compiled_graph`` (read it
+in the installed torch) and generalises them: module tensors are traced as
+inputs with known ids, so they can be bound live later; in-place updates of
+arguments and buffers are found by the ids they change; ``None`` and plain
+Python outputs pass through.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch._lazy as lazy
+import torch._lazy.metrics as metrics
+import torch._lazy.ts_backend
+from torch import fx
+from torch._lazy import computation
+from torch._lazy import debug as lazy_debug
+from torch._lazy.extract_compiled_graph import force_lazy_device, get_fallback_ops
+from torch.func import functional_call
+
+from .keys import module_tensors
+from .layout import Source, Update
+
+__all__ = ["Extraction", "strip_source_annotations", "trace"]
+
+logger = logging.getLogger("ltc_cache.extract")
+
+# LTC tags each node with the Python line that made it; the text would make
+# the same graph differ by checkout path, so it is not stored.
+_SOURCE_ANNOTATION = re.compile(r'\[source="(?:[^"\\]|\\.)*"\]')
+_PLAIN_OUTPUTS = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """A traced graph, in the terms a new process needs to replay it."""
+
+    ir: str  # TorchScript graph text; "" when nothing is computed
+    inputs: tuple[Source, ...]  # one per graph parameter, in order
+    outputs: tuple[Source, ...]  # one per value the model returns
+    updates: tuple[Update, ...]  # in-place updates to copy back
+    graph_hash: str  # LTC's hash of the computation, for listing
+
+
+def strip_source_annotations(ir: str) -> str:
+    return _SOURCE_ANNOTATION.sub("", ir)
+
+
+def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
+    """Trace ``model`` on the lazy device and sync it, as the original does.
+
+    Raises RuntimeError naming the ops that fell back to eager: a graph with
+    fallbacks has holes LTC filled with eager values and cannot be replayed.
+    """
+    torch._lazy.ts_backend.init()
+    # A new GraphModule over a copy of the graph shares the weights, so
+    # forcing factory calls onto the lazy device copies no tensor.
+    lazy_model = fx.GraphModule(model, copy.deepcopy(model.graph))
+    force_lazy_device(lazy_model)
+
+    # Detached copies: the trace records the forward computation only.
+    lazy_args = [_to_lazy(a) if isinstance(a, torch.Tensor) else a for a in example_inputs]
+    lazy_state = {name: _to_lazy(t) for name, t in module_tensors(model).items()}
+    arg_ids = {lazy.get_tensor_id(a): i for i, a in enumerate(lazy_args)
+               if isinstance(a, torch.Tensor)}
+    attr_ids = {lazy.get_tensor_id(t): name for name, t in lazy_state.items()}
+
+    metrics.reset()
+    lazy_out = functional_call(lazy_model, lazy_state, tuple(lazy_args))
+    fallback_ops = get_fallback_ops()
+    metrics.reset()
+    if fallback_ops:
+        raise RuntimeError(
+            f"Fail to extract the compiled graph because of fallback: {','.join(fallback_ops)}"
+        )
+    if not isinstance(lazy_out, (tuple, list)):
+        lazy_out = (lazy_out,)
+
+    # In LTC an in-place op gives the tensor a new id.
+    graph_tensors: list[torch.Tensor] = []
+    slot_of: dict[int, int] = {}
+
+    def slot(t: torch.Tensor) -> int:
+        if id(t) not in slot_of:
+            slot_of[id(t)] = len(graph_tensors)
+            graph_tensors.append(t)
+        return slot_of[id(t)]
+
+    updates = []
+    known: dict[int, Source] = {}  # id() of an input lazy tensor -> its source
+    for tid, i in arg_ids.items():
+        known[id(lazy_args[i])] = Source("arg", i)
+        if lazy.get_tensor_id(lazy_args[i]) != tid:
+            updates.append(Update(slot(lazy_args[i]), Source("arg", i)))
+    for tid, name in attr_ids.items():
+        known[id(lazy_state[name])] = Source("attr", name)
+        if lazy.get_tensor_id(lazy_state[name]) != tid:
+            updates.append(Update(slot(lazy_state[name]), Source("attr", name)))
+
+    outputs = tuple(_output_source(o, known, slot) for o in lazy_out)
+
+    if not graph_tensors:
+        return Extraction("", (), outputs, tuple(updates), "")
+    ir = strip_source_annotations(lazy_debug.dump_ir(graph_tensors, "backend"))
+    input_ids, input_values = computation.get_tensors_ts_device_data_node(graph_tensors)
+    inputs = tuple(_input_source(tid, value, arg_ids, attr_ids)
+                   for tid, value in zip(input_ids, input_values, strict=True))
+    graph_hash = computation.get_graph_hash(graph_tensors).hex()
+    # Syncing makes LTC compile and run the graph: what it cannot lower
+    # fails here, at trace time, rather than in a later process.
+    lazy.sync_multi(graph_tensors, [])
+    return Extraction(ir, inputs, outputs, tuple(updates), graph_hash)
+
+
+def _to_lazy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(device="lazy")
+
+
+def _input_source(tid: int, value: Any, arg_ids: dict[int, int],
+                  attr_ids: dict[int, str]) -> Source:
+    if tid in arg_ids:
+        return Source("arg", arg_ids[tid])
+    if tid in attr_ids:
+        return Source("attr", attr_ids[tid])
+    if not isinstance(value, torch.Tensor):
+        raise RuntimeError(f"graph input of type {type(value).__name__} cannot be stored")
+    # Scalars the trace captured (``x * 2.5``, ``alpha=1``) arrive as 0-dim
+    # tensors; factory results baked in by LTC arrive as data.
+    return Source("const", value.detach().to("cpu").clone())
+
+
+def _output_source(value: Any, known: dict[int, Source], slot) -> Source:
+    if value is None:
+        return Source("none", None)
+    if isinstance(value, torch.Tensor):
+        if id(value) in known:
+            # The model returned one of its inputs: hand back the live tensor
+            # (updated in place if it was), as eager would.
+            return known[id(value)]
+        if value.device.type != "lazy":
+            return Source("const", value.detach().clone())
+        return Source("out", slot(value))
+    if isinstance(value, _PLAIN_OUTPUTS):
+        return Source("value", value)
+    raise RuntimeError(f"cannot extract a graph that returns {type(value).__name__}")

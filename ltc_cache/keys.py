@@ -1,0 +1,136 @@
+"""Cache keys hashed from named parts, so that a miss can be explained.
+
+Each part is hashed on its own and logged at DEBUG; the key is the hash of
+the part hashes. Two entries of one graph name whose keys differ can then be
+told apart part by part (:func:`differing_parts`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from .entry import SCHEMA_VERSION
+from .errors import UncacheableGraph
+
+__all__ = ["CacheKey", "compute_key", "differing_parts", "module_tensors"]
+
+logger = logging.getLogger("ltc_cache.keys")
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    digest: str  # hex sha256 over the part hashes
+    parts: Mapping[str, str]  # part name -> hex sha256 of that part
+
+    def __str__(self) -> str:
+        return self.digest
+
+
+def module_tensors(model: fx.GraphModule) -> dict[str, torch.Tensor]:
+    """Every tensor the graph can reach by name: parameters, buffers and
+    tensor attributes read by ``get_attr`` nodes (AOTAutograd's
+    ``_tensor_constant*``). These are bound live at replay, never stored."""
+    tensors = dict(model.named_parameters())
+    tensors.update(model.named_buffers())
+    for node in model.graph.nodes:
+        if node.op == "get_attr" and node.target not in tensors:
+            value = _resolve(model, node.target)
+            if isinstance(value, torch.Tensor):
+                tensors[node.target] = value
+    return tensors
+
+
+def _resolve(model: torch.nn.Module, path: str) -> Any:
+    value: Any = model
+    for attr in path.split("."):
+        value = getattr(value, attr)
+    return value
+
+
+def _tensor_signature(t: torch.Tensor) -> str:
+    return (f"{tuple(t.shape)}|{t.stride()}|{t.dtype}|{t.device}"
+            f"|grad={t.requires_grad}|{type(t).__name__}")
+
+
+def _value_signature(value: Any) -> str:
+    """Inputs by layout, Python values by type and value."""
+    if isinstance(value, torch.Tensor):
+        return "tensor:" + _tensor_signature(value)
+    if isinstance(value, _SCALARS):
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return f"{type(value).__name__}:{value}"
+    if isinstance(value, (tuple, list)):
+        inner = ",".join(_value_signature(v) for v in value)
+        return f"{type(value).__name__}:[{inner}]"
+    raise UncacheableGraph(f"no stable cache key for an argument of type {type(value).__name__}")
+
+
+def _graph_text(model: fx.GraphModule) -> Iterator[str]:
+    # The generated code names every op and constant; what it leaves out is
+    # the state of the leaf modules it calls (nn.Dropout's p, nn.LeakyReLU's
+    # slope) and the train/eval flags that change what they compute.
+    yield model.code
+    yield f"training={model.training}"
+    for node in model.graph.nodes:
+        if node.op == "call_module":
+            sub = model.get_submodule(node.target)
+            yield (f"{node.target}={type(sub).__module__}.{type(sub).__qualname__}"
+                   f"({sub.extra_repr()}) training={sub.training}")
+
+
+def _lazy_config_text() -> Iterator[str]:
+    # Forced fallbacks and shape mode change what a trace records.
+    yield f"force_fallback={torch._C._lazy._get_force_fallback()}"
+    yield f"symbolic_shapes={torch._C._lazy._get_symbolic_shape_mode()}"
+
+
+def _backend_text() -> Iterator[str]:
+    # The TorchScript backend runs on CUDA when LTC_TS_CUDA is set at all.
+    yield "TorchScript"
+    yield "CUDA" if "LTC_TS_CUDA" in os.environ else "CPU"
+
+
+def _hash(lines: Iterator[str] | Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any]) -> CacheKey:
+    """The key of tracing ``model`` on inputs laid out like ``example_inputs``.
+
+    Raises :class:`UncacheableGraph` for an input with no stable signature.
+    """
+    parts = {
+        "schema": _hash([f"schema={SCHEMA_VERSION}"]),
+        "torch": _hash([torch.__version__, str(torch.version.git_version)]),
+        "backend": _hash(_backend_text()),
+        "graph": _hash(_graph_text(model)),
+        "module_tensors": _hash(
+            f"{name}:{_tensor_signature(t)}" for name, t in module_tensors(model).items()
+        ),
+        "inputs": _hash(_value_signature(v) for v in example_inputs),
+        "lazy_config": _hash(_lazy_config_text()),
+    }
+    digest = _hash(f"{name}={value}" for name, value in parts.items())
+    for name, value in parts.items():
+        logger.debug("key %s part %s = %s", digest[:12], name, value[:12])
+    return CacheKey(digest, parts)
+
+
+def differing_parts(a: Mapping[str, str], b: Mapping[str, str]) -> list[str]:
+    """Names of the key parts in which two keys differ."""
+    return sorted(name for name in a.keys() | b.keys() if a.get(name) != b.get(name))

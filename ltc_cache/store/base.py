@@ -1,0 +1,39 @@
+"""The interface every tier implements: bytes in, bytes out, by key."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+
+__all__ = ["Store"]
+
+
+class Store(abc.ABC):
+    """A mapping of key strings to entry bytes.
+
+    ``get`` returns None for a missing key; stores raise OSError (or a
+    subclass) when the medium fails, and the cache turns that into a warning.
+    """
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    def put(self, key: str, value: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; True if it was there."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[str]: ...
+
+    def lock(self, key: str, timeout: float) -> AbstractContextManager[object]:
+        """Hold ``key`` against other processes that would write it; tiers
+        without cross-process locking hold nothing. Raises LockTimeout."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files or connections."""
