@@ -82,19 +82,19 @@ class GraphCache:
                 # Another process may have stored it while we waited.
                 built = self._lookup(store, key.digest)
                 if built is None:
-                    counters.bump("misses")
+                    self._count("misses", key.digest)
                     logger.info("miss %s (%s)", key.digest[:12], name or "graph")
                     built = self._trace(model, example_inputs, name, key)
                     self._put(store, built[0])
                     return self._bind(built, model)
-        counters.bump("hits")
+        self._count("hits", key.digest)
         logger.info("hit %s (%s)", key.digest[:12], built[0].graph_name)
         return self._bind(built, model)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None) -> tuple[Entry, GraphFunction | None, int]:
         extraction = trace(model, example_inputs)
-        counters.bump("traces")
+        self._count("traces", key.digest if key else None)
         function, num_outputs = build_function(extraction.ir) if extraction.ir else (None, 0)
         meta = new_meta(
             graph_name=name or type(model).__name__,
@@ -139,7 +139,7 @@ class GraphCache:
         except Exception as exc:
             self._error("write", f"cannot write the cache ({exc}); continuing uncached")
             return
-        counters.bump("stores")
+        self._count("stores", entry.key)
 
     @contextlib.contextmanager
     def _single_flight(self, store: Store, key: str) -> Iterator[None]:
@@ -168,9 +168,13 @@ class GraphCache:
         entry, function, num_outputs = built
         return CompiledGraph(entry, function, num_outputs, model)
 
-    @staticmethod
-    def _error(topic: str, message: str) -> None:
-        counters.bump("errors")
+    def _count(self, event: str, key: str | None) -> None:
+        counters.bump(event)
+        if self._store is not None:
+            self._store.record(event, key)
+
+    def _error(self, topic: str, message: str) -> None:
+        self._count("errors", None)
         warn_once(topic, message)
         return None
 

@@ -35,5 +35,10 @@ class Store(abc.ABC):
         without cross-process locking hold nothing. Raises LockTimeout."""
         return contextlib.nullcontext()
 
+    def record(self, event: str, key: str | None) -> None:  # noqa: B027 - optional hook
+        """Note a cache event (hit, miss, trace, store, error) of ``key`` for
+        counters that outlive the process; tiers without them ignore it.
+        Must be cheap and must not raise."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files or connections."""
