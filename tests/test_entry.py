@@ -1,0 +1,57 @@
+"""Entries round-trip through msgpack and refuse anything else."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+
+from ltc_cache.entry import Entry, EntryError, decode, encode
+from ltc_cache.layout import Source, Update
+
+CONSTANTS = [torch.tensor(2.5, dtype=torch.float64), torch.tensor(1),
+             torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), torch.empty(0, 4),
+             torch.tensor([True, False])]
+
+
+def sample() -> Entry:
+    return Entry(
+        key="k" * 64,
+        ir="graph(%p0 : Tensor):\n  return (%p0)\n",
+        inputs=(Source("arg", 0), Source("attr", "linear.weight"),
+                *(Source("const", c) for c in CONSTANTS)),
+        outputs=(Source("out", 0), Source("none", None), Source("value", 3), Source("arg", 1)),
+        updates=(Update(1, Source("attr", "norm.running_mean")),),
+        meta={"graph_name": "G", "node_count": 1},
+    )
+
+
+def test_round_trip():
+    entry = sample()
+    back = decode(encode(entry), expected_key=entry.key)
+    assert back.ir == entry.ir and back.meta == entry.meta
+    assert back.outputs == entry.outputs and back.updates == entry.updates
+    assert [s.kind for s in back.inputs] == [s.kind for s in entry.inputs]
+    for stored, original in zip(back.inputs[2:], CONSTANTS, strict=True):
+        assert stored.ref.dtype == original.dtype
+        assert torch.equal(stored.ref, original)
+
+
+def test_every_flipped_byte_is_detected():
+    data = encode(sample())
+    for i in range(0, len(data), 7):
+        corrupt = bytearray(data)
+        corrupt[i] ^= 0x55
+        with pytest.raises(EntryError):
+            decode(bytes(corrupt))
+
+
+def test_truncation_and_wrong_key_and_wrong_shape():
+    data = encode(sample())
+    for cut in (0, 1, len(data) // 2, len(data) - 1):
+        with pytest.raises(EntryError):
+            decode(data[:cut])
+    with pytest.raises(EntryError, match="stored under"):
+        decode(data, expected_key="x" * 64)
+    with pytest.raises(EntryError, match="not an ltc_cache entry"):
+        decode(msgpack.packb([1, 2, 3]))

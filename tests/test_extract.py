@@ -1,0 +1,185 @@
+"""The core: a persistent extract_compiled_graph, cold in this process and
+warm in child processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import msgpack
+import pytest
+import torch
+import torch._lazy.config
+from conftest import TESTS, child_env, run_child
+from corner_models import CASES, ORIGINAL_CASES, build, check_against_eager, random_inputs
+
+import ltc_cache
+from ltc_cache import CacheConfig, GraphCache
+from ltc_cache.entry import FORMAT, decode
+from ltc_cache.keys import compute_key
+from ltc_cache.store import DiskStore
+
+ALL_CASES = list(CASES)
+
+
+def delta(before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in ltc_cache.stats().items()}
+
+
+def test_every_case_cold_here_then_warm_in_another_process(cache_dir):
+    before = ltc_cache.stats()
+    for name in ALL_CASES:
+        gm, shapes = build(name)
+        compiled = ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1))
+        check_against_eager(gm, compiled, shapes)
+    assert delta(before) == {"hits": 0, "misses": len(ALL_CASES), "traces": len(ALL_CASES),
+                             "stores": len(ALL_CASES), "errors": 0}
+
+    report = run_child(*ALL_CASES)
+    assert report["failures"] == {}
+    assert report["stats"] == {"hits": len(ALL_CASES), "misses": 0, "traces": 0, "stores": 0,
+                               "errors": 0}
+    # A hit rebuilds the callable from the entry: no lazy tensor, no sync.
+    assert report["syncs"] == 0
+    assert report["lazy_tensors_created"] == 0
+
+
+def test_a_cold_child_does_trace(cache_dir):
+    """The counters the warm test relies on do see a trace."""
+    report = run_child("sub", "weighted")
+    assert report["failures"] == {}
+    assert report["stats"]["traces"] == 2
+    assert report["syncs"] == 2
+    assert report["lazy_tensors_created"] > 0
+
+
+def test_forced_fallback_is_refused_and_not_stored(cache_dir):
+    gm, shapes = build("sub")
+    old = torch._lazy.config.get_force_fallback()
+    torch._lazy.config.set_force_fallback("aten::sub")
+    try:
+        with pytest.raises(RuntimeError, match=r"because of fallback: aten::sub\.Tensor=1"):
+            ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1))
+    finally:
+        torch._lazy.config.set_force_fallback(old)
+    assert list(DiskStore(cache_dir).keys()) == []
+
+
+def test_original_cases_refuse_fallback_in_a_child_too(cache_dir):
+    report = run_child(*ORIGINAL_CASES)  # cold child fills the cache
+    assert report["failures"] == {}
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import torch, ltc_cache; from corner_models import build, random_inputs;"
+        "import torch._lazy.config; torch._lazy.config.set_force_fallback('aten::sub');"
+        "gm, shapes = build('sub');"
+        "ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(TESTS)], capture_output=True,
+                          text=True, env=child_env())
+    # The forced fallback is part of the key, so the stored entry is not used.
+    assert proc.returncode != 0
+    assert "because of fallback: aten::sub" in proc.stderr
+
+
+def test_outputs_alias_as_in_eager(cache_dir):
+    gm, shapes = build("returns_input")
+    compiled = ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
+    a, b = random_inputs(shapes, 2)
+    out = compiled(a, b)
+    assert out[0] is a and out[1] is b
+
+    gm, shapes = build("return_dup_tensor")
+    compiled = ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
+    out = compiled(*random_inputs(shapes, 2))
+    assert out[1] is out[3]
+
+
+def test_weights_are_bound_live(cache_dir):
+    gm, shapes = build("weighted")
+    gm.eval()
+    compiled = ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
+    new_weights = build("weighted", seed=42)[0].state_dict()
+    gm.load_state_dict(new_weights)
+    x = random_inputs(shapes, 3)[0]
+    torch.testing.assert_close(compiled(x)[0], gm(x))
+
+    # A process whose model has other weights gets its own weights' results.
+    report = run_child("weighted", "--seed", "7")
+    assert report["failures"] == {}
+    assert report["stats"]["traces"] == 1  # train mode: another graph than eval
+    report = run_child("weighted", "--seed", "8")
+    assert report["failures"] == {} and report["stats"]["hits"] == 1
+
+
+def test_disabled_cache_reads_and_writes_nothing(cache_dir, monkeypatch):
+    monkeypatch.setenv("LTC_CACHE_DISABLE", "1")
+    gm, shapes = build("addcmul")
+    before = ltc_cache.stats()
+    check_against_eager(gm, ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1)),
+                        shapes)
+    assert not cache_dir.exists()
+    assert delta(before)["traces"] == 1 and delta(before)["stores"] == 0
+
+
+def test_directory_is_private(cache_dir):
+    gm, shapes = build("const_scale")
+    ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
+    assert cache_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_unusable_directory_warns_and_runs(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    cache = GraphCache(CacheConfig(directory=blocker / "ltc"))
+    gm, shapes = build("return_multi")
+    before = ltc_cache.stats()
+    with pytest.warns(RuntimeWarning, match="cannot use cache directory"):
+        compiled = cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
+    check_against_eager(gm, compiled, shapes)
+    assert delta(before)["errors"] == 1
+
+
+def _key_of(name: str) -> tuple[str, object, list]:
+    gm, shapes = build(name)
+    return compute_key(gm, random_inputs(shapes, 1)).digest, gm, shapes
+
+
+def test_corrupt_entry_warns_retraces_and_is_replaced(cache_dir):
+    key, gm, shapes = _key_of("inplace_update")
+    store = DiskStore(cache_dir)
+    store.put(key, b"\x93garbage that is not an entry")
+    cache = GraphCache(CacheConfig(directory=cache_dir))
+    before = ltc_cache.stats()
+    with pytest.warns(RuntimeWarning, match="not msgpack|not an ltc_cache entry"):
+        compiled = cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
+    check_against_eager(gm, compiled, shapes)
+    assert delta(before)["traces"] == 1 and delta(before)["errors"] >= 1
+    assert decode(store.get(key), expected_key=key).key == key
+
+
+def test_entry_of_another_schema_is_a_miss(cache_dir):
+    key, gm, shapes = _key_of("sub")
+    store = DiskStore(cache_dir)
+    store.put(key, msgpack.packb({"format": FORMAT, "schema": 999, "sha256": b"", "body": b""}))
+    cache = GraphCache(CacheConfig(directory=cache_dir))
+    before = ltc_cache.stats()
+    with pytest.warns(RuntimeWarning, match="schema 999"):
+        compiled = cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
+    check_against_eager(gm, compiled, shapes)
+    assert delta(before)["traces"] == 1
+    assert decode(store.get(key), expected_key=key).key == key
+
+
+def test_four_processes_on_one_cold_key_trace_once(cache_dir):
+    cmd = [sys.executable, str(TESTS / "child_extract.py"), "weighted", "--wait"]
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=child_env())
+             for _ in range(4)]
+    outputs = [p.communicate(input="", timeout=300) for p in procs]  # released together
+    import json
+
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert all(r["failures"] == {} for r in reports), reports
+    assert sum(r["stats"]["traces"] for r in reports) == 1
+    assert sum(r["stats"]["hits"] for r in reports) == 3
