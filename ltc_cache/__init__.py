@@ -1,20 +1,47 @@
 """ltc_cache: a persistent, cross-process cache of PyTorch Lazy Tensor Core
 compiled graphs."""
 
-from .cache import GraphCache, default_cache, extract_compiled_graph, stats
-from .config import CacheConfig
-from .errors import EntryError, LockTimeout, UncacheableGraph
-from .replay import CompiledGraph
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names resolve on first use: `ltc-cache ls` must not pay ~4 s of torch
+# import for a listing that never touches torch.
+_EXPORTS = {
+    "CacheConfig": "config",
+    "CompiledGraph": "replay",
+    "EntryError": "errors",
+    "GraphCache": "cache",
+    "LockTimeout": "errors",
+    "LtcBackend": "dynamo",
+    "UncacheableGraph": "errors",
+    "backend": "dynamo",
+    "default_cache": "cache",
+    "extract_compiled_graph": "cache",
+    "stats": "cache",
+}
 __all__ = [
-    "CacheConfig",
-    "CompiledGraph",
-    "EntryError",
-    "GraphCache",
-    "LockTimeout",
-    "UncacheableGraph",
-    "default_cache",
-    "extract_compiled_graph",
-    "stats",
+    "CacheConfig", "CompiledGraph", "EntryError", "GraphCache", "LockTimeout", "LtcBackend",
+    "UncacheableGraph", "backend", "default_cache", "extract_compiled_graph", "stats",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .cache import GraphCache, default_cache, extract_compiled_graph, stats
+    from .config import CacheConfig
+    from .dynamo import LtcBackend, backend
+    from .errors import EntryError, LockTimeout, UncacheableGraph
+    from .replay import CompiledGraph
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ltc_cache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -10,24 +10,37 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import msgpack
+import torch
 from torch import fx
 
 from .config import CacheConfig
 from .diagnostics import counters, warn_once
-from .entry import Entry, decode, encode, new_meta
+from .entry import Entry, check_layout, decode, encode, new_meta
 from .errors import EntryError, LockTimeout, UncacheableGraph
 from .extract import trace
-from .keys import CacheKey, compute_key
+from .keys import CacheKey, compute_key, differing_parts, module_tensors
 from .replay import CompiledGraph, GraphFunction, build_function, count_nodes
-from .store import DiskStore, Store
+from .rewrite import rewrite
+from .store import DiskStore, RedisStore, Store, TieredStore
+from .store.safety import UnsafeDirectory, is_write_failure
 
 __all__ = ["GraphCache", "default_cache", "extract_compiled_graph", "stats"]
 
 logger = logging.getLogger("ltc_cache.cache")
+
+# Internal records share the store with entries under keys that are not 64 hex
+# digits: ``ltc_cache:names:<graph name>`` holds the key parts of the last few
+# entries of that name, to explain a miss.
+_NAMES_PREFIX = "ltc_cache:names:"
+_NAMES_FORMAT = "ltc_cache.names"
+_NAMES_KEPT = 8
+_REASON_CHARS = 2000
 
 
 class GraphCache:
@@ -43,7 +56,9 @@ class GraphCache:
         self._store = store
         self._store_opened = store is not None
         self._open_lock = threading.Lock()
-        self._built: dict[str, tuple[Entry, GraphFunction | None, int]] = {}
+        # Set too when the directory turns out not to be writable.
+        self._readonly = self.config.readonly
+        self._built: dict[str, tuple[Entry, GraphFunction | None]] = {}
 
     @property
     def store(self) -> Store | None:
@@ -54,15 +69,57 @@ class GraphCache:
                 self._store = self._open_store()
             return self._store
 
+    @property
+    def readonly(self) -> bool:
+        """Whether this cache writes nothing: LTC_CACHE_READONLY, or (once
+        ``store`` has been opened) a directory that turned out unwritable."""
+        return self._readonly
+
     def _open_store(self) -> Store | None:
         if self.config.disable:
             return None
         try:
-            return DiskStore(self.config.directory, max_size=self.config.max_size)
+            local = DiskStore(self.config.directory, max_size=self.config.max_size,
+                              readonly=self._readonly)
         except Exception as exc:
-            self._error("open", f"cannot use cache directory {self.config.directory} "
-                        f"({exc}); running uncached")
+            local = self._open_read_only(exc)
+            if local is None:
+                self._error("open", f"cannot use cache directory {self.config.directory} "
+                            f"({exc}); running uncached")
+                return None
+        return self._with_remote(local) if self.config.remote else local
+
+    def _open_read_only(self, exc: Exception) -> Store | None:
+        """A directory this process cannot write (a read-only mount, a full
+        disk: diskcache writes as it opens) still serves the entries in it;
+        None where it cannot."""
+        directory = self.config.directory
+        if self._readonly or isinstance(exc, UnsafeDirectory) or not directory.is_dir() \
+                or (os.access(directory, os.W_OK) and not is_write_failure(exc)):
             return None
+        try:
+            local = DiskStore(directory, readonly=True)
+        except Exception:
+            return None
+        self._readonly = True
+        warn_once("read-only", f"cannot write cache directory {directory} ({exc}); "
+                  "using the entries in it and storing none")
+        return local
+
+    def _with_remote(self, local: Store) -> Store:
+        """``local`` over the shared tier that LTC_CACHE_REMOTE names."""
+        try:
+            remote = RedisStore(self.config.remote, ttl=self.config.remote_ttl)
+        except (ImportError, ValueError) as exc:
+            self._error("remote", f"{exc}; using the local cache only")
+            return local
+        # A remote hit is decoded (checksum, signature, key) before it is
+        # copied to disk, so a bad entry in the shared tier never lands in
+        # the local one.
+        secret = self.config.secret
+        return TieredStore(
+            local, remote, write_through=not self._readonly,
+            verify=lambda key, data: decode(data, expected_key=key, secret=secret))
 
     def extract_compiled_graph(self, model: fx.GraphModule, example_inputs: Sequence[Any], *,
                                name: str | None = None) -> CompiledGraph:
@@ -76,40 +133,50 @@ class GraphCache:
         if key is None or store is None:
             return self._bind(self._trace(model, example_inputs, name, None), model)
 
-        built = self._lookup(store, key.digest)
+        built = self._lookup(store, key.digest, model, example_inputs)
         if built is None:
             with self._single_flight(store, key.digest):
                 # Another process may have stored it while we waited.
-                built = self._lookup(store, key.digest)
+                built = self._lookup(store, key.digest, model, example_inputs)
                 if built is None:
                     self._count("misses", key.digest)
-                    logger.info("miss %s (%s)", key.digest[:12], name or "graph")
-                    built = self._trace(model, example_inputs, name, key)
+                    graph_name = name or type(model).__name__
+                    logger.info("miss %s (%s): %s", key.digest[:12], graph_name,
+                                self._explain_miss(store, key, graph_name))
+                    try:
+                        built = self._trace(model, example_inputs, name, key)
+                    except RuntimeError as exc:
+                        self._remember_failure(store, key, graph_name, exc)
+                        raise
                     self._put(store, built[0])
+                    self._remember_name(store, key, graph_name)
                     return self._bind(built, model)
         self._count("hits", key.digest)
         logger.info("hit %s (%s)", key.digest[:12], built[0].graph_name)
         return self._bind(built, model)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
-               key: CacheKey | None) -> tuple[Entry, GraphFunction | None, int]:
-        extraction = trace(model, example_inputs)
+               key: CacheKey | None) -> tuple[Entry, GraphFunction | None]:
         self._count("traces", key.digest if key else None)
-        function, num_outputs = build_function(extraction.ir) if extraction.ir else (None, 0)
+        # Rewritten once here, so every process that loads the entry gains.
+        extraction = rewrite(trace(model, example_inputs))
+        function = build_function(extraction.ir)
         meta = new_meta(
             graph_name=name or type(model).__name__,
             node_count=count_nodes(extraction.ir),
             graph_hash=extraction.graph_hash,
             key_parts=key.parts if key else {},
         )
+        meta["kind"] = "graph"
         entry = Entry(key.digest if key else "", extraction.ir, extraction.inputs,
                       extraction.outputs, extraction.updates, meta)
-        built = (entry, function, num_outputs)
+        built = (entry, function)
         if key is not None:
             self._built[key.digest] = built
         return built
 
-    def _lookup(self, store: Store, key: str) -> tuple[Entry, GraphFunction | None, int] | None:
+    def _lookup(self, store: Store, key: str, model: fx.GraphModule,
+                example_inputs: Sequence[Any]) -> tuple[Entry, GraphFunction | None] | None:
         if key in self._built:
             return self._built[key]
         try:
@@ -121,30 +188,61 @@ class GraphCache:
         if data is None:
             return None
         try:
-            entry = decode(data, expected_key=key)
-            function, num_outputs = build_function(entry.ir) if entry.ir else (None, 0)
+            entry = decode(data, expected_key=key, secret=self.config.secret)
+            function = build_function(entry.ir)
+            _check_usable(entry, function, model, example_inputs)
         except EntryError as exc:
             return self._error("corrupt", f"{exc}; it will be traced again")
         except RuntimeError as exc:  # the stored IR does not parse
             return self._error("corrupt", f"entry {key[:12]}: IR does not parse ({exc}); "
                                "it will be traced again")
-        self._built[key] = built = (entry, function, num_outputs)
+        self._built[key] = built = (entry, function)
         return built
 
     def _put(self, store: Store, entry: Entry) -> None:
-        if self.config.readonly:
+        if self._readonly:
             return
         try:
-            store.put(entry.key, encode(entry))
+            store.put(entry.key, encode(entry, secret=self.config.secret))
         except Exception as exc:
             self._error("write", f"cannot write the cache ({exc}); continuing uncached")
             return
         self._count("stores", entry.key)
 
+    def _remember_failure(self, store: Store, key: CacheKey, graph_name: str,
+                          exc: BaseException) -> None:
+        """Store a negative entry: no later process traces this graph again."""
+        meta = new_meta(graph_name=graph_name, node_count=0, graph_hash="",
+                        key_parts=key.parts)
+        meta.update(kind="negative", reason=str(exc)[:_REASON_CHARS] or type(exc).__name__)
+        self._put(store, Entry(key.digest, "", (), (), (), meta))
+        self._remember_name(store, key, graph_name)
+
+    def _explain_miss(self, store: Store, key: CacheKey, graph_name: str) -> str:
+        """Which key parts differ from the nearest entry of the same name."""
+        recent = _read_names_record(store, graph_name)
+        if not recent:
+            return "no entry of that name yet"
+        nearest = min((differing_parts(key.parts, parts) for parts in recent), key=len)
+        return f"differs from the nearest entry of that name in {', '.join(nearest) or 'nothing'}"
+
+    def _remember_name(self, store: Store, key: CacheKey, graph_name: str) -> None:
+        # One small record per graph name, so that explaining a miss is one
+        # read rather than a scan of every entry.
+        if self._readonly:
+            return
+        recent = [p for p in _read_names_record(store, graph_name) if p != dict(key.parts)]
+        recent = [*recent, dict(key.parts)][-_NAMES_KEPT:]
+        try:
+            store.put(_names_record_key(graph_name),
+                      msgpack.packb({"format": _NAMES_FORMAT, "keys": recent}, use_bin_type=True))
+        except Exception as exc:
+            logger.debug("cannot write the names record of %s: %s", graph_name, exc)
+
     @contextlib.contextmanager
     def _single_flight(self, store: Store, key: str) -> Iterator[None]:
         """One process traces a key while the others wait, then load."""
-        if self.config.readonly:
+        if self._readonly:
             yield
             return
         try:
@@ -163,20 +261,75 @@ class GraphCache:
             if lock is not None:
                 lock.__exit__(None, None, None)
 
-    def _bind(self, built: tuple[Entry, GraphFunction | None, int],
+    def _bind(self, built: tuple[Entry, GraphFunction | None],
               model: fx.GraphModule) -> CompiledGraph:
-        entry, function, num_outputs = built
-        return CompiledGraph(entry, function, num_outputs, model)
+        entry, function = built
+        if entry.meta.get("kind") == "negative":
+            counters.bump("negative_hits")
+            raise RuntimeError(f"{entry.meta.get('reason', 'LTC cannot extract this graph')} "
+                               f"(remembered in entry {entry.key[:12]})")
+        return CompiledGraph(entry, function, model)
 
     def _count(self, event: str, key: str | None) -> None:
         counters.bump(event)
-        if self._store is not None:
+        if self._store is not None and not self._readonly:  # read-only: writes nothing
             self._store.record(event, key)
 
     def _error(self, topic: str, message: str) -> None:
         self._count("errors", None)
         warn_once(topic, message)
         return None
+
+
+def _names_record_key(graph_name: str) -> str:
+    return _NAMES_PREFIX + graph_name
+
+
+def _read_names_record(store: Store, graph_name: str) -> list[dict[str, str]]:
+    """Key parts of recent entries named ``graph_name``; [] when there is no
+    record or it cannot be read (it is only a hint)."""
+    try:
+        data = store.get(_names_record_key(graph_name))
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True) if data else None
+    except Exception:  # a missing, unreadable or corrupt record: no hint
+        return []
+    if not isinstance(obj, dict) or obj.get("format") != _NAMES_FORMAT:
+        return []
+    keys = obj.get("keys")
+    if not isinstance(keys, list):
+        return []
+    return [k for k in keys if isinstance(k, dict)
+            and all(isinstance(n, str) and isinstance(v, str) for n, v in k.items())]
+
+
+def _check_usable(entry: Entry, function: GraphFunction | None, model: fx.GraphModule,
+                  example_inputs: Sequence[Any]) -> None:
+    """Raise EntryError unless ``entry`` can replay ``model`` on inputs like
+    ``example_inputs``. The key already covers the torch version and the
+    model's tensors; this holds for an entry that got under the key anyway
+    (written wrong, or planted), whose replay would otherwise fail inside
+    the user's model, or run what another torch traced."""
+    written_by = entry.meta.get("torch_version")
+    if written_by != torch.__version__:
+        raise EntryError(f"written by torch {written_by}, this is torch {torch.__version__}",
+                         entry.key)
+    if function is None:
+        graph_inputs = graph_outputs = 0
+    else:
+        graph_inputs = len(function.schema.arguments)
+        results = function.schema.returns[0].type  # a tuple (makeMultiOutputIntoTuple)
+        graph_outputs = len(results.elements()) if hasattr(results, "elements") else 1
+    try:
+        check_layout(entry, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
+                     num_args=len(example_inputs))
+    except EntryError as exc:
+        raise EntryError(str(exc), entry.key) from None
+    attrs = {s.ref for s in (*entry.inputs, *entry.outputs, *(u.target for u in entry.updates))
+             if s.kind == "attr"}
+    missing = attrs - module_tensors(model).keys() if attrs else set()
+    if missing:
+        raise EntryError(f"names tensors the model lacks: {', '.join(sorted(missing))}",
+                         entry.key)
 
 
 @functools.lru_cache(maxsize=8)

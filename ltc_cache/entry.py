@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import hmac
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,7 +23,8 @@ import torch
 from .errors import EntryError
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
 
-__all__ = ["FORMAT", "MAX_ENTRY_BYTES", "SCHEMA_VERSION", "Entry", "decode", "encode"]
+__all__ = ["FORMAT", "MAX_ENTRY_BYTES", "SCHEMA_VERSION", "Entry", "check_layout", "decode",
+           "encode"]
 
 FORMAT = "ltc_cache.entry"
 SCHEMA_VERSION = 1
@@ -73,7 +76,16 @@ def _tensor_from_wire(obj: Any) -> torch.Tensor:
     dtype = getattr(torch, obj["dtype"], None)
     if not isinstance(dtype, torch.dtype):
         raise EntryError(f"unknown dtype {obj['dtype']!r}")
-    shape = [int(d) for d in obj["shape"]]
+    shape = obj["shape"]
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise EntryError(f"tensor shape {shape!r} is not a list of sizes")
+    if not isinstance(obj["data"], bytes):
+        raise EntryError("tensor data is not bytes")
+    # The shape must account for the data exactly: a large shape over empty
+    # data would otherwise allocate whatever the entry asks for.
+    if math.prod(shape) * dtype.itemsize != len(obj["data"]):
+        raise EntryError(f"tensor of shape {shape} and {dtype} does not fit "
+                         f"{len(obj['data'])} bytes of data")
     data = bytearray(obj["data"])  # writable, so the tensor owns a copy
     if not data:
         return torch.empty(shape, dtype=dtype)
@@ -97,7 +109,8 @@ def _source_from_wire(obj: Any, kinds: frozenset[str]) -> Source:
     return Source(kind, ref)
 
 
-def encode(entry: Entry) -> bytes:
+def encode(entry: Entry, *, secret: bytes | None = None) -> bytes:
+    """Entry -> bytes; with ``secret``, signed with HMAC-SHA256."""
     body = msgpack.packb({
         "key": entry.key,
         "ir": entry.ir,
@@ -106,12 +119,22 @@ def encode(entry: Entry) -> bytes:
         "updates": [[u.output, _source_to_wire(u.target)] for u in entry.updates],
         "meta": dict(entry.meta),
     }, use_bin_type=True)
-    return msgpack.packb({
+    envelope = {
         "format": FORMAT,
         "schema": SCHEMA_VERSION,
         "sha256": hashlib.sha256(body).digest(),
         "body": body,
-    }, use_bin_type=True)
+    }
+    if secret is not None:
+        envelope["hmac"] = _signature(secret, SCHEMA_VERSION, body)
+    return msgpack.packb(envelope, use_bin_type=True)
+
+
+def _signature(secret: bytes, schema: int, body: bytes) -> bytes:
+    # The schema is signed with the body: a signed entry cannot be passed
+    # off as one of another layout.
+    return hmac.new(secret, b"%s:%d\0%s" % (FORMAT.encode(), schema, body),
+                    hashlib.sha256).digest()
 
 
 def _unpack(data: bytes) -> Any:
@@ -120,8 +143,9 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=True)
 
 
-def read_envelope(data: bytes) -> dict[str, Any]:
-    """The checked envelope of an entry; raises EntryError."""
+def read_envelope(data: bytes, *, secret: bytes | None = None) -> dict[str, Any]:
+    """The checked envelope of an entry; raises EntryError. With ``secret``
+    an entry must carry its HMAC-SHA256 signature."""
     if len(data) > MAX_ENTRY_BYTES:
         raise EntryError(f"{len(data)} bytes is over the {MAX_ENTRY_BYTES} byte bound")
     try:
@@ -136,13 +160,20 @@ def read_envelope(data: bytes) -> dict[str, Any]:
     body = envelope.get("body")
     if not isinstance(body, bytes) or hashlib.sha256(body).digest() != envelope.get("sha256"):
         raise EntryError("checksum mismatch")
+    if secret is not None:
+        signature = envelope.get("hmac")
+        if not isinstance(signature, bytes):
+            raise EntryError("unsigned entry, and a secret is set (LTC_CACHE_SECRET)")
+        if not hmac.compare_digest(signature, _signature(secret, SCHEMA_VERSION, body)):
+            raise EntryError("signature mismatch: tampered with, or signed with another secret")
     return envelope
 
 
-def decode(data: bytes, expected_key: str | None = None) -> Entry:
+def decode(data: bytes, expected_key: str | None = None, *,
+           secret: bytes | None = None) -> Entry:
     """Bytes -> Entry; raises EntryError for anything but a good entry
-    (of ``expected_key``, where given)."""
-    body = read_envelope(data)["body"]
+    (of ``expected_key``, where given; signed with ``secret``, where given)."""
+    body = read_envelope(data, secret=secret)["body"]
     try:
         obj = _unpack(body)
         entry = Entry(
@@ -164,3 +195,21 @@ def decode(data: bytes, expected_key: str | None = None) -> Entry:
     if expected_key is not None and entry.key != expected_key:
         raise EntryError(f"stored under {expected_key[:12]} but is {entry.key[:12]}")
     return entry
+
+
+def check_layout(entry: Entry, *, graph_inputs: int, graph_outputs: int, num_args: int) -> None:
+    """Raise EntryError where ``entry``'s layout does not fit the graph its
+    IR parsed to (``graph_inputs`` parameters, ``graph_outputs`` results)
+    and a call with ``num_args`` arguments. A checksum only proves the bytes
+    are the ones written; this catches an entry written wrong before its
+    replay fails inside the user's model."""
+    if len(entry.inputs) != graph_inputs:
+        raise EntryError(f"{len(entry.inputs)} inputs laid out for a graph of {graph_inputs}")
+    sources = [*entry.inputs, *entry.outputs, *(u.target for u in entry.updates)]
+    bounds = {"arg": num_args, "out": graph_outputs}
+    for s in sources:
+        if s.kind in bounds and not (type(s.ref) is int and 0 <= s.ref < bounds[s.kind]):
+            raise EntryError(f"{s.kind} index {s.ref!r} out of range")
+    for u in entry.updates:
+        if not 0 <= u.output < graph_outputs:
+            raise EntryError(f"update from output {u.output} out of range")

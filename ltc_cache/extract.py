@@ -10,6 +10,7 @@ Python outputs pass through.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -60,7 +61,7 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     Raises RuntimeError naming the ops that fell back to eager: a graph with
     fallbacks has holes LTC filled with eager values and cannot be replayed.
     """
-    torch._lazy.ts_backend.init()
+    _init_lazy_backend()
     # A new GraphModule over a copy of the graph shares the weights, so
     # forcing factory calls onto the lazy device copies no tensor.
     lazy_model = fx.GraphModule(model, copy.deepcopy(model.graph))
@@ -75,6 +76,8 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
 
     metrics.reset()
     lazy_out = functional_call(lazy_model, lazy_state, tuple(lazy_args))
+    _sync_views([*lazy_args, *lazy_state.values(),
+                 *(lazy_out if isinstance(lazy_out, (tuple, list)) else (lazy_out,))])
     fallback_ops = get_fallback_ops()
     metrics.reset()
     if fallback_ops:
@@ -118,6 +121,23 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     # fails here, at trace time, rather than in a later process.
     lazy.sync_multi(graph_tensors, [])
     return Extraction(ir, inputs, outputs, tuple(updates), graph_hash)
+
+
+@functools.cache
+def _init_lazy_backend() -> None:
+    # The TorchScript backend registers its kernels once per process; a
+    # second init raises.
+    torch._lazy.ts_backend.init()
+
+
+def _sync_views(values: Sequence[Any]) -> None:
+    # Lazy tensors are functionalized: a write through a view
+    # (``x.t().mul_(2)``) reaches its base, and a view of an updated base
+    # sees the update, only once the tensor is synced. Unsynced, the update
+    # is missing from the graph and from the ids that find updated inputs.
+    for t in values:
+        if isinstance(t, torch.Tensor) and torch._is_functional_tensor(t):
+            torch._sync(t)
 
 
 def _to_lazy(t: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ call.
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,14 +24,15 @@ GraphFunction = Callable[..., Any]
 _names = itertools.count()
 
 
-def build_function(ir: str) -> tuple[GraphFunction, int]:
-    """Parse stored IR into a callable TorchScript function (and its number of
-    outputs). Raises RuntimeError where the IR does not parse."""
+def build_function(ir: str) -> GraphFunction | None:
+    """Parse stored IR into a TorchScript function that returns a tuple of
+    the graph's outputs (None for an empty IR). Raises RuntimeError where the
+    IR does not parse."""
+    if not ir:
+        return None
     graph = torch._C.parse_ir(ir)
-    num_outputs = len(list(graph.outputs()))
     graph.makeMultiOutputIntoTuple()
-    function = torch._C._create_function_from_graph(f"ltc_cache_graph_{next(_names)}", graph)
-    return function, num_outputs
+    return torch._C._create_function_from_graph(f"ltc_cache_graph_{next(_names)}", graph)
 
 
 def count_nodes(ir: str) -> int:
@@ -46,20 +48,22 @@ class CompiledGraph:
 
     __slots__ = (
         "__weakref__",
-        "_arg_slots",
+        "_all_results",
+        "_bound",
         "_fn",
-        "_inputs",
-        "_outputs",
-        "_single",
+        "_from_args",
+        "_from_results",
+        "_gather",
+        "_positions",
+        "_template",
         "_updates",
         "entry",
     )
 
-    def __init__(self, entry: Entry, function: GraphFunction | None, num_outputs: int,
+    def __init__(self, entry: Entry, function: GraphFunction | None,
                  model: torch.nn.Module) -> None:
         self.entry = entry
         self._fn = function
-        self._single = num_outputs == 1
         live = module_tensors(model) if _needs_module(entry) else {}
         missing = sorted({s.ref for s in _sources(entry) if s.kind == "attr"} - live.keys())
         if missing:
@@ -70,41 +74,70 @@ class CompiledGraph:
 
         # Module tensors are resolved once: ``load_state_dict`` copies into the
         # same objects, so they stay current (binding by path every call costs
-        # more than the whole replay gains over eager).
-        self._inputs = [None if s.kind == "arg" else bound(s) for s in entry.inputs]
-        self._arg_slots = [(i, s.ref) for i, s in enumerate(entry.inputs) if s.kind == "arg"]
-        self._outputs = [(s.kind, bound(s)) for s in entry.outputs]
+        # more than the whole replay gains over eager). Each call gathers the
+        # graph's inputs in one C-level step from these bound values followed
+        # by its arguments: a Python loop over the arguments costs ~25 us for
+        # the ~500 a Dynamo graph of a 128-block MLP takes (its parameters
+        # are arguments there).
+        self._bound = tuple(bound(s) for s in entry.inputs if s.kind != "arg")
+        positions, nbound = [], 0
+        for s in entry.inputs:
+            positions.append(len(self._bound) + s.ref if s.kind == "arg" else nbound)
+            nbound += s.kind != "arg"
+        self._positions = positions
+        self._gather = operator.itemgetter(*positions) if len(positions) > 1 else None
         self._updates = [(u.output, u.target.kind, bound(u.target)) for u in entry.updates]
+        # The output list is a copy of a template holding what is bound at
+        # build time (attr / const / value / none), filled in from the
+        # results and the arguments; the common case, every graph result in
+        # order, is one list() call.
+        outputs = entry.outputs
+        self._all_results = [(s.kind, s.ref) for s in outputs] == \
+            [("out", i) for i in range(len(outputs))]
+        self._template = [None if s.kind in ("out", "arg") else bound(s) for s in outputs]
+        self._from_results = [(i, s.ref) for i, s in enumerate(outputs) if s.kind == "out"]
+        self._from_args = [(i, s.ref) for i, s in enumerate(outputs) if s.kind == "arg"]
 
     def __call__(self, *args: Any) -> list[Any]:
         if self._fn is None:
             results: Sequence[Any] = ()
         else:
-            inputs = self._inputs.copy()
-            for slot, index in self._arg_slots:
-                inputs[slot] = args[index]
+            if self._gather is not None:
+                inputs = self._gather(self._bound + args)
+            else:
+                inputs = [(self._bound + args)[i] for i in self._positions]
             # The profiling executor spends ~100 ms optimising on each of the
-            # first calls; plain interpretation of this straight-line graph is
-            # as fast once warm (see BENCHMARKS.md).
-            with torch.jit.optimized_execution(False):
+            # first two calls, and its optimised plan runs this straight-line
+            # graph no faster than plain interpretation (see BENCHMARKS.md).
+            # Its switch is read on every call, so it is off for every call;
+            # it is thread-local, and set directly it costs a fraction of a
+            # microsecond where ``torch.jit.optimized_execution`` costs ~2.
+            if _get_optimize():
+                _set_optimize(False)
+                try:
+                    results = self._fn(*inputs)
+                finally:
+                    _set_optimize(True)
+            else:
                 results = self._fn(*inputs)
-            if self._single:
-                results = (results,)
         for output, kind, target in self._updates:
             if kind == "arg":
                 args[target].copy_(results[output])
             else:
                 with torch.no_grad():
                     target.copy_(results[output])
-        return [_pick(kind, ref, args, results) for kind, ref in self._outputs]
+        if self._all_results and len(results) == len(self._template):
+            return list(results)  # not when the graph also returns updated inputs
+        out = self._template.copy()
+        for i, ref in self._from_results:
+            out[i] = results[ref]
+        for i, ref in self._from_args:
+            out[i] = args[ref]
+        return out
 
 
-def _pick(kind: str, ref: Any, args: Sequence[Any], results: Sequence[Any]) -> Any:
-    if kind == "out":
-        return results[ref]
-    if kind == "arg":
-        return args[ref]
-    return ref  # attr / const / value / none: bound at build time
+_get_optimize = torch._C._get_graph_executor_optimize
+_set_optimize = torch._C._set_graph_executor_optimize
 
 
 def _sources(entry: Entry) -> list[Source]:

@@ -53,16 +53,22 @@ def test_a_cold_child_does_trace(cache_dir):
     assert report["lazy_tensors_created"] > 0
 
 
-def test_forced_fallback_is_refused_and_not_stored(cache_dir):
+def test_forced_fallback_is_refused_and_remembered(cache_dir):
     gm, shapes = build("sub")
     old = torch._lazy.config.get_force_fallback()
     torch._lazy.config.set_force_fallback("aten::sub")
+    before = ltc_cache.stats()
     try:
-        with pytest.raises(RuntimeError, match=r"because of fallback: aten::sub\.Tensor=1"):
-            ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1))
+        for _ in range(2):
+            with pytest.raises(RuntimeError, match=r"because of fallback: aten::sub\.Tensor=1"):
+                ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1))
     finally:
         torch._lazy.config.set_force_fallback(old)
-    assert list(DiskStore(cache_dir).keys()) == []
+    # Traced once; the refusal is stored as a negative entry, not a graph.
+    assert delta(before)["traces"] == 1
+    store = DiskStore(cache_dir)
+    entries = [decode(store.get(k)) for k in store.keys() if len(k) == 64]
+    assert [e.meta["kind"] for e in entries] == ["negative"]
 
 
 def test_original_cases_refuse_fallback_in_a_child_too(cache_dir):

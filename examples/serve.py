@@ -1,0 +1,217 @@
+"""A fleet of serving workers that start warm from the ltc_cache.
+
+    LTC_CACHE_DIR=/tmp/ltc python examples/serve.py --workers 4
+
+Each worker process builds the model, compiles it with
+``torch.compile(model, backend="ltc_cache")``, answers a warm-up request
+(the first call is where the graphs are traced or loaded), then takes
+requests from a queue the workers share until it is told to stop.
+
+On a cold cache one worker traces each graph; the others wait on that
+graph's lock and load the entry it stored. Run it again and every worker
+loads. With ``LTC_CACHE_REMOTE=redis://host:6379/0`` set on several
+machines, the first machine's traces warm the others too.
+
+It prints, per worker, the start-up time (process start to the first
+result), the compile time (first call to first result) and the cache
+counters; ``--json`` prints the same as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+from typing import Any
+
+import torch
+
+import ltc_cache
+
+MODELS = ("gpt2", "mlp")
+
+
+class TwoStageMLP(torch.nn.Module):
+    """Two MLP stacks with a graph break between them: Dynamo hands the
+    backend two graphs, as it does for real models with Python it cannot
+    capture."""
+
+    def __init__(self, blocks: int = 8, width: int = 256) -> None:
+        super().__init__()
+        self.first = self._stack(blocks, width)
+        self.second = self._stack(blocks, width)
+
+    @staticmethod
+    def _stack(blocks: int, width: int) -> torch.nn.Sequential:
+        layers: list[torch.nn.Module] = []
+        for _ in range(blocks):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(x)
+
+
+def build_model(name: str):
+    """The model every worker serves: same seed, same weights (a real
+    server would load a checkpoint), and the input of a request's seed."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = TwoStageMLP()
+
+        def make_input(seed: int) -> tuple[torch.Tensor, ...]:
+            return (torch.randn(8, 256, generator=torch.Generator().manual_seed(seed)),)
+        return model.eval(), make_input
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                        bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config).eval()
+
+    def make_input(seed: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randint(0, config.vocab_size, (2, 16), generator=gen),)
+    return model, make_input
+
+
+def as_tensor(out: Any):
+    """The tensor a request answers with (a transformers output's logits)."""
+    return out.logits if hasattr(out, "logits") else out
+
+
+def worker(wid: int, spawned: float, args: argparse.Namespace,
+           requests: mp.Queue, results: mp.Queue) -> None:
+    torch.set_num_threads(args.threads)
+    imported = time.time()
+    model, make_input = build_model(args.model)
+    compiled = torch.compile(model, backend="ltc_cache", dynamic=False)
+    built = time.time()
+    with torch.no_grad():
+        compiled(*make_input(-1))  # warm-up: traces or loads every graph
+    ready = time.time()
+    store = ltc_cache.default_cache().store
+    results.put(("ready", wid, {
+        "startup_s": ready - spawned,
+        "import_s": imported - spawned,
+        "compile_s": ready - built,
+        "stats": ltc_cache.stats(),
+        "remote_hits": getattr(store, "remote_hits", 0),
+        "pid": os.getpid(),
+    }))
+    served = 0
+    while (item := requests.get()) is not None:
+        with torch.no_grad():
+            out = as_tensor(compiled(*make_input(item)))
+        results.put(("result", wid, (item, out.numpy())))
+        served += 1
+    results.put(("done", wid, {"served": served, "stats": ltc_cache.stats()}))
+
+
+def serve(args: argparse.Namespace) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")  # fresh processes, as a fleet's workers are
+    requests, results = ctx.Queue(), ctx.Queue()
+    started = time.time()
+    procs = [ctx.Process(target=worker, args=(wid, started, args, requests, results),
+                         name=f"worker-{wid}") for wid in range(args.workers)]
+    for proc in procs:
+        proc.start()
+    for item in range(args.requests):
+        requests.put(item)
+    for _ in procs:
+        requests.put(None)
+
+    workers: dict[int, dict[str, Any]] = {wid: {} for wid in range(args.workers)}
+    answers: dict[int, Any] = {}
+    done = 0
+    while done < len(procs):
+        try:
+            kind, wid, payload = results.get(timeout=1.0)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise SystemExit(f"{dead[0].name} exited with code {dead[0].exitcode}") from None
+            continue
+        if kind == "ready":
+            workers[wid].update(payload)
+        elif kind == "result":
+            item, out = payload
+            answers[item] = out
+        else:
+            workers[wid]["served"] = payload["served"]
+            workers[wid]["final_stats"] = payload["stats"]
+            done += 1
+    for proc in procs:
+        proc.join()
+    report: dict[str, Any] = {
+        "model": args.model,
+        "workers": [workers[wid] | {"worker": wid} for wid in sorted(workers)],
+        "requests": len(answers),
+        # Graphs each worker compiled; on a cold cache a single flight
+        # misses each in one worker, and the others hit what it stored.
+        "graphs": max(w["stats"]["hits"] + w["stats"]["misses"] for w in workers.values()),
+        "misses": sum(w["stats"]["misses"] for w in workers.values()),
+        "traces": sum(w["stats"]["traces"] for w in workers.values()),
+        "wall_s": time.time() - started,
+    }
+    if args.check:
+        report["max_abs_error"] = check(args, answers)
+    return report
+
+
+def check(args: argparse.Namespace, answers: dict[int, Any]) -> float:
+    """The largest difference between a served answer and eager."""
+    model, make_input = build_model(args.model)
+    worst = 0.0
+    with torch.no_grad():
+        for item, out in answers.items():
+            expected = as_tensor(model(*make_input(item)))
+            worst = max(worst, (torch.from_numpy(out) - expected).abs().max().item())
+    return worst
+
+
+def print_report(report: dict[str, Any]) -> None:
+    print(f"{'worker':>6} {'start-up':>9} {'compile':>8} {'served':>6} {'hits':>5} "
+          f"{'misses':>6} {'traces':>6} {'remote':>6}")
+    for w in report["workers"]:
+        s = w["stats"]
+        print(f"{w['worker']:>6} {w['startup_s']:>8.2f}s {w['compile_s']:>7.2f}s "
+              f"{w['served']:>6} {s['hits']:>5} {s['misses']:>6} {s['traces']:>6} "
+              f"{w['remote_hits']:>6}")
+    slowest = max(w["startup_s"] for w in report["workers"])
+    print(f"{report['model']}: {report['graphs']} graph(s) per worker; in all workers "
+          f"{report['misses']} miss(es) and {report['traces']} trace(s); fleet ready in "
+          f"{slowest:.2f}s; {report['requests']} requests answered")
+    if "max_abs_error" in report:
+        print(f"largest difference from eager: {report['max_abs_error']:.2e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    parser.add_argument("--requests", type=int, default=32, help="requests to answer")
+    parser.add_argument("--model", choices=MODELS, default="gpt2")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per worker (default: the cores shared out)")
+    parser.add_argument("--check", action="store_true", help="compare answers with eager")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    report = serve(args)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

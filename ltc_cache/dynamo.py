@@ -1,0 +1,295 @@
+"""``torch.compile(model, backend="ltc_cache")``: TorchDynamo graphs through
+LTC and the cache.
+
+Two paths, chosen per Dynamo graph:
+
+- Inference (grad disabled, or no input needs grad): the whole Dynamo graph
+  is extracted as it is, with no AOTAutograd. A warm start is then Dynamo's
+  capture, one key, one lookup and one parse. A graph LTC cannot lower whole
+  is remembered as a negative entry and takes the second path, in this
+  process and every later one.
+- Otherwise (training, or inference that needs partitioning): AOTAutograd with
+  :func:`ltc_cache.partition.decompositions`; each forward, backward or
+  inference graph is split into the regions LTC lowers and an eager rest
+  (:mod:`ltc_cache.partition`), and each region is extracted through the
+  cache on its first real call (the compilers get FakeTensors, fact 6).
+
+A region that cannot be extracted runs eagerly with one warning; the cache
+remembers it, so no later process traces it again. Graphs with symbolic
+shapes (Dynamo's automatic dynamic shapes) are compiled once per concrete
+shape, since an LTC graph is traced for one.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import _disable_current_modes
+
+from .cache import GraphCache, default_cache
+from .diagnostics import counters, warn_once
+
+if TYPE_CHECKING:  # partition imports FX's partitioner: only when compiling
+    from .partition import OpSupport
+
+__all__ = ["ATEN_OPS", "LTC_OPS", "LtcBackend", "backend"]
+
+logger = logging.getLogger("ltc_cache.dynamo")
+
+# Per-process counters (``ltc_cache.stats()``): aten ops in the graphs this
+# backend compiled, and those of them that run inside LTC.
+ATEN_OPS = "aten_ops"
+LTC_OPS = "ltc_ops"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+def _model_name(gm: fx.GraphModule) -> str:
+    """The class of the module Dynamo captured (else the function), for
+    entry names."""
+    code = None
+    try:  # the frame Dynamo is compiling; internal API, so only a hint
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        frame = InstructionTranslator.current_tx()
+        for local in ("self", "fn"):
+            if isinstance(frame.f_locals.get(local), torch.nn.Module):
+                return type(frame.f_locals[local]).__name__
+        code = frame.f_code.co_qualname
+    except Exception:  # no frame, or the API moved: fall back to the graph
+        pass
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            _, cls = min(stack.values(), key=lambda entry: len(entry[0]))
+            return getattr(cls, "__name__", str(cls))
+    return code or "fn"
+
+
+def _is_symbolic(value: Any) -> bool:
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return True
+    return isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt)
+                                                   for d in value.shape)
+
+
+def _is_dynamic(gm: fx.GraphModule) -> bool:
+    return any(_is_symbolic(node.meta.get("example_value", node.meta.get("val")))
+               for node in gm.graph.nodes if node.op == "placeholder")
+
+
+def _needs_grad(example_inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+class _Guarded:
+    """Runs ``compiled`` and, should its first call fail (a stored graph that
+    does not run here), ``fallback`` from then on, with one warning."""
+
+    __slots__ = ("_call", "_compiled", "_fallback", "_name", "_ops", "_wrap")
+
+    def __init__(self, compiled: Callable[..., Any], fallback: Callable[..., Any], name: str,
+                 *, as_tuple: bool, ops: int) -> None:
+        self._compiled = compiled
+        self._fallback = fallback
+        self._name = name
+        self._wrap = as_tuple
+        self._ops = ops
+        self._call: Callable[..., Any] = self._first_call
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call(*args)
+
+    def _first_call(self, *args: Any) -> Any:
+        try:
+            out = self._compiled(*args)
+        except RuntimeError as exc:
+            logger.debug("%s: first replay failed", self._name, exc_info=True)
+            warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
+                      f"({_first_line(exc)}); running it eagerly")
+            counters.bump("errors")
+            self._call = self._fallback
+            return self._fallback(*args)
+        counters.bump(LTC_OPS, self._ops)
+        compiled = self._compiled
+        self._call = (lambda *a: tuple(compiled(*a))) if self._wrap else compiled
+        return tuple(out) if self._wrap else out
+
+
+class _Region:
+    """One LTC region of a partitioned graph: extracted through the cache on
+    its first call, when real tensors arrive; returns a tuple, as the fused
+    submodule it replaces does."""
+
+    __slots__ = ("_cache", "_call", "_module", "_name", "_ops")
+
+    def __init__(self, module: fx.GraphModule, name: str, ops: int, cache: GraphCache) -> None:
+        self._module = module
+        self._name = name
+        self._ops = ops
+        self._cache = cache
+        self._call: Callable[..., Any] = self._first_call
+
+    def __call__(self, *args: Any) -> Any:
+        return self._call(*args)
+
+    def _first_call(self, *args: Any) -> Any:
+        try:
+            # AOTAutograd may run the compiled function under a dispatch mode;
+            # lazy tracing inside one fails (fact 7).
+            with _disable_current_modes(), torch.no_grad():
+                compiled = self._cache.extract_compiled_graph(self._module, args,
+                                                              name=self._name)
+        except RuntimeError as exc:
+            logger.debug("%s: extraction failed", self._name, exc_info=True)
+            warn_once(f"eager-region:{self._name}",
+                      f"{self._name}: LTC cannot extract this region; it runs eagerly "
+                      f"({_first_line(exc)})")
+            self._call = self._module
+            return self._module(*args)
+        self._call = _Guarded(compiled, self._module, self._name, as_tuple=True, ops=self._ops)
+        return self._call(*args)
+
+
+class _PerShape:
+    """A Dynamo graph with symbolic shapes, compiled for each concrete input
+    layout it is called with (each one is a cache entry of its own)."""
+
+    __slots__ = ("_backend", "_compiled", "_gm", "_name", "_training")
+
+    def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
+                 training: bool) -> None:
+        self._backend = backend
+        self._gm = gm
+        self._name = name
+        self._training = training
+        self._compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        signature = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor)
+                          else a for a in args)
+        compiled = self._compiled.get(signature)
+        if compiled is None:
+            logger.info("%s: compiling for shapes %s", self._name, signature)
+            compiled = self._backend._static(self._gm, list(args), self._name,
+                                             training=self._training)
+            self._compiled[signature] = compiled
+        return compiled(*args)
+
+
+class LtcBackend:
+    """The ``ltc_cache`` backend of ``torch.compile``.
+
+    ``cache`` defaults to the one the environment configures
+    (:func:`ltc_cache.default_cache`), looked up at each compile so that
+    ``LTC_CACHE_*`` set after import still apply. ``whole_graph`` tries the
+    AOTAutograd-free inference path first. ``name`` labels the entries
+    (default: the class of the compiled module).
+    """
+
+    def __init__(self, cache: GraphCache | None = None, *, whole_graph: bool = True,
+                 name: str | None = None) -> None:
+        self.__name__ = "ltc_cache"
+        self._cache = cache
+        self._whole_graph = whole_graph
+        self._name = name
+        self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
+            weakref.WeakKeyDictionary())
+
+    @property
+    def cache(self) -> GraphCache:
+        return self._cache if self._cache is not None else default_cache()
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+                 **kwargs: Any) -> Callable[..., Any]:
+        name = self._name or _model_name(gm)
+        training = _needs_grad(example_inputs)
+        if _is_dynamic(gm):
+            return _PerShape(self, gm, name, training)
+        return self._static(gm, example_inputs, name, training=training)
+
+    def _static(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str, *,
+                training: bool) -> Callable[..., Any]:
+        cache = self.cache
+        if self._whole_graph and not training:
+            compiled = self._whole(gm, example_inputs, f"{name}.inference", cache)
+            if compiled is not None:
+                return compiled
+        return self._aot(gm, example_inputs, name, cache)
+
+    def _whole(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
+               cache: GraphCache) -> Callable[..., Any] | None:
+        try:
+            with torch.no_grad():
+                compiled = cache.extract_compiled_graph(gm, example_inputs, name=name)
+        except RuntimeError as exc:
+            # Expected for most real models (an op LTC cannot lower); the
+            # cache remembers it and the next process partitions at once.
+            logger.info("%s: not lowered whole (%s); partitioning", name, _first_line(exc))
+            return None
+        # Everything runs in LTC; counted as the aten ops of the stored IR.
+        ops = compiled.entry.ir.count("aten::")
+        counters.bump(ATEN_OPS, ops)
+        return _Guarded(compiled, gm.forward, name, as_tuple=False, ops=ops)
+
+    def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
+             cache: GraphCache) -> Callable[..., Any]:
+        from torch._dynamo.backends.common import aot_autograd
+
+        from .partition import decompositions
+
+        def compiler(kind: str) -> Callable[..., Any]:
+            def compile_graph(graph: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
+                return self._partitioned(graph, f"{name}.{kind}", cache)
+            return compile_graph
+
+        aot = aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=decompositions(),
+        )
+        return aot(gm, example_inputs)
+
+    def op_support(self, cache: GraphCache | None = None) -> OpSupport:
+        """What LTC lowers, as learned and remembered in ``cache`` (default:
+        :attr:`cache`)."""
+        from .partition import OpSupport
+
+        cache = cache or self.cache
+        support = self._support.get(cache)
+        if support is None:
+            support = OpSupport(cache.store, readonly=cache.config.readonly)
+            self._support[cache] = support
+        return support
+
+    def _partitioned(self, gm: fx.GraphModule, name: str,
+                     cache: GraphCache) -> Callable[..., Any]:
+        from functorch.compile import make_boxed_func
+
+        from .partition import partition
+
+        parted = partition(gm, self.op_support(cache))
+        counters.bump(ATEN_OPS, parted.total_ops)
+        for index, region in enumerate(parted.regions):
+            submodule = parted.module.get_submodule(region)
+            delattr(parted.module, region)
+            setattr(parted.module, region, _Region(submodule, f"{name}.r{index}",
+                                                   parted.region_ops[region], cache))
+        logger.info("%s: %d of %d aten ops in %d LTC regions; eager: %s", name,
+                    sum(parted.region_ops.values()), parted.total_ops, len(parted.regions),
+                    ", ".join(f"{op} x{n}" for op, n in sorted(parted.eager_ops.items()))
+                    or "nothing")
+        return make_boxed_func(parted.module.forward)
+
+
+backend = LtcBackend()

@@ -1,0 +1,61 @@
+"""What ``ltc-cache`` finds and plans, apart from how it is printed (cli.py).
+
+Scanning gives frozen reports with raw numbers and readable ``*_str``
+forms; deleting is a plan whose ``expected_freed_size`` is shown before it
+runs. An entry that cannot be read becomes a row with a ``problem``, never
+an abort.
+
+- listing.py: opening a directory, ``scan`` into EntryInfo rows (``ls``)
+- stats.py: totals and every process's counters (``stats``)
+- selection.py: ``--filter``, ``--sort``, key prefixes
+- entries.py: reading whole entries (``show``, ``verify``)
+- deletion.py: deletion plans (``prune``, ``clear``)
+- bundles.py: ``export`` and ``import``
+
+Only entries.py, deletion.py (``--stale``) and bundles.py import torch, and
+only inside the calls that decode entries or need torch's version, so
+``ls`` and ``stats`` never do.
+"""
+
+from .bundles import ImportReport, export_bundle, import_bundle
+from .deletion import DeletePlan, plan_clear, plan_prune
+from .entries import EntryProblem, Progress, VerifyReport, describe_source, load_entry, verify
+from .listing import CacheReport, EntryInfo, NoCache, open_store, scan
+from .selection import (
+    SORT_FIELDS,
+    AmbiguousKey,
+    EntryFilter,
+    parse_filter,
+    resolve_key,
+    sort_entries,
+)
+from .stats import STAT_NAMES, StatsReport, collect_stats
+
+__all__ = [
+    "SORT_FIELDS",
+    "STAT_NAMES",
+    "AmbiguousKey",
+    "CacheReport",
+    "DeletePlan",
+    "EntryFilter",
+    "EntryInfo",
+    "EntryProblem",
+    "ImportReport",
+    "NoCache",
+    "Progress",
+    "StatsReport",
+    "VerifyReport",
+    "collect_stats",
+    "describe_source",
+    "export_bundle",
+    "import_bundle",
+    "load_entry",
+    "open_store",
+    "parse_filter",
+    "plan_clear",
+    "plan_prune",
+    "resolve_key",
+    "scan",
+    "sort_entries",
+    "verify",
+]

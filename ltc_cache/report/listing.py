@@ -1,0 +1,168 @@
+"""Opening a cache directory and listing its entries (``ltc-cache ls``).
+
+A listing reads diskcache's index and the ledger's summaries (see
+store/ledger.py) and decodes no entry body, so it never imports torch.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+from ..store.disk import DiskStore
+from ..store.ledger import is_entry_key, summarise
+from ..units import format_age, format_size
+
+__all__ = ["CacheReport", "EntryInfo", "NoCache", "ago", "open_store", "scan"]
+
+
+class NoCache(FileNotFoundError):
+    """The directory is missing or is not a cache directory."""
+
+
+def open_store(directory: Path, *, create: bool = False, readonly: bool = False,
+               max_size: int | None = None) -> DiskStore:
+    """The cache at ``directory``; raises NoCache unless it exists (or
+    ``create``): a mistyped path must not read as an empty cache.
+    ``readonly`` writes nothing, so a listing works on a read-only mount."""
+    directory = Path(directory)
+    if not create:
+        if not directory.is_dir():
+            raise NoCache(f"no cache directory at {directory}")
+        if not (directory / "entries" / "cache.db").is_file():
+            raise NoCache(f"{directory} is not an ltc_cache directory (no entries/cache.db)")
+    return DiskStore(directory, max_size=max_size, readonly=readonly and not create)
+
+
+def ago(timestamp: float | None) -> str:
+    """``"3 days ago"``, or ``"never"`` for no time."""
+    return format_age(max(0.0, time.time() - timestamp)) if timestamp else "never"
+
+
+class EntryInfo(NamedTuple):
+    """One row of ``ls``. ``problem`` is set on an entry that cannot be read.
+
+    A named tuple rather than a frozen dataclass: a listing makes one per
+    entry, and a tuple is made several times faster (30-50 ms of a
+    10,000-entry ``ls``)."""
+
+    key: str
+    size: int
+    created: float
+    last_used: float  # last hit, or when stored if never hit
+    hits: int
+    graph_name: str = "?"
+    kind: str | None = None  # meta "kind" where the entry has one
+    node_count: int = 0
+    inputs: Mapping[str, int] = MappingProxyType({})  # source kind -> count
+    torch_version: str = "?"
+    schema: int | None = None
+    problem: str | None = None
+
+    @property
+    def short_key(self) -> str:
+        return self.key[:12]
+
+    @property
+    def num_inputs(self) -> int:
+        return sum(self.inputs.values())
+
+    @property
+    def size_str(self) -> str:
+        return format_size(self.size)
+
+    @property
+    def created_str(self) -> str:
+        return ago(self.created)
+
+    @property
+    def last_used_str(self) -> str:
+        return ago(self.last_used)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key, "graph_name": self.graph_name, "kind": self.kind,
+            "node_count": self.node_count, "inputs": dict(self.inputs),
+            "num_inputs": self.num_inputs, "size": self.size, "size_str": self.size_str,
+            "created": self.created, "created_str": self.created_str,
+            "last_used": self.last_used, "last_used_str": self.last_used_str,
+            "hits": self.hits, "torch_version": self.torch_version, "schema": self.schema,
+            "problem": self.problem,
+        }
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    directory: Path
+    entries: tuple[EntryInfo, ...]
+    internal_records: int  # values under keys that are not entry keys
+    internal_size: int
+    scanned_at: float
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    @property
+    def size_str(self) -> str:
+        return format_size(self.size)
+
+    @property
+    def hits(self) -> int:
+        return sum(e.hits for e in self.entries)
+
+    @property
+    def warnings(self) -> tuple[EntryInfo, ...]:
+        return tuple(e for e in self.entries if e.problem)
+
+
+def _summary(store: DiskStore, key: str) -> dict[str, Any] | None:
+    """The listing fields of an entry stored without a ledger summary, read
+    from its bytes; None where it was deleted since the index was read."""
+    try:
+        data = store.peek(key)
+    except Exception as exc:  # a missing value file, a refused mode
+        return {"problem": f"cannot read ({type(exc).__name__}: {exc})"}
+    return None if data is None else summarise(data)
+
+
+def scan(store: DiskStore) -> CacheReport:
+    """Every entry of the directory, from the index and the ledger; only an
+    entry stored without a summary is read (and a bad one becomes a warning)."""
+    try:
+        records = store.ledger.entries()
+    except (sqlite3.Error, OSError):  # no summaries to be had: the entries are read instead
+        records = {}
+    entries, internal, internal_size = [], 0, 0
+    for key, size, stored, accessed in store.rows():
+        if not is_entry_key(key):
+            internal += 1
+            internal_size += size
+            continue
+        record = records.get(key)
+        summary = record.summary if record else None
+        if summary is None:
+            summary = _summary(store, key)
+            if summary is None:
+                continue
+        entries.append(EntryInfo(
+            key=key,
+            size=size,
+            created=float(summary.get("created") or stored),
+            last_used=max(accessed, record.last_used or 0.0) if record else accessed,
+            hits=record.hits if record else 0,
+            graph_name=str(summary.get("graph_name", "?")),
+            kind=summary.get("kind"),
+            node_count=int(summary.get("node_count") or 0),
+            inputs=dict(summary.get("inputs") or {}),
+            torch_version=str(summary.get("torch_version", "?")),
+            schema=summary.get("schema"),
+            problem=summary.get("problem"),
+        ))
+    return CacheReport(Path(store.directory), tuple(entries), internal, internal_size,
+                       time.time())

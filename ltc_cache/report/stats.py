@@ -1,0 +1,102 @@
+"""Totals and the counters of every process that used a directory (``ltc-cache stats``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..diagnostics import COUNTER_NAMES
+from ..store.disk import DiskStore
+from ..store.ledger import is_entry_key
+from ..units import format_size
+from .listing import ago
+
+__all__ = ["STAT_NAMES", "StatsReport", "collect_stats"]
+
+STAT_NAMES = (*COUNTER_NAMES, "evictions")
+
+
+@dataclass(frozen=True)
+class StatsReport:
+    directory: Path
+    entries: int
+    entry_size: int
+    internal_records: int
+    internal_size: int
+    disk_usage: int  # every file under the directory, SQLite overhead included
+    size_limit: int | None
+    counters: Mapping[str, int]  # STAT_NAMES, across every process using the directory
+    zeroed_at: float | None
+
+    @property
+    def hit_rate(self) -> float | None:
+        lookups = self.counters["hits"] + self.counters["misses"]
+        return self.counters["hits"] / lookups if lookups else None
+
+    @property
+    def hit_rate_str(self) -> str:
+        rate = self.hit_rate
+        return "-" if rate is None else f"{100 * rate:.1f} %"
+
+    @property
+    def entry_size_str(self) -> str:
+        return format_size(self.entry_size)
+
+    @property
+    def internal_size_str(self) -> str:
+        return format_size(self.internal_size)
+
+    @property
+    def disk_usage_str(self) -> str:
+        return format_size(self.disk_usage)
+
+    @property
+    def size_limit_str(self) -> str:
+        return "none" if self.size_limit is None else format_size(self.size_limit)
+
+    @property
+    def zeroed_at_str(self) -> str:
+        return ago(self.zeroed_at)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "directory": str(self.directory), "entries": self.entries,
+            "entry_size": self.entry_size, "entry_size_str": self.entry_size_str,
+            "internal_records": self.internal_records, "internal_size": self.internal_size,
+            "disk_usage": self.disk_usage, "disk_usage_str": self.disk_usage_str,
+            "size_limit": self.size_limit, "counters": dict(self.counters),
+            "hit_rate": self.hit_rate, "zeroed_at": self.zeroed_at,
+        }
+
+
+def _disk_usage(directory: Path) -> int:
+    total = 0
+    stack = [os.fspath(directory)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for item in it:
+                if item.is_dir(follow_symlinks=False):
+                    stack.append(item.path)
+                elif item.is_file(follow_symlinks=False):
+                    total += item.stat(follow_symlinks=False).st_size
+    return total
+
+
+def collect_stats(store: DiskStore, *, size_limit: int | None = None) -> StatsReport:
+    """Counts and bytes from diskcache's index, counters from the ledger;
+    no entry is read."""
+    entries = entry_size = internal = internal_size = 0
+    for row in store.rows():
+        if is_entry_key(row.key):
+            entries += 1
+            entry_size += row.size
+        else:
+            internal += 1
+            internal_size += row.size
+    counters = {name: 0 for name in STAT_NAMES} | store.ledger.counters()
+    return StatsReport(Path(store.directory), entries, entry_size, internal, internal_size,
+                       _disk_usage(Path(store.directory)), size_limit, counters,
+                       store.ledger.zeroed_at())

@@ -1,0 +1,339 @@
+"""Rewrites of a traced graph's IR, applied once at trace time, before the
+entry is stored, so that every process that loads the entry gains.
+
+LTC's TorchScript backend lowers every view op to a copy (``t_copy``,
+``view_copy`` ...), so each call copies every weight it transposes, and it
+passes each captured scalar (``addmm``'s alpha and beta, ``add``'s alpha) as
+a 0-dim tensor graph input that an ``aten::ScalarImplicit`` node unwraps at
+every call. Three small rewrites remove that work:
+
+- :func:`views_for_copies`: a view copy becomes the view it copies, where no
+  op in the graph writes to memory, the view is only read by ops that read
+  values (not strides), and a graph output it reaches owns its memory;
+- :func:`fold_scalars`: ``ScalarImplicit`` of a stored 0-dim constant (or
+  of a tensor constant in the IR) becomes an IR constant, and the constant
+  input goes from the layout;
+- :func:`drop_dead_code`: nodes and graph inputs nothing reads.
+
+Each works on a parsed graph and the input layout in place; :func:`rewrite`
+applies them to an :class:`~ltc_cache.extract.Extraction` and keeps the
+traced IR where anything fails, since a rewrite is an optimisation only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from collections.abc import Callable
+
+import torch
+
+from .diagnostics import warn_once
+from .extract import Extraction
+from .layout import Source
+
+__all__ = ["VIEW_OF_COPY", "drop_dead_code", "fold_scalars", "rewrite",
+           "views_for_copies"]
+
+logger = logging.getLogger("ltc_cache.rewrite")
+
+# A copy op (with overload) -> the view op whose result it copies; the two
+# take the same arguments. ``view_copy`` becomes ``reshape``, not ``view``:
+# ``view_copy`` accepts inputs that cannot be viewed (it copies them), and so
+# does ``reshape``, while ``view`` would raise on a non-contiguous input that
+# another rewritten view hands it. ``as_strided_copy`` stays: its strides
+# address the storage, which a view's input no longer starts.
+VIEW_OF_COPY: dict[str, str] = {
+    "aten::alias_copy": "aten::alias",
+    "aten::detach_copy": "aten::detach",
+    "aten::diagonal_copy": "aten::diagonal",
+    "aten::expand_copy": "aten::expand",
+    "aten::narrow_copy": "aten::narrow",
+    "aten::permute_copy": "aten::permute",
+    "aten::select_copy.int": "aten::select.int",
+    "aten::slice_copy.Tensor": "aten::slice.Tensor",
+    "aten::squeeze_copy": "aten::squeeze",
+    "aten::squeeze_copy.dim": "aten::squeeze.dim",
+    "aten::squeeze_copy.dims": "aten::squeeze.dims",
+    "aten::t_copy": "aten::t",
+    "aten::transpose_copy.int": "aten::transpose.int",
+    "aten::unfold_copy": "aten::unfold",
+    "aten::unsqueeze_copy": "aten::unsqueeze",
+    "aten::view_copy": "aten::reshape",
+}
+
+# Ops that read an input's strides or storage rather than its values, or
+# reject some layouts: a view (non-contiguous, offset, stride 0) must not
+# reach them where a fresh contiguous copy did.
+_LAYOUT_READERS = ("as_strided", "_reshape_alias", "_unsafe_view", "view_as_real",
+                   "view_as_complex", "view_copy.dtype", "contiguous", "stride",
+                   "_nested", "data_ptr", "set_")
+
+# Nodes without a schema that only build or take apart containers.
+_CONTAINERS = frozenset({"prim::ListConstruct", "prim::TupleConstruct"})
+_STRUCTURAL = _CONTAINERS | {"prim::Constant", "prim::ListUnpack", "prim::TupleUnpack"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema(text: str) -> torch._C.FunctionSchema | None:
+    return None if text == "(no schema)" else torch._C.parse_schema(text)
+
+
+def _node_schema(node: torch._C.Node) -> torch._C.FunctionSchema | None:
+    return _schema(node.schema())
+
+
+def _full_name(schema: torch._C.FunctionSchema) -> str:
+    return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+
+
+def _aliases(schema: torch._C.FunctionSchema) -> bool:
+    """Whether the op may return (or write) memory of an input."""
+    return any(a.alias_info is not None for a in (*schema.arguments, *schema.returns))
+
+
+def _writes(node: torch._C.Node) -> bool:
+    """Whether ``node`` may write to memory it did not allocate (or is an
+    op this module does not know, which is treated the same)."""
+    if node.kind() in _STRUCTURAL:
+        return False
+    if list(node.blocks()):
+        return True
+    schema = _node_schema(node)
+    if schema is None:
+        return True
+    return schema.is_mutable or any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _reads_values_only(node: torch._C.Node) -> bool:
+    """Whether ``node`` reads its tensor inputs as values: its result neither
+    aliases them nor depends on their strides."""
+    schema = _node_schema(node)
+    if schema is None or _aliases(schema):
+        return False
+    name = _full_name(schema)
+    return not any(marker in name for marker in _LAYOUT_READERS)
+
+
+def views_for_copies(graph: torch._C.Graph) -> int:
+    """Turn view copies into views where that is provably safe; returns how
+    many.
+
+    Safe means no result can differ and no result can newly share memory
+    with something the caller owns:
+
+    - no node of the graph writes to memory (LTC's graphs are functional;
+      one that is not is left whole), so no value can change under a view;
+    - each use of a new view reads values only (an op without alias
+      annotations and not reading strides), is another view copy (which
+      accepts any layout), or builds a container only such ops read;
+    - a view a graph returns must sit on memory the graph allocated: a view
+      of a graph input (an argument, a weight, a stored constant), or of what
+      an aliasing op made of one, stays a copy, so no output aliases an
+      input: mutating an output cannot reach a weight or a constant, and the
+      wrapper's copy of an updated value into its argument never reads the
+      memory it writes.
+    """
+    nodes = list(graph.nodes())
+    if any(_writes(n) for n in nodes):
+        return 0
+    # Value -> the value whose memory it is after the rewrite (by
+    # ``Value.unique()``); a value is fresh when the node that made it
+    # allocated it.
+    owner: dict[int, int] = {}
+    fresh: set[int] = set()
+    rewritten = 0
+    for node in nodes:
+        schema = _node_schema(node)
+        target = VIEW_OF_COPY.get(_full_name(schema)) if schema is not None else None
+        if target is not None and _view_is_safe(node, owner, fresh):
+            view = _replace_with_view(graph, node, target)
+            if view is not None:
+                base = view.inputsAt(0).unique()
+                owner[view.output().unique()] = owner.get(base, base)
+                rewritten += 1
+                continue
+        for out in node.outputs():
+            if schema is not None and not _aliases(schema):
+                fresh.add(out.unique())
+    return rewritten
+
+
+def _view_is_safe(node: torch._C.Node, owner: dict[int, int], fresh: set[int]) -> bool:
+    base = node.inputsAt(0).unique()
+    base_owner = owner.get(base, base)
+    for use in node.output().uses():
+        user = use.user
+        if user.kind() == "prim::Return":
+            if base_owner not in fresh:
+                return False
+        elif user.kind() in _CONTAINERS:
+            if not all(_reads_values_only(u.user) for u in user.output().uses()):
+                return False
+        elif not (_is_view_copy(user) or _reads_values_only(user)):
+            return False
+    return True
+
+
+def _is_view_copy(node: torch._C.Node) -> bool:
+    schema = _node_schema(node)
+    return schema is not None and _full_name(schema) in VIEW_OF_COPY
+
+
+def _replace_with_view(graph: torch._C.Graph, node: torch._C.Node,
+                       target: str) -> torch._C.Node | None:
+    """Put the view ``target`` in place of ``node``; None (``node`` kept)
+    where the view op would not take the same arguments."""
+    kind = target.split(".")[0]
+    view = graph.create(kind, list(node.inputs()), 1)
+    view.insertBefore(node)
+    schema = _node_schema(view)
+    old = _node_schema(node)
+    if schema is None or _full_name(schema) != target or \
+            [a.type for a in schema.arguments] != [a.type for a in old.arguments]:
+        view.destroy()
+        return None
+    view.output().setType(node.output().type())
+    node.output().replaceAllUsesWith(view.output())
+    node.destroy()
+    return view
+
+
+# Ops that unwrap a one-element tensor into a number, and which dtypes each
+# accepts.
+_UNWRAP: dict[str, Callable[[torch.dtype], bool]] = {
+    "aten::ScalarImplicit": lambda dtype: not dtype.is_complex,
+    "aten::IntImplicit": lambda dtype: not dtype.is_floating_point and not dtype.is_complex
+    and dtype != torch.bool,
+    "aten::FloatImplicit": lambda dtype: dtype.is_floating_point,
+}
+
+
+def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
+    """Replace ``aten::ScalarImplicit`` (and ``IntImplicit``,
+    ``FloatImplicit``) of a stored 0-dim constant input, or of a one-element
+    tensor constant in the IR, with an IR constant of its value; returns how
+    many. A constant input goes when nothing else reads it (see
+    :func:`drop_dead_code`).
+
+    LTC passes captured scalars (``alpha=1``, ``x * 2.5``) as 0-dim tensor
+    inputs and writes slice bounds as tensor constants, which
+    ``torch._C.parse_ir`` refuses by default: folding them makes every call
+    cheaper and a sliced graph's IR parse. A float folds only where the IR
+    text carries it exactly (finite values print with 17 significant
+    digits); complex and non-finite values stay.
+    """
+    params = list(graph.inputs())
+    stored = {params[i].unique(): s.ref for i, s in enumerate(inputs)
+              if s.kind == "const" and isinstance(s.ref, torch.Tensor) and s.ref.dim() == 0}
+    folded = 0
+    for node in list(graph.nodes()):
+        accepts = _UNWRAP.get(node.kind())
+        if accepts is None:
+            continue
+        source = node.inputsAt(0)
+        tensor = stored.get(source.unique())
+        if tensor is None:
+            tensor = _tensor_constant(source)
+        if tensor is None or tensor.numel() != 1 or not accepts(tensor.dtype):
+            continue
+        value = _scalar_value(tensor)
+        if value is None:
+            continue
+        with graph.insert_point_guard(node):
+            constant = graph.insertConstant(value)
+        if not _same_overloads(graph, node.output(), constant):
+            constant.node().destroy()
+            continue
+        node.output().replaceAllUsesWith(constant)
+        node.destroy()
+        folded += 1
+    return folded
+
+
+def _same_overloads(graph: torch._C.Graph, old: torch._C.Value, new: torch._C.Value) -> bool:
+    """Whether every op reading ``old`` resolves to the same overload when it
+    reads ``new`` instead (an int where a Scalar stood can pick another:
+    ``add(Scalar, Scalar)`` becomes ``add.int``). Resolution is done on a
+    detached probe node: a node caches the overload it first resolved."""
+    for use in old.uses():
+        user = use.user
+        inputs = list(user.inputs())
+        swapped = [new if v.unique() == old.unique() else v for v in inputs]
+        before = _overload(graph, user.kind(), inputs, user.outputsSize())
+        if before == "(no schema)" or before != _overload(graph, user.kind(), swapped,
+                                                          user.outputsSize()):
+            return False
+    return True
+
+
+def _overload(graph: torch._C.Graph, kind: str, inputs: list[torch._C.Value],
+              outputs: int) -> str:
+    probe = graph.create(kind, inputs, outputs)
+    try:
+        return probe.schema()
+    finally:
+        probe.destroy()
+
+
+def _tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
+    node = value.node()
+    if node.kind() != "prim::Constant" or not isinstance(value.type(), torch._C.TensorType):
+        return None
+    constant = value.toIValue()
+    return constant if isinstance(constant, torch.Tensor) else None
+
+
+def _scalar_value(t: torch.Tensor) -> bool | int | float | None:
+    value = t.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def drop_dead_code(graph: torch._C.Graph, inputs: list[Source]) -> int:
+    """Remove nodes whose results nothing reads, merge equal constants, and
+    remove graph inputs nothing reads with their entries in ``inputs``;
+    returns how many nodes and inputs went."""
+    before = sum(1 for _ in graph.nodes())
+    torch._C._jit_pass_dce(graph)
+    torch._C._jit_pass_constant_pooling(graph)
+    removed = before - sum(1 for _ in graph.nodes())
+    params = list(graph.inputs())
+    for i in reversed(range(len(inputs))):
+        if not params[i].uses():
+            graph.eraseInput(i)
+            del inputs[i]
+            removed += 1
+    return removed
+
+
+def rewrite(extraction: Extraction) -> Extraction:
+    """``extraction`` with its IR rewritten by every rewrite above and its
+    input layout to match; the extraction unchanged where a rewrite fails or
+    its result does not parse again."""
+    if not extraction.ir:
+        return extraction
+    try:
+        # LTC writes slice bounds as one-element tensor constants.
+        graph = torch._C.parse_ir(extraction.ir, parse_tensor_constants=True)
+        inputs = list(extraction.inputs)
+        if len(inputs) != len(list(graph.inputs())):
+            raise ValueError(f"{len(inputs)} inputs laid out for a graph of "
+                             f"{len(list(graph.inputs()))}")
+        views = views_for_copies(graph)
+        scalars = fold_scalars(graph, inputs)
+        dead = drop_dead_code(graph, inputs)
+        ir = str(graph)
+        # What the cache stores must parse in a new process, as replay parses.
+        torch._C.parse_ir(ir)
+    except Exception as exc:  # best effort: the traced IR is correct as it is
+        warn_once("rewrite", f"cannot rewrite a traced graph ({type(exc).__name__}: {exc}); "
+                  "storing it as traced")
+        return extraction
+    logger.debug("rewrote %d view copies, folded %d scalars, dropped %d dead nodes/inputs",
+                 views, scalars, dead)
+    return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))

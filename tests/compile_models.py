@@ -1,0 +1,162 @@
+"""Small models for the torch.compile backend tests, and a child process that
+runs one of them through ``backend="ltc_cache"`` against eager.
+
+``python tests/compile_models.py MODEL [--train STEPS]`` prints one JSON line:
+the largest difference from eager, the losses of both, and the counters.
+Random weights from a fixed seed, tiny configs, no downloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+
+import torch
+
+VOCAB = 96
+BATCH, SEQ = 2, 8
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ))
+
+
+def gpt2():
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config), (_ids(),)
+
+
+def bert():
+    import transformers
+
+    config = transformers.BertConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        vocab_size=VOCAB, max_position_embeddings=32, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0)
+    return transformers.BertModel(config), (_ids(),)
+
+
+def llama():
+    import transformers
+
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+        intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=32)
+    return transformers.LlamaForCausalLM(config), (_ids(),)
+
+
+def t5():
+    import transformers
+
+    config = transformers.T5Config(num_layers=2, d_model=32, d_kv=16, num_heads=2, d_ff=64,
+                                   vocab_size=VOCAB, dropout_rate=0.0)
+    return transformers.T5EncoderModel(config), (_ids(),)
+
+
+def transformer_encoder():
+    layer = torch.nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0, batch_first=True)
+    return (torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False),
+            (torch.randn(BATCH, SEQ, 32),))
+
+
+class SmallCNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv1(x))), 2)
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def cnn():
+    return SmallCNN(), (torch.randn(BATCH, 3, 16, 16),)
+
+
+MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "t5": t5,
+          "transformer_encoder": transformer_encoder, "cnn": cnn}
+
+
+def first_tensor(out) -> torch.Tensor:
+    """The main output of a model: logits, last hidden state, or the tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return out[0]
+
+
+def loss_of(out) -> torch.Tensor:
+    value = first_tensor(out)
+    return (value.float() ** 2).mean()
+
+
+def train(model, args, steps: int) -> list[float]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = loss_of(model(*args))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def run(name: str, train_steps: int) -> dict:
+    import ltc_cache
+
+    torch.manual_seed(0)
+    model, args = MODELS[name]()
+    model.eval()
+    reference = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="ltc_cache")
+    result: dict = {"model": name}
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        got = first_tensor(compiled(*args))
+    result["inference_first_s"] = time.perf_counter() - start
+    with torch.no_grad():
+        want = first_tensor(reference(*args))
+        again = first_tensor(compiled(*args))
+    result["inference_max_error"] = max((got - want).abs().max().item(),
+                                        (again - want).abs().max().item())
+    inference = ltc_cache.stats()
+    result["inference_stats"] = inference
+
+    if train_steps:
+        model.train()
+        reference.train()
+        result["eager_losses"] = train(reference, args, train_steps)
+        result["losses"] = train(compiled, args, train_steps)
+    result["stats"] = ltc_cache.stats()
+    backend = ltc_cache.backend
+    result["probes"] = backend.op_support().probes
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("--train", type=int, default=0, metavar="STEPS")
+    options = parser.parse_args(argv)
+    print(json.dumps(run(options.model, options.train)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

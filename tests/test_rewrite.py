@@ -1,0 +1,412 @@
+"""Rewrites of the stored IR (ltc_cache/rewrite.py): view copies back to
+views, captured scalars folded into constants, dead code dropped.
+
+Each model below is run against eager on the cold call (the process that
+traces) and on a hit in a second, real process, including the cases a wrong
+rewrite would break: outputs that alias inputs, arguments and buffers
+updated in place, a view of a weight returned, transposes feeding in-place
+ops. Run as a script (``python test_rewrite.py --child NAME ...``) this file
+is that second process.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx, nn
+
+import ltc_cache
+from ltc_cache.entry import decode
+from ltc_cache.extract import Extraction
+from ltc_cache.keys import compute_key, module_tensors
+from ltc_cache.layout import Source
+from ltc_cache.rewrite import drop_dead_code, rewrite, views_for_copies
+from ltc_cache.store import DiskStore
+
+# ---------------------------------------------------------------- models
+
+
+class Mlp(nn.Module):
+    """Linear layers (transposed weights), captured scalars: alpha, beta."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 8)
+        self.fc2 = nn.Linear(8, 6)
+        self.w = nn.Parameter(torch.randn(6, 6))
+        self.b = nn.Parameter(torch.randn(6))
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        y = x + self.fc2(h)
+        z = torch.addmm(self.b, y, self.w.t(), beta=0.5, alpha=1 / 3)
+        return torch.add(z, y, alpha=2.5) * 0.1
+
+
+class WeightView(nn.Module):
+    """A view of a weight returned, and the weight transposed for a matmul."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 4))
+
+    def forward(self, x):
+        return self.w.t(), x @ self.w, self.w.view(-1)
+
+
+class ArgAliases(nn.Module):
+    """Outputs that alias the argument in eager, and the argument itself."""
+
+    def forward(self, x):
+        return x.view(-1), x.t(), x[1:], x.unsqueeze(0), x, x.permute(1, 0) + 1
+
+
+class InplaceArg(nn.Module):
+    """Arguments updated in place, one of them returned as is."""
+
+    def forward(self, x, y):
+        x.add_(y, alpha=2.0)
+        y.mul_(0.5)
+        return x * 2, y
+
+
+class TransposeInplace(nn.Module):
+    """Transposes feeding in-place ops: the update goes through the view."""
+
+    def forward(self, x, y):
+        t = x.t()
+        t.mul_(2.0)
+        y.t().add_(x)
+        return t, x + 1, y.t()
+
+
+class Accumulate(nn.Module):
+    """A buffer updated in place from a transpose, then read as views. A leaf
+    of the FX trace (see :class:`LeafTracer`): symbolic tracing of these
+    lines in place would record a stale copy of the buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("running", torch.zeros(4, 4))
+
+    def forward(self, x):
+        self.running.mul_(0.5).add_(x.t())
+        return self.running.t() @ x, self.running.view(-1)
+
+
+class BufferUpdate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.acc = Accumulate()
+
+    def forward(self, x):
+        y, flat = self.acc(x)
+        return y, flat, self.acc.running
+
+
+class LeafTracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, Accumulate) or super().is_leaf_module(m, qualname)
+
+
+class IntermediateViews(nn.Module):
+    """Views of an intermediate result returned beside it: these may stay
+    views (eager returns aliases of each other too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x))
+        return h.t(), h.reshape(-1), h, h.unsqueeze(1).expand(4, 3, 4)
+
+
+class Attention(nn.Module):
+    """Select, expand, permute, transpose and squeeze feeding matmuls."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        qkv = self.qkv(x).view(b, s, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.select(0, 0), qkv.select(0, 1), qkv.select(0, 2)  # unbind falls back
+        scores = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
+        out = (scores @ v).transpose(1, 2).reshape(b, s, 8)
+        return out.squeeze(0), out[:, 0].unsqueeze(-1).expand(b, 8, 3)
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
+    "mlp": (Mlp, [(5, 6)]),
+    "weight_view": (WeightView, [(3, 6)]),
+    "arg_aliases": (ArgAliases, [(3, 4)]),
+    "inplace_arg": (InplaceArg, [(3, 4), (3, 4)]),
+    "transpose_inplace": (TransposeInplace, [(3, 4), (4, 3)]),
+    "buffer_update": (BufferUpdate, [(4, 4)]),
+    "intermediate_views": (IntermediateViews, [(4, 4)]),
+    "attention": (Attention, [(1, 5, 8)]),
+}
+
+
+def build(name: str) -> tuple[fx.GraphModule, list[tuple[int, ...]]]:
+    factory, shapes = MODELS[name]
+    torch.manual_seed(0)
+    model = factory()
+    return fx.GraphModule(model, LeafTracer().trace(model)), shapes
+
+
+def inputs(shapes: list[tuple[int, ...]], seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=gen) for shape in shapes]
+
+
+def storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+
+
+def check_against_eager(name: str) -> dict:
+    """Extract ``name`` through the cache and compare three calls with eager:
+    outputs, arguments and buffers after each call. Between calls, every
+    output the graph computed is overwritten, which must not reach the
+    weights, buffers or stored constants of the next call. Returns what the
+    entry and the calls looked like, for the test to assert on."""
+    gm, shapes = build(name)
+    eager = copy.deepcopy(gm)
+    with torch.no_grad():
+        compiled = ltc_cache.extract_compiled_graph(gm, inputs(shapes, seed=1))
+        consts = [s.ref for s in compiled.entry.inputs if s.kind == "const"]
+        for call in range(3):
+            eager_args = inputs(shapes, seed=10 + call)
+            args = [a.clone() for a in eager_args]
+            expected = eager(*eager_args)
+            expected = list(expected) if isinstance(expected, tuple) else [expected]
+            actual = compiled(*args)
+            assert len(actual) == len(expected)
+            for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+                torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m, i=i, c=call: f"call {c} output {i}: {m}")
+            for i, (a, e) in enumerate(zip(args, eager_args, strict=True)):
+                torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m, i=i, c=call: f"call {c} argument {i}: {m}")
+            for (n, e), a in zip(eager.state_dict().items(), gm.state_dict().values(),
+                                 strict=True):
+                torch.testing.assert_close(a, e, msg=lambda m, n=n, c=call: f"call {c} {n}: {m}")
+            # An output is the model's own tensor (an argument or buffer the
+            # model returned as is), or memory no one else holds.
+            owned = [*args, *module_tensors(gm).values()]
+            computed = [o for o in actual if not any(o is t for t in owned)]
+            assert not storages(computed) & storages([*owned, *consts]), \
+                f"call {call}: an output shares memory with an input, weight or constant"
+            for out in computed:
+                if torch._debug_has_internal_overlap(out) == 0:  # not an expanded view
+                    out.add_(1000.0)
+    return {"ir": compiled.entry.ir, "inputs": [s.kind for s in compiled.entry.inputs]}
+
+
+# ------------------------------------------------------ the second process
+
+
+def child(names: list[str]) -> None:
+    failures = {}
+    for name in names:
+        try:
+            check_against_eager(name)
+        except Exception as exc:
+            failures[name] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps({"stats": ltc_cache.stats(), "failures": failures}))
+
+
+def run_child(names: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", *names], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------- tests
+
+
+def test_every_model_matches_eager_cold_and_on_a_hit_in_another_process(cache_dir):
+    results = {name: check_against_eager(name) for name in MODELS}
+    assert ltc_cache.stats()["traces"] == len(MODELS)
+    assert ltc_cache.stats()["errors"] == 0
+
+    report = run_child(list(MODELS))
+    assert report["failures"] == {}
+    assert report["stats"]["hits"] == len(MODELS)
+    assert report["stats"]["traces"] == 0
+
+    # The rewrites did happen on the graphs where they are safe ...
+    mlp = results["mlp"]["ir"]
+    assert "_copy" not in mlp and "ScalarImplicit" not in mlp
+    assert "aten::t(" in mlp
+    # alpha, beta and 2.5 folded; ``* 0.1`` multiplies by a 0-dim tensor input.
+    assert results["mlp"]["inputs"].count("const") == 1
+    attention = results["attention"]["ir"]
+    assert "aten::permute(" in attention and "permute_copy" not in attention
+    # ... and views of an intermediate may be returned as views,
+    assert "aten::t(" in results["intermediate_views"]["ir"]
+    # while what the graph returns of a weight or argument stays a copy.
+    weight_view = results["weight_view"]["ir"]
+    assert "aten::t_copy(" in weight_view and "aten::view_copy(" in weight_view
+    arg_aliases = results["arg_aliases"]["ir"]
+    for copy_op in ("view_copy", "t_copy", "slice_copy", "unsqueeze_copy"):
+        assert f"aten::{copy_op}(" in arg_aliases
+    assert "aten::permute(" in arg_aliases  # read by an add, not returned
+
+
+def test_the_stored_entry_holds_the_rewritten_ir(cache_dir):
+    gm, shapes = build("mlp")
+    example = inputs(shapes, seed=1)
+    with torch.no_grad():
+        ltc_cache.extract_compiled_graph(gm, example)
+    key = compute_key(gm, example).digest
+    entry = decode(DiskStore(cache_dir).get(key), expected_key=key)
+    assert "t_copy" not in entry.ir and "ScalarImplicit" not in entry.ir
+    assert len(entry.inputs) == len(list(torch._C.parse_ir(entry.ir).inputs()))
+    assert entry.meta["node_count"] == sum(1 for _ in torch._C.parse_ir(entry.ir).nodes())
+
+
+def _function(ir: str):
+    graph = torch._C.parse_ir(ir)
+    graph.makeMultiOutputIntoTuple()
+    return torch._C._create_function_from_graph("f", graph)
+
+
+def _extraction(ir: str, inputs: list[Source]) -> Extraction:
+    return Extraction(ir, tuple(inputs), (Source("out", 0),), (), "")
+
+
+def test_a_graph_that_writes_memory_keeps_its_copies():
+    ir = """graph(%x : Tensor, %y : Tensor):
+      %a : Tensor = aten::t_copy(%x)
+      %one : int = prim::Constant[value=1]()
+      %b : Tensor = aten::add_(%y, %a, %one)
+      %c : Tensor = aten::mm(%a, %b)
+      return (%c)"""
+    graph = torch._C.parse_ir(ir)
+    assert views_for_copies(graph) == 0
+    assert "aten::t_copy" in str(graph)
+
+
+def test_a_view_stays_a_copy_before_an_op_that_reads_strides():
+    ir = """graph(%x : Tensor):
+      %s : int[] = prim::Constant[value=[4, 3]]()
+      %a : Tensor = aten::t_copy(%x)
+      %b : Tensor = aten::_unsafe_view(%a, %s)
+      %c : Tensor = aten::t_copy(%x)
+      %d : Tensor = aten::relu(%c)
+      return (%b, %d)"""
+    graph = torch._C.parse_ir(ir)
+    assert views_for_copies(graph) == 1
+    text = str(graph)
+    assert text.count("aten::t_copy") == 1 and text.count("aten::t(") == 1
+    x = torch.randn(3, 4)
+    expected = _function(ir)(x)
+    actual = _function(text)(x)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e)
+
+
+def test_views_of_inputs_are_never_returned():
+    ir = """graph(%x : Tensor):
+      %one : int = prim::Constant[value=1]()
+      %zero : int = prim::Constant[value=0]()
+      %a : Tensor = aten::transpose_copy(%x, %one, %zero)
+      %b : Tensor = aten::relu(%x)
+      %c : Tensor = aten::t_copy(%b)
+      return (%a, %c)"""
+    graph = torch._C.parse_ir(ir)
+    assert views_for_copies(graph) == 1
+    text = str(graph)
+    assert "aten::transpose_copy" in text and "aten::t(" in text
+
+
+def test_scalars_fold_exactly_and_odd_ones_stay():
+    ir = """graph(%x : Tensor, %third : Tensor, %n : Tensor, %offset : Tensor, %inf : Tensor,
+                  %other : Tensor):
+      %s1 : Scalar = aten::ScalarImplicit(%third)
+      %s2 : Scalar = aten::ScalarImplicit(%n)
+      %s3 : Scalar = aten::ScalarImplicit(%inf)
+      %s4 : Scalar = aten::ScalarImplicit(%other)
+      %a : Tensor = aten::add(%x, %x, %s1)
+      %b : Tensor = aten::mul(%a, %s2)
+      %c : Tensor = aten::clamp_max(%b, %s3)
+      %d : Tensor = aten::sub(%c, %offset, %s4)
+      return (%d)"""
+    third = torch.tensor(1 / 3, dtype=torch.float64)
+    layout = [Source("arg", 0), Source("const", third), Source("const", torch.tensor(7)),
+              Source("const", torch.tensor(0.25)), Source("const", torch.tensor(float("inf"))),
+              Source("arg", 1)]
+    out = rewrite(_extraction(ir, layout))
+    # 1/3 and 7 folded and their inputs gone; inf stays an input, so does
+    # %offset (read as a tensor), and an argument is never folded.
+    assert [s.kind for s in out.inputs] == ["arg", "const", "const", "arg"]
+    assert out.ir.count("ScalarImplicit") == 2
+    parsed = torch._C.parse_ir(out.ir)
+    values = [n.output().toIValue() for n in parsed.nodes() if n.kind() == "prim::Constant"]
+    assert 1 / 3 in values and 7 in values  # exact after printing and parsing
+
+    x, other = torch.randn(3), torch.tensor(2.0)
+    full = [x, third, torch.tensor(7), torch.tensor(0.25), torch.tensor(float("inf")), other]
+    expected = _function(ir)(*full)
+    bound = [x, torch.tensor(0.25), torch.tensor(float("inf")), other]
+    actual = _function(out.ir)(*bound)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+
+
+def test_a_scalar_whose_fold_would_change_the_overload_stays():
+    # add(Scalar, Scalar) -> Scalar; of two ints it would be add.int, of an
+    # int and a Scalar it stays add.Scalar.
+    ir = """graph(%x : Tensor, %a : Tensor, %b : Tensor):
+      %s1 : Scalar = aten::ScalarImplicit(%a)
+      %s2 : Scalar = aten::ScalarImplicit(%b)
+      %s : Scalar = aten::add(%s1, %s2)
+      %y : Tensor = aten::mul(%x, %s)
+      return (%y)"""
+    layout = [Source("arg", 0), Source("const", torch.tensor(2)), Source("const", torch.tensor(3))]
+    out = rewrite(_extraction(ir, layout))
+    assert out.ir.count("ScalarImplicit") == 1
+    parsed = torch._C.parse_ir(out.ir)
+    assert [n.schema() for n in parsed.nodes() if n.kind() == "aten::add"] == \
+        ["aten::add(Scalar a, Scalar b) -> Scalar"]
+    x = torch.randn(3)
+    torch.testing.assert_close(_function(out.ir)(x, torch.tensor(3))[0], x * 5)
+
+
+def test_dead_nodes_and_unused_inputs_go_with_their_layout():
+    ir = """graph(%x : Tensor, %unused : Tensor, %w : Tensor):
+      %dead : Tensor = aten::relu(%w)
+      %t : (Tensor, Tensor) = prim::TupleConstruct(%dead, %x)
+      %y : Tensor = aten::neg(%x)
+      return (%y)"""
+    graph = torch._C.parse_ir(ir)
+    layout = [Source("arg", 0), Source("arg", 1), Source("attr", "w")]
+    assert drop_dead_code(graph, layout) == 4
+    assert layout == [Source("arg", 0)]
+    assert [n.kind() for n in graph.nodes()] == ["aten::neg"]
+
+
+def test_ir_that_cannot_be_rewritten_is_stored_as_traced():
+    bad = _extraction("graph(%x : Tensor):\n  return (%x)", [])  # layout of the wrong length
+    with pytest.warns(RuntimeWarning, match="cannot rewrite"):
+        assert rewrite(bad) is bad
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        # Import this file under its test name, so that the classes (and
+        # with them the cache keys of leaf modules) are the test's.
+        sys.path.insert(0, str(Path(__file__).parent))
+        import test_rewrite
+
+        test_rewrite.child(sys.argv[2:])

@@ -1,0 +1,44 @@
+"""examples/serve.py: a fleet of worker processes, each compiling the model
+with torch.compile(backend="ltc_cache"), started together on one cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import child_env
+
+from ltc_cache.store import DiskStore
+
+SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
+
+
+def run_serve(*args: str, env: dict[str, str] | None = None) -> dict:
+    proc = subprocess.run([sys.executable, str(SERVE), *args, "--model", "mlp", "--json",
+                           "--threads", "1"],
+                          capture_output=True, text=True, env=env or child_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_cold_fleet_traces_each_graph_once_then_starts_warm(cache_dir):
+    cold = run_serve("--workers", "3", "--requests", "9", "--check")
+    graphs = cold["graphs"]
+    assert graphs == 2  # the model's graph break: Dynamo hands over two graphs
+    # Each graph missed in one worker, which traced it; the other two waited
+    # on its lock and loaded the entry it stored.
+    assert cold["misses"] == graphs and cold["traces"] == graphs
+    assert sum(w["stats"]["hits"] for w in cold["workers"]) == 2 * graphs
+    for worker in cold["workers"]:
+        stats = worker["stats"]
+        assert stats["hits"] + stats["misses"] == graphs and stats["errors"] == 0
+    assert cold["requests"] == 9 and sum(w["served"] for w in cold["workers"]) == 9
+    assert cold["max_abs_error"] < 1e-4
+    assert len(set(DiskStore(cache_dir).keys())) >= graphs
+
+    warm = run_serve("--workers", "1", "--requests", "4", "--check")
+    assert warm["graphs"] == graphs and warm["misses"] == 0 and warm["traces"] == 0
+    assert all(w["stats"]["hits"] == graphs for w in warm["workers"])
+    assert warm["max_abs_error"] < 1e-4

@@ -1,0 +1,525 @@
+"""Steady-state replay, side by side in one run, as ratios.
+
+    python tools/bench_replay.py                       # every section
+    python tools/bench_replay.py --sections steady --models mlp32
+    python tools/bench_replay.py --sections wrapper lookup memory
+
+Sections:
+
+- ``steady``: one call of a cached graph against eager, the original
+  ``torch._lazy.extract_compiled_graph`` replay and Inductor, on a 32-block
+  and a 128-block MLP and a torch.nn.TransformerEncoder; with what each
+  rewrite of the stored IR bought (the IR as traced, views only, all
+  rewrites) and, where the ``ltc_cache`` backend is installed, the same
+  graph through ``torch.compile``;
+- ``wrapper``: the wrapper's own cost per call for a 10-input/10-output
+  graph (binding arguments, executor switch, building the output list);
+- ``lookup``: the cost of a hit at 1, 1,000 and 10,000 entries in the disk
+  store (store read alone, and the whole hit in a fresh GraphCache);
+- ``memory``: peak RSS of a warm process against an eager one, in fresh
+  subprocesses.
+
+Variants are timed in interleaved rounds (one batch of calls of each per
+round), so load from other processes on a shared machine falls on all of
+them alike; each variant reports its best and median round, and ratios use
+medians (best in brackets). Torch runs on ``--threads`` threads (1 by
+default, so that the BLAS pool does not fight other processes for cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# ltc_cache is imported where it is used, so that the models here can be
+# imported by an eager process that must not load it (``memory``).
+
+# ------------------------------------------------------------------ models
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, width)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+class Mlp(nn.Module):
+    """``blocks`` residual blocks of two Linear layers: per block two addmm
+    with transposed weights and three captured scalars (alpha, beta, the
+    residual add's alpha), as in DESIGN.md's facts 5, 12 and 13."""
+
+    def __init__(self, blocks: int, width: int) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[Block(width) for _ in range(blocks)])
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+class EncoderLayer(nn.TransformerEncoderLayer):
+    """A TransformerEncoderLayer whose attention asks for its weights: the
+    default path (scaled_dot_product_attention) uses ops LTC's TorchScript
+    backend does not lower (``_safe_softmax``: isneginf, all, where), so the
+    whole graph would not be one LTC graph."""
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=True)[0]
+        return self.dropout1(x)
+
+
+class Transformer(nn.Module):
+    """A torch.nn.TransformerEncoder of four layers. Wrapped, since FX cannot
+    trace its forward (mask checks); to FX it is a leaf module, run by
+    ``functional_call`` on lazy tensors at trace time."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        layer = EncoderLayer(width, nhead=4, dim_feedforward=2 * width, dropout=0.0,
+                             batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+
+    def forward(self, x):
+        return self.encoder(x)
+
+
+def build(name: str, width: int) -> tuple[nn.Module, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    if name == "mlp32":
+        return Mlp(32, width).eval(), [torch.randn(16, width)]
+    if name == "mlp128":
+        return Mlp(128, width).eval(), [torch.randn(16, width)]
+    if name == "transformer":
+        return Transformer(width).eval(), [torch.randn(4, 32, width)]
+    raise SystemExit(f"unknown model {name}")
+
+
+# --------------------------------------------------------------- measuring
+
+
+@dataclasses.dataclass
+class Timing:
+    rounds: list[float] = dataclasses.field(default_factory=list)  # seconds per call
+
+    @property
+    def best(self) -> float:
+        return min(self.rounds)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rounds)
+
+
+def interleaved(variants: dict[str, Callable[[], Any]], *, rounds: int, calls: int,
+                warmup: int = 3) -> dict[str, Timing]:
+    """Time each variant in ``rounds`` rounds of ``calls`` calls, one round of
+    every variant after the other."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    timings = {name: Timing() for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            timings[name].rounds.append((time.perf_counter() - start) / calls)
+    return timings
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} us"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.3f} ms"
+
+
+def ratio(a: Timing, b: Timing) -> str:
+    return f"{a.median / b.median:.2f}x ({a.best / b.best:.2f}x)"
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+             for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------ steady state
+
+
+def compiled_from(extraction: Any, gm: fx.GraphModule) -> Any:
+    from ltc_cache.entry import Entry
+    from ltc_cache.replay import CompiledGraph, build_function
+
+    entry = Entry("", extraction.ir, extraction.inputs, extraction.outputs, extraction.updates,
+                  {})
+    return CompiledGraph(entry, build_function(extraction.ir), gm)
+
+
+def rewritten(extraction: Any, *steps: Callable[..., int]) -> Any:
+    """``extraction`` with only the rewrite functions ``steps`` applied."""
+    from ltc_cache.rewrite import views_for_copies
+
+    graph = torch._C.parse_ir(extraction.ir, parse_tensor_constants=True)
+    inputs = list(extraction.inputs)
+    for step in steps:
+        if step is views_for_copies:
+            step(graph)
+        else:
+            step(graph, inputs)
+    return dataclasses.replace(extraction, ir=str(graph), inputs=tuple(inputs))
+
+
+def steady(name: str, width: int, rounds: int, inductor: bool) -> tuple[str, dict[str, float]]:
+    from ltc_cache import CacheConfig, GraphCache
+    from ltc_cache.extract import trace
+    from ltc_cache.rewrite import views_for_copies
+    from ltc_cache.store import MemoryStore
+
+    model, example = build(name, width)
+    gm = fx.symbolic_trace(model)
+    variants: dict[str, Callable[[], Any]] = {}
+    notes = []
+    with torch.no_grad():
+        expected = model(*example)
+        variants["eager"] = lambda: model(*example)
+
+        traced = trace(gm, example)  # first: it starts LTC's TorchScript backend
+
+        from torch._lazy.extract_compiled_graph import extract_compiled_graph as original
+        replay = original(gm, example)
+        variants["original replay"] = lambda: replay(*example)
+
+        as_traced = compiled_from(traced, gm)
+        views = compiled_from(rewritten(traced, views_for_copies), gm)
+        variants["ltc_cache, IR as traced"] = lambda: as_traced(*example)
+        variants["ltc_cache, + views"] = lambda: views(*example)
+
+        cache = GraphCache(CacheConfig.from_env({"LTC_CACHE_DIR": tempfile.gettempdir()}),
+                           store=MemoryStore())
+        compiled = cache.extract_compiled_graph(gm, example)
+        variants["ltc_cache (+ scalars, dead code)"] = lambda: compiled(*example)
+        for variant in (as_traced, views, compiled):
+            torch.testing.assert_close(variant(*example)[0], expected, rtol=1e-4, atol=1e-5)
+        notes.append(f"graph nodes {_nodes(traced.ir)} -> {_nodes(compiled.entry.ir)}, "
+                     f"inputs {len(traced.inputs)} -> {len(compiled.entry.inputs)}, "
+                     f"IR {len(traced.ir) / 1024:.0f} KB -> "
+                     f"{len(compiled.entry.ir) / 1024:.0f} KB")
+
+        with contextlib.suppress(Exception):  # the backend may not be installed
+            import ltc_cache.dynamo  # noqa: F401
+
+            via_compile = torch.compile(model, backend="ltc_cache")
+            with _env(LTC_CACHE_DIR=tempfile.mkdtemp(prefix="ltc-bench-")):
+                via_compile(*example)
+            torch.testing.assert_close(via_compile(*example), expected, rtol=1e-4, atol=1e-5)
+            variants["ltc_cache via torch.compile"] = lambda: via_compile(*example)
+        if inductor:
+            start = time.perf_counter()
+            induct = torch.compile(model)
+            induct(*example)
+            notes.append(f"Inductor compile {time.perf_counter() - start:.1f} s")
+            variants["Inductor"] = lambda: induct(*example)
+
+        calls = max(3, int(0.05 / _one_call(variants["eager"])))
+        timings = interleaved(variants, rounds=rounds, calls=calls)
+
+    eager, original_t = timings["eager"], timings["original replay"]
+    rows = [["variant", "per call (median)", "best", "vs eager", "vs original replay"]]
+    for variant, t in timings.items():
+        rows.append([variant, ms(t.median), ms(t.best), ratio(t, eager), ratio(t, original_t)])
+    ours = timings["ltc_cache (+ scalars, dead code)"]
+    summary = {"vs_eager": ours.median / eager.median,
+               "vs_original": ours.median / original_t.median}
+    text = (f"### {name} (width {width}; {rounds} rounds of {calls} calls)\n\n"
+            f"{table(rows)}\n\n" + "; ".join(notes))
+    return text, summary
+
+
+def _nodes(ir: str) -> int:
+    return sum(1 for _ in torch._C.parse_ir(ir, parse_tensor_constants=True).nodes())
+
+
+def _one_call(fn: Callable[[], Any]) -> float:
+    return min(timeit.repeat(fn, number=1, repeat=5))
+
+
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---------------------------------------------------------------- wrapper
+
+
+class TenInTenOut(nn.Module):
+    def forward(self, a, b, c, d, e, f, g, h, i, j):
+        return a * a, b * b, c * c, d * d, e * e, f * f, g * g, h * h, i * i, j * j
+
+
+class _Stub:
+    """Stands in for the TorchScript function: returns fixed results, so that
+    what is timed is the wrapper alone."""
+
+    def __init__(self, results: Any) -> None:
+        self.results = results
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.results
+
+
+def _before(compiled: Any) -> Callable[..., list[Any]]:
+    """The per-call path as it was before this change, with the same
+    per-graph preparation (kept here to measure what the change bought):
+    inputs bound by a Python loop, the executor switch through
+    ``torch.jit.optimized_execution``, outputs picked one by one through a
+    function."""
+    entry = compiled.entry
+    template = [None if s.kind == "arg" else s.ref for s in entry.inputs]  # no attrs here
+    arg_slots = [(i, s.ref) for i, s in enumerate(entry.inputs) if s.kind == "arg"]
+    outputs = [(s.kind, s.ref) for s in entry.outputs]
+
+    def call(*args: Any) -> list[Any]:
+        inputs = template.copy()
+        for slot, index in arg_slots:
+            inputs[slot] = args[index]
+        with torch.jit.optimized_execution(False):
+            results = compiled._fn(*inputs)
+        return [_pick(kind, ref, args, results) for kind, ref in outputs]
+    return call
+
+
+def _pick(kind: str, ref: Any, args: Any, results: Any) -> Any:
+    if kind == "out":
+        return results[ref]
+    if kind == "arg":
+        return args[ref]
+    return ref
+
+
+def wrapper(rounds: int) -> str:
+    from ltc_cache import CacheConfig, GraphCache
+    from ltc_cache.store import MemoryStore
+
+    gm = fx.symbolic_trace(TenInTenOut())
+    args = tuple(torch.randn(2) for _ in range(10))
+    cache = GraphCache(CacheConfig.from_env({"LTC_CACHE_DIR": tempfile.gettempdir()}),
+                       store=MemoryStore())
+    with torch.no_grad():
+        compiled = cache.extract_compiled_graph(gm, args)
+        fn = compiled._fn
+        results = fn(*args)
+        before_outputs = [(s.kind, s.ref) for s in compiled.entry.outputs]
+        bare_inputs = list(args)
+
+        def bare() -> Any:  # the TorchScript call alone, switch set outside
+            return fn(*bare_inputs)
+
+        real = interleaved({"wrapped": lambda: compiled(*args),
+                            "bare": _without_optimize(bare)}, rounds=rounds, calls=2000)
+        compiled._fn = _Stub(results)
+        before = _before(compiled)
+        stub = interleaved({
+            "after": lambda: compiled(*args),
+            "before": lambda: before(*args),
+            "stub alone": lambda: compiled._fn(*args),
+        }, rounds=rounds, calls=20000)
+        compiled._fn = fn
+    assert len(before_outputs) == 10
+    rows = [["measure", "median", "best"],
+            ["wrapped call (real graph)", us(real["wrapped"].median), us(real["wrapped"].best)],
+            ["TorchScript call alone", us(real["bare"].median), us(real["bare"].best)],
+            ["wrapper = difference", us(real["wrapped"].median - real["bare"].median),
+             us(real["wrapped"].best - real["bare"].best)],
+            ["wrapper around a stub, after", us(stub["after"].median - stub["stub alone"].median),
+             us(stub["after"].best - stub["stub alone"].best)],
+            ["wrapper around a stub, before",
+             us(stub["before"].median - stub["stub alone"].median),
+             us(stub["before"].best - stub["stub alone"].best)]]
+    return "### Wrapper cost, 10 inputs / 10 outputs\n\n" + table(rows)
+
+
+def _without_optimize(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        torch._C._set_graph_executor_optimize(False)
+        try:
+            return fn()
+        finally:
+            torch._C._set_graph_executor_optimize(True)
+    return run
+
+
+# ----------------------------------------------------------------- lookup
+
+
+def lookup(counts: list[int], rounds: int, width: int) -> str:
+    from ltc_cache import CacheConfig, GraphCache
+    from ltc_cache.entry import decode, encode
+    from ltc_cache.keys import compute_key
+    from ltc_cache.store import DiskStore, MemoryStore
+
+    model, example = build("mlp32", width)
+    gm = fx.symbolic_trace(model)
+    filler_gm = fx.symbolic_trace(TenInTenOut())
+    filler_args = [torch.randn(2) for _ in range(10)]
+    rows = [["entries", "store.get + decode (median)", "best", "whole hit (median)", "best"]]
+    with tempfile.TemporaryDirectory(prefix="ltc-bench-lookup-") as tmp, torch.no_grad():
+        directory = Path(tmp)
+        config = CacheConfig.from_env({"LTC_CACHE_DIR": str(directory)})
+        GraphCache(config).extract_compiled_graph(gm, example)  # the measured entry
+        key = compute_key(gm, example).digest
+        filler = GraphCache(config, store=MemoryStore())
+        small = filler.extract_compiled_graph(filler_gm, filler_args).entry
+        store = DiskStore(directory)
+        stored = 1
+        for count in counts:
+            while stored < count:  # small entries under made-up keys
+                fake = f"{stored:064x}"
+                store.put(fake, encode(dataclasses.replace(small, key=fake)))
+                stored += 1
+
+            def get() -> Any:
+                return decode(store.get(key), expected_key=key)
+
+            def whole_hit() -> Any:
+                return GraphCache(config, store=store).extract_compiled_graph(gm, example)
+
+            t = interleaved({"get": get, "hit": whole_hit}, rounds=rounds, calls=5)
+            rows.append([f"{count:,}", ms(t["get"].median), ms(t["get"].best),
+                         ms(t["hit"].median), ms(t["hit"].best)])
+        store.close()
+    return ("### Lookup cost against the number of entries (mlp32 entry among small ones)\n\n"
+            + table(rows))
+
+
+# ----------------------------------------------------------------- memory
+
+_MEMORY_CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+mode, width = sys.argv[2], int(sys.argv[3])
+import torch
+from torch import fx
+torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[1] + "/tools")
+from bench_replay import build
+model, example = build("mlp128", width)
+gm = fx.symbolic_trace(model)
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = peak()
+with torch.no_grad():
+    if mode == "eager":
+        run = model
+    else:
+        import ltc_cache
+        run = ltc_cache.extract_compiled_graph(gm, example)
+    for _ in range(20):
+        run(*example)
+print(json.dumps({"before": before, "peak": peak()}))
+"""
+
+
+def memory(width: int, repeats: int) -> str:
+    from ltc_cache.store import DiskStore
+
+    rows = [["process", "peak RSS (median)", "after building the model", "growth"]]
+    with tempfile.TemporaryDirectory(prefix="ltc-bench-mem-") as tmp:
+        env = dict(os.environ, LTC_CACHE_DIR=tmp)
+        _memory_child("warm", width, env)  # fills the cache
+        store = DiskStore(Path(tmp))
+        stored = sum(len(store.get(k) or b"") for k in store.keys())  # noqa: SIM118
+        store.close()
+        results: dict[str, list[dict]] = {"eager": [], "warm": []}
+        for _ in range(repeats):
+            for mode in results:
+                results[mode].append(_memory_child(mode, width, env))
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("before", "peak")}
+           for m, rs in results.items()}
+    for mode in ("eager", "warm"):
+        rows.append([f"{mode} (mlp128, 20 calls)", _mb(med[mode]["peak"]),
+                     _mb(med[mode]["before"]), _mb(med[mode]["peak"] - med[mode]["before"])])
+    budget = med["eager"]["peak"] + stored
+    return ("### Peak RSS of a warm process against eager\n\n" + table(rows) +
+            f"\n\nstored entries: {_mb(stored)}; warm peak - (eager peak + stored) = "
+            f"{_mb(med['warm']['peak'] - budget)}")
+
+
+def _memory_child(mode: str, width: int, env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(ROOT), mode, str(width)],
+                          capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"memory child failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+# ------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", nargs="+", default=["steady", "wrapper", "lookup",
+                                                          "memory"])
+    parser.add_argument("--models", nargs="+", default=["mlp32", "mlp128", "transformer"])
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--entries", type=int, nargs="+", default=[1, 1000, 10000])
+    parser.add_argument("--no-inductor", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    gc.collect()
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs\n")
+    if "steady" in args.sections:
+        for name in args.models:
+            text, summary = steady(name, args.width, args.rounds, not args.no_inductor)
+            print(text, f"\n\nsummary {name}: {json.dumps(summary)}\n", flush=True)
+    if "wrapper" in args.sections:
+        print(wrapper(args.rounds), "\n", flush=True)
+    if "lookup" in args.sections:
+        print(lookup(args.entries, args.rounds, args.width), "\n", flush=True)
+    if "memory" in args.sections:
+        print(memory(args.width, repeats=3), "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Start-up of a serving fleet (examples/serve.py), cold against warm, side by side.
+
+    python tools/bench_serve.py                  # 1, 4 and 8 workers, GPT-2
+    python tools/bench_serve.py --workers 1 4 --model mlp
+
+For each fleet size, in one run: a cold start on an empty cache directory,
+a warm start on the directory the cold one filled and, where redis-server
+is installed, a warm start of a "second machine": an empty directory over
+the Redis tier the first machine filled (LTC_CACHE_REMOTE). It prints each
+worker's start-up (process start to first result) and compile time (first
+call to first result), the slowest worker of the fleet, and warm/cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
+
+
+def serve(workers: int, model: str, env: dict[str, str]) -> dict:
+    proc = subprocess.run([sys.executable, str(SERVE), "--workers", str(workers), "--model",
+                           model, "--requests", str(4 * workers), "--json"],
+                          capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"serve.py failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[str | None]:
+    """A private redis-server for the run, or None where there is none."""
+    if shutil.which("redis-server") is None:
+        yield None
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--dir", str(directory), "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "Ready to accept connections" in line:
+                break
+        else:
+            raise SystemExit("redis-server did not start")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def summary(report: dict) -> dict:
+    startup = [w["startup_s"] for w in report["workers"]]
+    compile_s = [w["compile_s"] for w in report["workers"]]
+    return {"ready": max(startup), "compile_med": statistics.median(compile_s),
+            "compile_max": max(compile_s), "traces": report["traces"],
+            "graphs": report["graphs"],
+            "remote_hits": sum(w["remote_hits"] for w in report["workers"])}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--model", default="gpt2")
+    args = parser.parse_args()
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.workers:
+            root = Path(tmp) / f"fleet{n}"
+            (root / "redis").mkdir(parents=True)
+            with redis_server(root / "redis") as url:
+                first = dict(base, LTC_CACHE_DIR=str(root / "machine_a"))
+                if url:
+                    first["LTC_CACHE_REMOTE"] = url
+                runs = {"cold": serve(n, args.model, first),
+                        "warm": serve(n, args.model, first)}
+                if url:
+                    second = dict(first, LTC_CACHE_DIR=str(root / "machine_b"))
+                    runs["warm from redis"] = serve(n, args.model, second)
+            cold = summary(runs["cold"])
+            for kind, report in runs.items():
+                s = summary(report)
+                rows.append((n, kind, s, s["compile_max"] / cold["compile_max"]))
+            print(f"{n} worker(s) done", file=sys.stderr)
+
+    print(f"model {args.model}, {os.cpu_count()} cores; seconds; compile = first call to "
+          "first result, ready = process start to first result (slowest worker)")
+    print(f"{'workers':>7}  {'start':<16} {'ready':>6} {'compile med':>11} "
+          f"{'compile max':>11} {'traces':>6} {'remote hits':>11} {'compile/cold':>12}")
+    for n, kind, s, ratio in rows:
+        print(f"{n:>7}  {kind:<16} {s['ready']:>6.2f} {s['compile_med']:>11.2f} "
+              f"{s['compile_max']:>11.2f} {s['traces']:>6} {s['remote_hits']:>11} "
+              f"{ratio:>12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
