@@ -220,11 +220,23 @@ class LtcBackend:
     def _static(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str, *,
                 training: bool) -> Callable[..., Any]:
         cache = self.cache
-        if self._whole_graph and not training:
-            compiled = self._whole(gm, example_inputs, f"{name}.inference", cache)
-            if compiled is not None:
-                return compiled
-        return self._aot(gm, example_inputs, name, cache)
+        try:
+            if self._whole_graph and not training:
+                compiled = self._whole(gm, example_inputs, f"{name}.inference", cache)
+                if compiled is not None:
+                    return compiled
+            return self._aot(gm, example_inputs, name, cache)
+        except Exception as exc:
+            from torch._dynamo.exc import RestartAnalysis
+
+            if isinstance(exc, RestartAnalysis):  # Dynamo's own control flow
+                raise
+            # The graph is the user's code: eager always computes it.
+            logger.debug("%s: compiling failed", name, exc_info=True)
+            warn_once(f"backend:{name}", f"{name}: cannot compile this graph "
+                      f"({type(exc).__name__}: {_first_line(exc)}); it runs eagerly")
+            counters.bump("errors")
+            return gm.forward
 
     def _whole(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                cache: GraphCache) -> Callable[..., Any] | None:
@@ -285,10 +297,13 @@ class LtcBackend:
             delattr(parted.module, region)
             setattr(parted.module, region, _Region(submodule, f"{name}.r{index}",
                                                    parted.region_ops[region], cache))
+        eager = ", ".join(f"{op} x{n}" for op, n in sorted(parted.eager_ops.items()))
         logger.info("%s: %d of %d aten ops in %d LTC regions; eager: %s", name,
                     sum(parted.region_ops.values()), parted.total_ops, len(parted.regions),
-                    ", ".join(f"{op} x{n}" for op, n in sorted(parted.eager_ops.items()))
-                    or "nothing")
+                    eager or "nothing")
+        if not parted.regions and parted.total_ops:
+            warn_once(f"eager-graph:{name}",
+                      f"{name}: LTC lowers none of this graph's ops; it runs eagerly ({eager})")
         return make_boxed_func(parted.module.forward)
 
 

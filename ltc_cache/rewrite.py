@@ -15,6 +15,8 @@ every call. Three small rewrites remove that work:
   input goes from the layout;
 - :func:`drop_dead_code`: nodes and graph inputs nothing reads.
 
+and one makes the stored text mean what LTC built (:func:`bool_list_constants`).
+
 Each works on a parsed graph and the input layout in place; :func:`rewrite`
 applies them to an :class:`~ltc_cache.extract.Extraction` and keeps the
 traced IR where anything fails, since a rewrite is an optimisation only.
@@ -27,6 +29,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,7 +37,7 @@ from .diagnostics import warn_once
 from .extract import Extraction
 from .layout import Source
 
-__all__ = ["VIEW_OF_COPY", "drop_dead_code", "fold_scalars", "rewrite",
+__all__ = ["VIEW_OF_COPY", "bool_list_constants", "drop_dead_code", "fold_scalars", "rewrite",
            "views_for_copies"]
 
 logger = logging.getLogger("ltc_cache.rewrite")
@@ -76,46 +79,52 @@ _CONTAINERS = frozenset({"prim::ListConstruct", "prim::TupleConstruct"})
 _STRUCTURAL = _CONTAINERS | {"prim::Constant", "prim::ListUnpack", "prim::TupleUnpack"}
 
 
+class _Op(NamedTuple):
+    """What the rewrites need to know of an op's schema."""
+
+    name: str  # with the overload: "aten::select.int"
+    aliases: bool  # may return (or write) memory of an input
+    writes: bool  # may write memory it did not allocate
+    reads_values_only: bool  # no alias, and its result does not depend on strides
+    arg_types: tuple[str, ...]
+
+
 @functools.lru_cache(maxsize=1024)
-def _schema(text: str) -> torch._C.FunctionSchema | None:
-    return None if text == "(no schema)" else torch._C.parse_schema(text)
+def _op_of(schema_text: str) -> _Op | None:
+    # Parsed once per distinct schema: a graph has thousands of nodes but few ops.
+    if schema_text == "(no schema)":
+        return None
+    schema = torch._C.parse_schema(schema_text)
+    name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    aliases = any(a.alias_info is not None for a in (*schema.arguments, *schema.returns))
+    writes = schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write
+                                      for a in schema.arguments)
+    layout = any(marker in name for marker in _LAYOUT_READERS)
+    return _Op(name, aliases, writes, not aliases and not layout,
+               tuple(str(a.type) for a in schema.arguments))
 
 
-def _node_schema(node: torch._C.Node) -> torch._C.FunctionSchema | None:
-    return _schema(node.schema())
-
-
-def _full_name(schema: torch._C.FunctionSchema) -> str:
-    return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
-
-
-def _aliases(schema: torch._C.FunctionSchema) -> bool:
-    """Whether the op may return (or write) memory of an input."""
-    return any(a.alias_info is not None for a in (*schema.arguments, *schema.returns))
+def _op(node: torch._C.Node) -> _Op | None:
+    return _op_of(node.schema())
 
 
 def _writes(node: torch._C.Node) -> bool:
     """Whether ``node`` may write to memory it did not allocate (or is an
     op this module does not know, which is treated the same)."""
-    if node.kind() in _STRUCTURAL:
+    kind = node.kind()
+    if kind in _STRUCTURAL:
         return False
-    if list(node.blocks()):
+    if kind.startswith("prim::"):  # control flow (blocks) and the like
         return True
-    schema = _node_schema(node)
-    if schema is None:
-        return True
-    return schema.is_mutable or any(
-        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    op = _op(node)
+    return op is None or op.writes
 
 
 def _reads_values_only(node: torch._C.Node) -> bool:
     """Whether ``node`` reads its tensor inputs as values: its result neither
     aliases them nor depends on their strides."""
-    schema = _node_schema(node)
-    if schema is None or _aliases(schema):
-        return False
-    name = _full_name(schema)
-    return not any(marker in name for marker in _LAYOUT_READERS)
+    op = _op(node)
+    return op is not None and op.reads_values_only
 
 
 def views_for_copies(graph: torch._C.Graph) -> int:
@@ -140,35 +149,29 @@ def views_for_copies(graph: torch._C.Graph) -> int:
     nodes = list(graph.nodes())
     if any(_writes(n) for n in nodes):
         return 0
-    # Value -> the value whose memory it is after the rewrite (by
-    # ``Value.unique()``); a value is fresh when the node that made it
-    # allocated it.
-    owner: dict[int, int] = {}
-    fresh: set[int] = set()
+    # A new view's value (by ``Value.unique()``) -> the value whose memory
+    # it is: the first one up its chain of new views.
+    owner: dict[int, torch._C.Value] = {}
     rewritten = 0
     for node in nodes:
-        schema = _node_schema(node)
-        target = VIEW_OF_COPY.get(_full_name(schema)) if schema is not None else None
-        if target is not None and _view_is_safe(node, owner, fresh):
+        op = _op(node)
+        target = VIEW_OF_COPY.get(op.name) if op is not None else None
+        if target is not None and _view_is_safe(node, owner):
             view = _replace_with_view(graph, node, target)
             if view is not None:
-                base = view.inputsAt(0).unique()
-                owner[view.output().unique()] = owner.get(base, base)
+                base = view.inputsAt(0)
+                owner[view.output().unique()] = owner.get(base.unique(), base)
                 rewritten += 1
-                continue
-        for out in node.outputs():
-            if schema is not None and not _aliases(schema):
-                fresh.add(out.unique())
     return rewritten
 
 
-def _view_is_safe(node: torch._C.Node, owner: dict[int, int], fresh: set[int]) -> bool:
-    base = node.inputsAt(0).unique()
-    base_owner = owner.get(base, base)
+def _view_is_safe(node: torch._C.Node, owner: dict[int, torch._C.Value]) -> bool:
+    base = node.inputsAt(0)
+    base = owner.get(base.unique(), base)
     for use in node.output().uses():
         user = use.user
         if user.kind() == "prim::Return":
-            if base_owner not in fresh:
+            if not _allocated(base):
                 return False
         elif user.kind() in _CONTAINERS:
             if not all(_reads_values_only(u.user) for u in user.output().uses()):
@@ -178,9 +181,16 @@ def _view_is_safe(node: torch._C.Node, owner: dict[int, int], fresh: set[int]) -
     return True
 
 
+def _allocated(value: torch._C.Value) -> bool:
+    """Whether the node that made ``value`` allocated its memory: not a
+    graph input, not an op that may return an input's memory."""
+    op = _op(value.node())  # a graph input's node (prim::Param) has no schema
+    return op is not None and not op.aliases
+
+
 def _is_view_copy(node: torch._C.Node) -> bool:
-    schema = _node_schema(node)
-    return schema is not None and _full_name(schema) in VIEW_OF_COPY
+    op = _op(node)
+    return op is not None and op.name in VIEW_OF_COPY
 
 
 def _replace_with_view(graph: torch._C.Graph, node: torch._C.Node,
@@ -190,10 +200,8 @@ def _replace_with_view(graph: torch._C.Graph, node: torch._C.Node,
     kind = target.split(".")[0]
     view = graph.create(kind, list(node.inputs()), 1)
     view.insertBefore(node)
-    schema = _node_schema(view)
-    old = _node_schema(node)
-    if schema is None or _full_name(schema) != target or \
-            [a.type for a in schema.arguments] != [a.type for a in old.arguments]:
+    new, old = _op(view), _op(node)
+    if new is None or new.name != target or new.arg_types != old.arg_types:
         view.destroy()
         return None
     view.output().setType(node.output().type())
@@ -230,6 +238,7 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
     stored = {params[i].unique(): s.ref for i, s in enumerate(inputs)
               if s.kind == "const" and isinstance(s.ref, torch.Tensor) and s.ref.dim() == 0}
     folded = 0
+    resolved: dict[tuple[Any, ...], str] = {}
     for node in list(graph.nodes()):
         accepts = _UNWRAP.get(node.kind())
         if accepts is None:
@@ -245,7 +254,7 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
             continue
         with graph.insert_point_guard(node):
             constant = graph.insertConstant(value)
-        if not _same_overloads(graph, node.output(), constant):
+        if not _same_overloads(graph, node.output(), constant, resolved):
             constant.node().destroy()
             continue
         node.output().replaceAllUsesWith(constant)
@@ -254,29 +263,35 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return folded
 
 
-def _same_overloads(graph: torch._C.Graph, old: torch._C.Value, new: torch._C.Value) -> bool:
+def _same_overloads(graph: torch._C.Graph, old: torch._C.Value, new: torch._C.Value,
+                    resolved: dict[tuple[Any, ...], str]) -> bool:
     """Whether every op reading ``old`` resolves to the same overload when it
     reads ``new`` instead (an int where a Scalar stood can pick another:
-    ``add(Scalar, Scalar)`` becomes ``add.int``). Resolution is done on a
-    detached probe node: a node caches the overload it first resolved."""
+    ``add(Scalar, Scalar)`` becomes ``add.int``). ``resolved`` memoises
+    resolutions, which depend on the op and its input types only."""
     for use in old.uses():
         user = use.user
         inputs = list(user.inputs())
         swapped = [new if v.unique() == old.unique() else v for v in inputs]
-        before = _overload(graph, user.kind(), inputs, user.outputsSize())
+        before = _overload(graph, user.kind(), inputs, user.outputsSize(), resolved)
         if before == "(no schema)" or before != _overload(graph, user.kind(), swapped,
-                                                          user.outputsSize()):
+                                                          user.outputsSize(), resolved):
             return False
     return True
 
 
-def _overload(graph: torch._C.Graph, kind: str, inputs: list[torch._C.Value],
-              outputs: int) -> str:
-    probe = graph.create(kind, inputs, outputs)
-    try:
-        return probe.schema()
-    finally:
-        probe.destroy()
+def _overload(graph: torch._C.Graph, kind: str, inputs: list[torch._C.Value], outputs: int,
+              resolved: dict[tuple[Any, ...], str]) -> str:
+    key = (kind, outputs, *(str(v.type()) for v in inputs))
+    if key not in resolved:
+        # Resolved on a detached probe node: a node caches the overload it
+        # first resolved, so asking the user itself could answer stale.
+        probe = graph.create(kind, inputs, outputs)
+        try:
+            resolved[key] = probe.schema()
+        finally:
+            probe.destroy()
+    return resolved[key]
 
 
 def _tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
@@ -292,6 +307,35 @@ def _scalar_value(t: torch.Tensor) -> bool | int | float | None:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def bool_list_constants(graph: torch._C.Graph) -> int:
+    """Rebuild each ``bool[]`` constant as a ``prim::ListConstruct`` of bool
+    constants; returns how many.
+
+    LTC's lowering writes ``bool[]`` constants (``output_mask`` of
+    ``native_layer_norm_backward``), and ``torch._C.parse_ir`` reads them
+    back as lists of ints, which the op then rejects ("Expected BoolList but
+    got GenericList"): the stored IR would not run in any process. A list
+    built from bool constants reads back as it was written.
+    """
+    rebuilt = 0
+    for node in list(graph.nodes()):
+        if node.kind() != "prim::Constant" or not _is_bool_list(node.output().type()):
+            continue
+        values = node.output().toIValue()
+        with graph.insert_point_guard(node):
+            items = [graph.insertConstant(bool(v)) for v in values]
+            construct = graph.insertNode(graph.create("prim::ListConstruct", items, 1))
+        construct.output().setType(node.output().type())
+        node.output().replaceAllUsesWith(construct.output())
+        node.destroy()
+        rebuilt += 1
+    return rebuilt
+
+
+def _is_bool_list(t: torch._C.JitType) -> bool:
+    return isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), torch._C.BoolType)
 
 
 def drop_dead_code(graph: torch._C.Graph, inputs: list[Source]) -> int:
@@ -326,6 +370,7 @@ def rewrite(extraction: Extraction) -> Extraction:
                              f"{len(list(graph.inputs()))}")
         views = views_for_copies(graph)
         scalars = fold_scalars(graph, inputs)
+        bool_lists = bool_list_constants(graph)
         dead = drop_dead_code(graph, inputs)
         ir = str(graph)
         # What the cache stores must parse in a new process, as replay parses.
@@ -334,6 +379,6 @@ def rewrite(extraction: Extraction) -> Extraction:
         warn_once("rewrite", f"cannot rewrite a traced graph ({type(exc).__name__}: {exc}); "
                   "storing it as traced")
         return extraction
-    logger.debug("rewrote %d view copies, folded %d scalars, dropped %d dead nodes/inputs",
-                 views, scalars, dead)
+    logger.debug("rewrote %d view copies, folded %d scalars, rebuilt %d bool lists, "
+                 "dropped %d dead nodes/inputs", views, scalars, bool_lists, dead)
     return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))

@@ -291,3 +291,32 @@ def test_disabled_cache_still_compiles(monkeypatch, tmp_path):
         torch.testing.assert_close(torch.compile(model, backend="ltc_cache")(x), model(x),
                                    atol=1e-6, rtol=1e-6)
     assert not (tmp_path / "unused").exists()
+
+
+def test_a_graph_of_unsupported_ops_runs_eagerly_with_one_warning(cache_dir):
+    def fn(x):
+        return torch.sign(torch.erf(x))
+
+    x = torch.randn(5)
+    compiled = torch.compile(fn, backend=fresh_backend())
+    with torch.no_grad(), pytest.warns(RuntimeWarning, match="lowers none") as caught:
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), fn(x))
+    assert len([w for w in caught if "lowers none" in str(w.message)]) == 1
+
+
+def test_a_failing_compiler_leaves_the_model_eager(cache_dir, monkeypatch):
+    import ltc_cache.partition
+
+    def broken(*args, **kwargs):
+        raise ValueError("injected partitioning failure")
+
+    monkeypatch.setattr(ltc_cache.partition, "partition", broken)
+    x = torch.randn(8, 16)
+    torch.manual_seed(3)
+    reference = MLP()
+    want = train(copy.deepcopy(reference), x, 3)
+    with pytest.warns(RuntimeWarning, match="injected partitioning failure"):
+        got = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 3)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+    assert ltc_cache.stats()["errors"] >= 1

@@ -410,3 +410,65 @@ if __name__ == "__main__":
         import test_rewrite
 
         test_rewrite.child(sys.argv[2:])
+
+
+def test_bool_list_constants_read_back_as_bools():
+    # LTC writes native_layer_norm_backward's output_mask as a bool[]
+    # constant, which the IR parser reads back as ints.
+    ir = """graph(%grad : Tensor, %x : Tensor, %mean : Tensor, %rstd : Tensor, %w : Tensor,
+                  %b : Tensor):
+      %shape : int[] = prim::Constant[value=[4]]()
+      %mask : bool[] = prim::Constant[value=[1, 0, 1]]()
+      %gx : Tensor, %gw : Tensor, %gb : Tensor = aten::native_layer_norm_backward(%grad, %x, %shape, %mean, %rstd, %w, %b, %mask)
+      return (%gx, %gb)"""  # noqa: E501
+    x, w, b = torch.randn(3, 4), torch.randn(4), torch.randn(4)
+    _, mean, rstd = torch.native_layer_norm(x, [4], w, b, 1e-5)
+    args = [torch.randn(3, 4), x, mean, rstd, w, b]
+    with pytest.raises(RuntimeError, match="BoolList"):
+        _function(ir)(*args)  # as traced, the IR does not run
+
+    out = rewrite(_extraction(ir, [Source("arg", i) for i in range(6)]))
+    gx, gb = _function(out.ir)(*args)
+    expected = torch.ops.aten.native_layer_norm_backward(args[0], x, [4], mean, rstd, w, b,
+                                                          [True, False, True])
+    torch.testing.assert_close(gx, expected[0])
+    torch.testing.assert_close(gb, expected[2])
+
+
+def test_replay_keeps_the_executor_switch_to_itself(cache_dir):
+    """Replay turns the profiling executor's optimisation off around each call
+    only: the caller's setting is back afterwards, also when the graph
+    raises, and another thread never sees it change."""
+    import threading
+
+    gm, shapes = build("mlp")
+    with torch.no_grad():
+        compiled = ltc_cache.extract_compiled_graph(gm, inputs(shapes, seed=1))
+        seen = []
+
+        def watch(stop: threading.Event) -> None:
+            while not stop.is_set():
+                seen.append(torch._C._get_graph_executor_optimize())
+
+        stop = threading.Event()
+        watcher = threading.Thread(target=watch, args=(stop,))
+        watcher.start()
+        try:
+            for _ in range(20):
+                compiled(*inputs(shapes, seed=2))
+                assert torch._C._get_graph_executor_optimize() is True
+        finally:
+            stop.set()
+            watcher.join()
+        assert seen and all(seen)
+
+        with pytest.raises(RuntimeError):
+            compiled(torch.randn(5, 7))  # wrong width: the graph raises
+        assert torch._C._get_graph_executor_optimize() is True
+
+        torch._C._set_graph_executor_optimize(False)
+        try:
+            compiled(*inputs(shapes, seed=2))
+            assert torch._C._get_graph_executor_optimize() is False
+        finally:
+            torch._C._set_graph_executor_optimize(True)

@@ -12,6 +12,9 @@ Sections:
   rewrite of the stored IR bought (the IR as traced, views only, all
   rewrites) and, where the ``ltc_cache`` backend is installed, the same
   graph through ``torch.compile``;
+- ``executor``: the first calls and steady calls of one graph function with
+  the TorchScript executor's optimisation off around every call (what
+  replay does), off around the first call only, and on;
 - ``wrapper``: the wrapper's own cost per call for a 10-input/10-output
   graph (binding arguments, executor switch, building the output list);
 - ``lookup``: the cost of a hit at 1, 1,000 and 10,000 entries in the disk
@@ -384,6 +387,53 @@ def _without_optimize(fn: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+# --------------------------------------------------------------- executor
+
+
+def executor(name: str, width: int, rounds: int) -> str:
+    """Per-call times of the first calls and of steady calls of one graph
+    function under three executor settings: optimisation off around every
+    call (what replay does), off around the first call only, and on."""
+    from ltc_cache import CacheConfig, GraphCache
+    from ltc_cache.replay import build_function
+    from ltc_cache.store import MemoryStore
+
+    model, example = build(name, width)
+    gm = fx.symbolic_trace(model)
+    cache = GraphCache(CacheConfig.from_env({"LTC_CACHE_DIR": tempfile.gettempdir()}),
+                       store=MemoryStore())
+    rows = [["executor optimisation", "call 1", "call 2", "call 3", "call 4", "steady (median)",
+             "steady (best)"]]
+    with torch.no_grad():
+        compiled = cache.extract_compiled_graph(gm, example)
+        from ltc_cache.keys import module_tensors
+        live = module_tensors(gm)
+        inputs = [example[s.ref] if s.kind == "arg" else live[s.ref] if s.kind == "attr"
+                  else s.ref for s in compiled.entry.inputs]
+        functions = {}
+        for mode in ("off for every call", "off for the first call only", "on"):
+            fn = build_function(compiled.entry.ir)
+            firsts = []
+            for i in range(4):
+                off = mode == "off for every call" or (mode != "on" and i == 0)
+                torch._C._set_graph_executor_optimize(not off)
+                start = time.perf_counter()
+                fn(*inputs)
+                firsts.append(time.perf_counter() - start)
+                torch._C._set_graph_executor_optimize(True)
+            functions[mode] = (fn, firsts)
+
+        def steady_call(fn: Callable[..., Any], off: bool) -> Callable[[], Any]:
+            return _without_optimize(lambda: fn(*inputs)) if off else lambda: fn(*inputs)
+
+        timings = interleaved({mode: steady_call(fn, mode == "off for every call")
+                               for mode, (fn, _) in functions.items()}, rounds=rounds, calls=10)
+    for mode, (_, firsts) in functions.items():
+        rows.append([mode, *(ms(t) for t in firsts), ms(timings[mode].median),
+                     ms(timings[mode].best)])
+    return f"### Executor settings, {name} (width {width})\n\n" + table(rows)
+
+
 # ----------------------------------------------------------------- lookup
 
 
@@ -430,7 +480,7 @@ def lookup(counts: list[int], rounds: int, width: int) -> str:
 # ----------------------------------------------------------------- memory
 
 _MEMORY_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, sys.argv[1])
 mode, width = sys.argv[2], int(sys.argv[3])
 import torch
@@ -441,24 +491,32 @@ from bench_replay import build
 model, example = build("mlp128", width)
 gm = fx.symbolic_trace(model)
 def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-before = peak()
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent
+    # across fork and exec, so a child of a big process would report its size.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+before = imported = extracted = peak()
 with torch.no_grad():
     if mode == "eager":
         run = model
     else:
-        import ltc_cache
+        import ltc_cache, ltc_cache.cache, ltc_cache.store
+        imported = peak()
         run = ltc_cache.extract_compiled_graph(gm, example)
+        extracted = peak()
     for _ in range(20):
         run(*example)
-print(json.dumps({"before": before, "peak": peak()}))
+print(json.dumps({"before": before, "imported": imported, "extracted": extracted,
+                  "peak": peak()}))
 """
 
 
 def memory(width: int, repeats: int) -> str:
     from ltc_cache.store import DiskStore
 
-    rows = [["process", "peak RSS (median)", "after building the model", "growth"]]
+    rows = [["process", "peak RSS (median)", "after building the model", "growth",
+             "of which: import ltc_cache", "the hit", "20 calls"]]
     with tempfile.TemporaryDirectory(prefix="ltc-bench-mem-") as tmp:
         env = dict(os.environ, LTC_CACHE_DIR=tmp)
         _memory_child("warm", width, env)  # fills the cache
@@ -469,11 +527,14 @@ def memory(width: int, repeats: int) -> str:
         for _ in range(repeats):
             for mode in results:
                 results[mode].append(_memory_child(mode, width, env))
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in ("before", "peak")}
+    fields = ("before", "imported", "extracted", "peak")
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in fields}
            for m, rs in results.items()}
     for mode in ("eager", "warm"):
-        rows.append([f"{mode} (mlp128, 20 calls)", _mb(med[mode]["peak"]),
-                     _mb(med[mode]["before"]), _mb(med[mode]["peak"] - med[mode]["before"])])
+        m = med[mode]
+        rows.append([f"{mode} (mlp128, 20 calls)", _mb(m["peak"]), _mb(m["before"]),
+                     _mb(m["peak"] - m["before"]), _mb(m["imported"] - m["before"]),
+                     _mb(m["extracted"] - m["imported"]), _mb(m["peak"] - m["extracted"])])
     budget = med["eager"]["peak"] + stored
     return ("### Peak RSS of a warm process against eager\n\n" + table(rows) +
             f"\n\nstored entries: {_mb(stored)}; warm peak - (eager peak + stored) = "
@@ -497,8 +558,8 @@ def _mb(n: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", nargs="+", default=["steady", "wrapper", "lookup",
-                                                          "memory"])
+    parser.add_argument("--sections", nargs="+", default=["steady", "executor", "wrapper",
+                                                          "lookup", "memory"])
     parser.add_argument("--models", nargs="+", default=["mlp32", "mlp128", "transformer"])
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=15)
@@ -513,6 +574,8 @@ def main() -> None:
         for name in args.models:
             text, summary = steady(name, args.width, args.rounds, not args.no_inductor)
             print(text, f"\n\nsummary {name}: {json.dumps(summary)}\n", flush=True)
+    if "executor" in args.sections:
+        print(executor("mlp128", args.width, args.rounds), "\n", flush=True)
     if "wrapper" in args.sections:
         print(wrapper(args.rounds), "\n", flush=True)
     if "lookup" in args.sections:
