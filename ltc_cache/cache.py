@@ -15,7 +15,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import msgpack
 import torch
 from torch import fx
 
@@ -24,7 +23,8 @@ from .diagnostics import counters, warn_once
 from .entry import Entry, check_layout, decode, encode, new_meta
 from .errors import EntryError, LockTimeout, UncacheableGraph
 from .extract import trace
-from .keys import CacheKey, compute_key, differing_parts, module_tensors
+from .keys import CacheKey, compute_key, module_tensors
+from .names import explain_miss, remember_name
 from .replay import CompiledGraph, GraphFunction, build_function, count_nodes
 from .rewrite import rewrite
 from .store import DiskStore, RedisStore, Store, TieredStore
@@ -34,12 +34,6 @@ __all__ = ["GraphCache", "default_cache", "extract_compiled_graph", "stats"]
 
 logger = logging.getLogger("ltc_cache.cache")
 
-# Internal records share the store with entries under keys that are not 64 hex
-# digits: ``ltc_cache:names:<graph name>`` holds the key parts of the last few
-# entries of that name, to explain a miss.
-_NAMES_PREFIX = "ltc_cache:names:"
-_NAMES_FORMAT = "ltc_cache.names"
-_NAMES_KEPT = 8
 _REASON_CHARS = 2000
 
 
@@ -142,7 +136,7 @@ class GraphCache:
                     self._count("misses", key.digest)
                     graph_name = name or type(model).__name__
                     logger.info("miss %s (%s): %s", key.digest[:12], graph_name,
-                                self._explain_miss(store, key, graph_name))
+                                explain_miss(store, key, graph_name))
                     try:
                         built = self._trace(model, example_inputs, name, key)
                     except RuntimeError as exc:
@@ -182,7 +176,7 @@ class GraphCache:
         try:
             data = store.get(key)
         except EntryError as exc:
-            return self._error("corrupt", f"{exc}; it will be traced again")
+            return self._corrupt(store, key, str(exc))
         except Exception as exc:
             return self._error("read", f"cannot read the cache ({exc}); tracing instead")
         if data is None:
@@ -192,12 +186,19 @@ class GraphCache:
             function = build_function(entry.ir)
             _check_usable(entry, function, model, example_inputs)
         except EntryError as exc:
-            return self._error("corrupt", f"{exc}; it will be traced again")
+            return self._corrupt(store, key, str(exc))
         except RuntimeError as exc:  # the stored IR does not parse
-            return self._error("corrupt", f"entry {key[:12]}: IR does not parse ({exc}); "
-                               "it will be traced again")
+            return self._corrupt(store, key, f"entry {key[:12]}: IR does not parse ({exc})")
         self._built[key] = built = (entry, function)
         return built
+
+    def _corrupt(self, store: Store, key: str, problem: str) -> None:
+        """Warn, count, and drop a bad entry, so the look after the lock
+        misses cleanly and the trace replaces it."""
+        self._error("corrupt", f"{problem}; it will be traced again")
+        if not self._readonly:
+            with contextlib.suppress(Exception):
+                store.delete(key)
 
     def _put(self, store: Store, entry: Entry) -> None:
         if self._readonly:
@@ -218,26 +219,9 @@ class GraphCache:
         self._put(store, Entry(key.digest, "", (), (), (), meta))
         self._remember_name(store, key, graph_name)
 
-    def _explain_miss(self, store: Store, key: CacheKey, graph_name: str) -> str:
-        """Which key parts differ from the nearest entry of the same name."""
-        recent = _read_names_record(store, graph_name)
-        if not recent:
-            return "no entry of that name yet"
-        nearest = min((differing_parts(key.parts, parts) for parts in recent), key=len)
-        return f"differs from the nearest entry of that name in {', '.join(nearest) or 'nothing'}"
-
     def _remember_name(self, store: Store, key: CacheKey, graph_name: str) -> None:
-        # One small record per graph name, so that explaining a miss is one
-        # read rather than a scan of every entry.
-        if self._readonly:
-            return
-        recent = [p for p in _read_names_record(store, graph_name) if p != dict(key.parts)]
-        recent = [*recent, dict(key.parts)][-_NAMES_KEPT:]
-        try:
-            store.put(_names_record_key(graph_name),
-                      msgpack.packb({"format": _NAMES_FORMAT, "keys": recent}, use_bin_type=True))
-        except Exception as exc:
-            logger.debug("cannot write the names record of %s: %s", graph_name, exc)
+        if not self._readonly:
+            remember_name(store, key, graph_name)
 
     @contextlib.contextmanager
     def _single_flight(self, store: Store, key: str) -> Iterator[None]:
@@ -279,27 +263,6 @@ class GraphCache:
         self._count("errors", None)
         warn_once(topic, message)
         return None
-
-
-def _names_record_key(graph_name: str) -> str:
-    return _NAMES_PREFIX + graph_name
-
-
-def _read_names_record(store: Store, graph_name: str) -> list[dict[str, str]]:
-    """Key parts of recent entries named ``graph_name``; [] when there is no
-    record or it cannot be read (it is only a hint)."""
-    try:
-        data = store.get(_names_record_key(graph_name))
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True) if data else None
-    except Exception:  # a missing, unreadable or corrupt record: no hint
-        return []
-    if not isinstance(obj, dict) or obj.get("format") != _NAMES_FORMAT:
-        return []
-    keys = obj.get("keys")
-    if not isinstance(keys, list):
-        return []
-    return [k for k in keys if isinstance(k, dict)
-            and all(isinstance(n, str) and isinstance(v, str) for n, v in k.items())]
 
 
 def _check_usable(entry: Entry, function: GraphFunction | None, model: fx.GraphModule,

@@ -25,18 +25,23 @@ from torch import fx
 from torch._lazy import computation
 from torch._lazy import debug as lazy_debug
 from torch._lazy.extract_compiled_graph import force_lazy_device, get_fallback_ops
-from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 
 from .keys import module_tensors
 from .layout import Source, Update
 
-__all__ = ["Extraction", "strip_source_annotations", "trace"]
+__all__ = ["Extraction", "normalize_ir", "trace"]
 
 logger = logging.getLogger("ltc_cache.extract")
 
 # LTC tags each node with the Python line that made it; the text would make
 # the same graph differ by checkout path, so it is not stored.
-_SOURCE_ANNOTATION = re.compile(r'\[source="(?:[^"\\]|\\.)*"\]')
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_SOURCE_ANNOTATION = re.compile(rf"\[source={_STRING}\]|, source={_STRING}")
+# LTC names the fields of tuple results (``NamedTuple(values : Tensor,
+# indices : Tensor)`` for ``max.dim``), which parse_ir cannot read back; the
+# replay only indexes them, so a plain tuple type serves.
+_NAMED_TUPLE = re.compile(r"NamedTuple\(([^()]*)\)")
 _PLAIN_OUTPUTS = (bool, int, float, str)
 
 
@@ -51,8 +56,12 @@ class Extraction:
     graph_hash: str  # LTC's hash of the computation, for listing
 
 
-def strip_source_annotations(ir: str) -> str:
-    return _SOURCE_ANNOTATION.sub("", ir)
+def normalize_ir(ir: str) -> str:
+    """The IR as stored: without source annotations, with tuple types
+    parse_ir reads."""
+    ir = _SOURCE_ANNOTATION.sub("", ir)
+    return _NAMED_TUPLE.sub(lambda m: "(" + ", ".join(
+        field.split(" : ", 1)[-1].strip() for field in m.group(1).split(",")) + ")", ir)
 
 
 def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
@@ -75,7 +84,11 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     attr_ids = {lazy.get_tensor_id(t): name for name, t in lazy_state.items()}
 
     metrics.reset()
-    lazy_out = functional_call(lazy_model, lazy_state, tuple(lazy_args))
+    # functional_call's reparametrisation, but calling forward directly:
+    # GraphModule.__call__ prints a full traceback to stderr for any
+    # exception, and a graph LTC cannot trace is an expected outcome here.
+    with _reparametrize_module(lazy_model, lazy_state, tie_weights=True):
+        lazy_out = lazy_model.forward(*lazy_args)
     _sync_views([*lazy_args, *lazy_state.values(),
                  *(lazy_out if isinstance(lazy_out, (tuple, list)) else (lazy_out,))])
     fallback_ops = get_fallback_ops()
@@ -112,7 +125,7 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
 
     if not graph_tensors:
         return Extraction("", (), outputs, tuple(updates), "")
-    ir = strip_source_annotations(lazy_debug.dump_ir(graph_tensors, "backend"))
+    ir = normalize_ir(lazy_debug.dump_ir(graph_tensors, "backend"))
     input_ids, input_values = computation.get_tensors_ts_device_data_node(graph_tensors)
     inputs = tuple(_input_source(tid, value, arg_ids, attr_ids)
                    for tid, value in zip(input_ids, input_values, strict=True))

@@ -9,7 +9,7 @@ every call. Three small rewrites remove that work:
 
 - :func:`views_for_copies`: a view copy becomes the view it copies, where no
   op in the graph writes to memory, the view is only read by ops that read
-  values (not strides), and a graph output it reaches owns its memory;
+  values (not strides), and no output shares memory or changes layout;
 - :func:`fold_scalars`: ``ScalarImplicit`` of a stored 0-dim constant (or
   of a tensor constant in the IR) becomes an IR constant, and the constant
   input goes from the layout;
@@ -131,49 +131,47 @@ def views_for_copies(graph: torch._C.Graph) -> int:
     """Turn view copies into views where that is provably safe; returns how
     many.
 
-    Safe means no result can differ and no result can newly share memory
-    with something the caller owns:
+    Safe means every output has the values, the layout and the (lack of)
+    sharing it had with the copies:
 
     - no node of the graph writes to memory (LTC's graphs are functional;
       one that is not is left whole), so no value can change under a view;
     - each use of a new view reads values only (an op without alias
       annotations and not reading strides), is another view copy (which
-      accepts any layout), or builds a container only such ops read;
-    - a view a graph returns must sit on memory the graph allocated: a view
-      of a graph input (an argument, a weight, a stored constant), or of what
-      an aliasing op made of one, stays a copy, so no output aliases an
-      input: mutating an output cannot reach a weight or a constant, and the
-      wrapper's copy of an updated value into its argument never reads the
-      memory it writes.
+      accepts any layout), or builds a container only such ops read; values
+      are the same up to the order in which a kernel accumulates for a
+      layout;
+    - a view copy the graph returns stays a copy, so no output shares
+      memory with an input, a weight, a stored constant or another output
+      (overwriting one changes nothing else, and the wrapper's copy of an
+      updated value into its argument never reads what it writes);
+    - an output computed from a new view by an op that keeps its input's
+      layout (``x.t() + 1``) is made contiguous, as the copy made it: LTC
+      drops ``.contiguous()``, so a model's ``x.t().contiguous() * 2`` is
+      ``t_copy`` then ``mul`` in the IR, and its caller may ``view`` it.
     """
     nodes = list(graph.nodes())
     if any(_writes(n) for n in nodes):
         return 0
-    # A new view's value (by ``Value.unique()``) -> the value whose memory
-    # it is: the first one up its chain of new views.
-    owner: dict[int, torch._C.Value] = {}
-    rewritten = 0
+    views: set[int] = set()  # Value.unique() of the new views
     for node in nodes:
         op = _op(node)
         target = VIEW_OF_COPY.get(op.name) if op is not None else None
-        if target is not None and _view_is_safe(node, owner):
+        if target is not None and _view_is_safe(node):
             view = _replace_with_view(graph, node, target)
             if view is not None:
-                base = view.inputsAt(0)
-                owner[view.output().unique()] = owner.get(base.unique(), base)
-                rewritten += 1
-    return rewritten
+                views.add(view.output().unique())
+    if views:
+        _keep_output_layouts(graph, views)
+    return len(views)
 
 
-def _view_is_safe(node: torch._C.Node, owner: dict[int, torch._C.Value]) -> bool:
-    base = node.inputsAt(0)
-    base = owner.get(base.unique(), base)
+def _view_is_safe(node: torch._C.Node) -> bool:
     for use in node.output().uses():
         user = use.user
         if user.kind() == "prim::Return":
-            if not _allocated(base):
-                return False
-        elif user.kind() in _CONTAINERS:
+            return False
+        if user.kind() in _CONTAINERS:
             if not all(_reads_values_only(u.user) for u in user.output().uses()):
                 return False
         elif not (_is_view_copy(user) or _reads_values_only(user)):
@@ -181,11 +179,31 @@ def _view_is_safe(node: torch._C.Node, owner: dict[int, torch._C.Value]) -> bool
     return True
 
 
-def _allocated(value: torch._C.Value) -> bool:
-    """Whether the node that made ``value`` allocated its memory: not a
-    graph input, not an op that may return an input's memory."""
-    op = _op(value.node())  # a graph input's node (prim::Param) has no schema
-    return op is not None and not op.aliases
+# Ops whose result is a new contiguous tensor whatever the layout of their
+# inputs: what they compute from a view is laid out as it was from a copy.
+_NEW_LAYOUT = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mv",
+                         "aten::addmv", "aten::dot"})
+
+
+def _keep_output_layouts(graph: torch._C.Graph, views: set[int]) -> None:
+    """Make contiguous each graph output whose layout may follow a new view."""
+    follows = set(views)
+    for node in graph.nodes():
+        if node.kind() not in _NEW_LAYOUT and \
+                any(v.unique() in follows for v in node.inputs()):
+            follows.update(out.unique() for out in node.outputs())
+    ret = graph.return_node()
+    for i, value in enumerate(list(ret.inputs())):
+        if value.unique() not in follows:
+            continue
+        if not isinstance(value.type(), torch._C.TensorType):
+            raise TypeError(f"graph output {i} of type {value.type()} computed from a view")
+        with graph.insert_point_guard(ret):
+            contiguous_format = graph.insertConstant(0)  # MemoryFormat is an int in the IR
+            node = graph.insertNode(graph.create("aten::contiguous",
+                                                 [value, contiguous_format], 1))
+        node.output().setType(value.type())
+        ret.replaceInput(i, node.output())
 
 
 def _is_view_copy(node: torch._C.Node) -> bool:

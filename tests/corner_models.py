@@ -79,6 +79,14 @@ class Factory(nn.Module):
         return a + torch.ones(4) * 0.5
 
 
+class MaxDim(nn.Module):
+    """LTC types max.dim's result as a NamedTuple, which parse_ir refuses."""
+
+    def forward(self, a):
+        values, indices = torch.max(a, 1)
+        return values * 2, indices
+
+
 class Weighted(nn.Module):
     """Parameters and a buffer updated in place (BatchNorm's running stats)."""
 
@@ -104,6 +112,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "no_outputs": (NoOutputs, [(2, 3)]),
     "tensor_constant": (TensorConstant, [(3, 4)]),
     "factory": (Factory, [(3, 4)]),
+    "max_dim": (MaxDim, [(3, 4)]),
     "weighted": (Weighted, [(5, 4)]),
 }
 ORIGINAL_CASES = ["const_scale", "sub", "addcmul", "return_multi", "return_dup_tensor",

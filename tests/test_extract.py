@@ -161,7 +161,7 @@ def test_corrupt_entry_warns_retraces_and_is_replaced(cache_dir):
     with pytest.warns(RuntimeWarning, match="not msgpack|not an ltc_cache entry"):
         compiled = cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
     check_against_eager(gm, compiled, shapes)
-    assert delta(before)["traces"] == 1 and delta(before)["errors"] >= 1
+    assert delta(before)["traces"] == 1 and delta(before)["errors"] == 1
     assert decode(store.get(key), expected_key=key).key == key
 
 

@@ -117,8 +117,7 @@ class LeafTracer(fx.Tracer):
 
 
 class IntermediateViews(nn.Module):
-    """Views of an intermediate result returned beside it: these may stay
-    views (eager returns aliases of each other too)."""
+    """Views of an intermediate result returned beside it."""
 
     def __init__(self):
         super().__init__()
@@ -127,6 +126,19 @@ class IntermediateViews(nn.Module):
     def forward(self, x):
         h = torch.relu(self.fc(x))
         return h.t(), h.reshape(-1), h, h.unsqueeze(1).expand(4, 3, 4)
+
+
+class Contiguous(nn.Module):
+    """``.contiguous()``, which LTC drops: the outputs are contiguous and
+    share no memory in eager, and a caller may ``view`` them."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x))
+        return h, h.t().contiguous(), h.t().contiguous() * 2, h.t().contiguous().view(-1)
 
 
 class Attention(nn.Module):
@@ -153,6 +165,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "transpose_inplace": (TransposeInplace, [(3, 4), (4, 3)]),
     "buffer_update": (BufferUpdate, [(4, 4)]),
     "intermediate_views": (IntermediateViews, [(4, 4)]),
+    "contiguous": (Contiguous, [(3, 4)]),
     "attention": (Attention, [(1, 5, 8)]),
 }
 
@@ -206,6 +219,11 @@ def check_against_eager(name: str) -> dict:
             computed = [o for o in actual if not any(o is t for t in owned)]
             assert not storages(computed) & storages([*owned, *consts]), \
                 f"call {call}: an output shares memory with an input, weight or constant"
+            assert len(storages(computed)) == len(computed), \
+                f"call {call}: computed outputs share memory"
+            for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+                if e.is_contiguous():  # else the copies made it contiguous: either will do
+                    assert a.is_contiguous(), f"call {call} output {i} is not contiguous"
             for out in computed:
                 if torch._debug_has_internal_overlap(out) == 0:  # not an expanded view
                     out.add_(1000.0)
@@ -253,9 +271,13 @@ def test_every_model_matches_eager_cold_and_on_a_hit_in_another_process(cache_di
     assert results["mlp"]["inputs"].count("const") == 1
     attention = results["attention"]["ir"]
     assert "aten::permute(" in attention and "permute_copy" not in attention
-    # ... and views of an intermediate may be returned as views,
-    assert "aten::t(" in results["intermediate_views"]["ir"]
-    # while what the graph returns of a weight or argument stays a copy.
+    # ... but a view the graph returns stays a copy (of a weight, an argument
+    # or an intermediate), and what is computed from a view is made
+    # contiguous, as the copy left it.
+    intermediate = results["intermediate_views"]["ir"]
+    assert "aten::t(" in intermediate  # the weight, read by addmm
+    assert "aten::t_copy(" in intermediate and "aten::expand_copy(" in intermediate
+    assert "aten::contiguous(" in results["contiguous"]["ir"]
     weight_view = results["weight_view"]["ir"]
     assert "aten::t_copy(" in weight_view and "aten::view_copy(" in weight_view
     arg_aliases = results["arg_aliases"]["ir"]
@@ -317,18 +339,30 @@ def test_a_view_stays_a_copy_before_an_op_that_reads_strides():
         torch.testing.assert_close(a, e)
 
 
-def test_views_of_inputs_are_never_returned():
+def test_views_are_never_returned_and_outputs_keep_their_layout():
     ir = """graph(%x : Tensor):
       %one : int = prim::Constant[value=1]()
       %zero : int = prim::Constant[value=0]()
       %a : Tensor = aten::transpose_copy(%x, %one, %zero)
       %b : Tensor = aten::relu(%x)
       %c : Tensor = aten::t_copy(%b)
-      return (%a, %c)"""
+      %d : Tensor = aten::t_copy(%x)
+      %e : Tensor = aten::relu(%d)
+      %f : Tensor = aten::t_copy(%b)
+      %g : Tensor = aten::mm(%f, %b)
+      return (%a, %c, %e, %g)"""
     graph = torch._C.parse_ir(ir)
-    assert views_for_copies(graph) == 1
+    assert views_for_copies(graph) == 2  # %d and %f; %a and %c are returned
     text = str(graph)
-    assert "aten::transpose_copy" in text and "aten::t(" in text
+    assert "aten::transpose_copy" in text and text.count("aten::t_copy") == 1
+    assert text.count("aten::contiguous") == 1  # %e follows a view's layout, %g not
+    x = torch.randn(3, 3)
+    expected = _function(ir)(x)
+    actual = _function(text)(x)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e)
+        assert a.is_contiguous()
+    assert len(storages(actual)) == 4
 
 
 def test_scalars_fold_exactly_and_odd_ones_stay():

@@ -1,0 +1,59 @@
+"""Explaining a miss: which key parts differ from the nearest entry of the
+same graph name.
+
+One small internal record per graph name, ``ltc_cache:names:<name>``, holds
+the key parts of its last few entries, so that an explanation is one read
+rather than a scan of every entry. It is only a hint: a missing or corrupt
+record explains nothing and breaks nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgpack
+
+from .keys import CacheKey, differing_parts
+from .store import Store
+
+__all__ = ["explain_miss", "remember_name"]
+
+logger = logging.getLogger("ltc_cache.names")
+
+# Not 64 hex digits, so never taken for an entry key.
+_PREFIX = "ltc_cache:names:"
+_FORMAT = "ltc_cache.names"
+_KEPT = 8
+
+
+def _read(store: Store, graph_name: str) -> list[dict[str, str]]:
+    try:
+        data = store.get(_PREFIX + graph_name)
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True) if data else None
+    except Exception:  # a missing, unreadable or corrupt record: no hint
+        return []
+    if not isinstance(obj, dict) or obj.get("format") != _FORMAT:
+        return []
+    keys = obj.get("keys")
+    if not isinstance(keys, list):
+        return []
+    return [k for k in keys if isinstance(k, dict)
+            and all(isinstance(n, str) and isinstance(v, str) for n, v in k.items())]
+
+
+def explain_miss(store: Store, key: CacheKey, graph_name: str) -> str:
+    recent = _read(store, graph_name)
+    if not recent:
+        return "no entry of that name yet"
+    nearest = min((differing_parts(key.parts, parts) for parts in recent), key=len)
+    return f"differs from the nearest entry of that name in {', '.join(nearest) or 'nothing'}"
+
+
+def remember_name(store: Store, key: CacheKey, graph_name: str) -> None:
+    recent = [p for p in _read(store, graph_name) if p != dict(key.parts)]
+    recent = [*recent, dict(key.parts)][-_KEPT:]
+    try:
+        store.put(_PREFIX + graph_name,
+                  msgpack.packb({"format": _FORMAT, "keys": recent}, use_bin_type=True))
+    except Exception as exc:
+        logger.debug("cannot write the names record of %s: %s", graph_name, exc)
