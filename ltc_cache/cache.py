@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -119,19 +119,22 @@ class GraphCache:
                                name: str | None = None) -> CompiledGraph:
         """See :func:`ltc_cache.extract_compiled_graph`."""
         store = self.store
+        # Resolved once for the key, the entry check and the binding.
+        tensors = module_tensors(model)
         try:
-            key = compute_key(model, example_inputs) if store is not None else None
+            key = (compute_key(model, example_inputs, tensors=tensors)
+                   if store is not None else None)
         except UncacheableGraph as exc:
             warn_once("uncacheable", f"{exc}; tracing without the cache")
             key = None
         if key is None or store is None:
             return self._bind(self._trace(model, example_inputs, name, None), model)
 
-        built = self._lookup(store, key.digest, model, example_inputs)
+        built = self._lookup(store, key.digest, tensors, len(example_inputs))
         if built is None:
             with self._single_flight(store, key.digest):
                 # Another process may have stored it while we waited.
-                built = self._lookup(store, key.digest, model, example_inputs)
+                built = self._lookup(store, key.digest, tensors, len(example_inputs))
                 if built is None:
                     self._count("misses", key.digest)
                     graph_name = name or type(model).__name__
@@ -144,10 +147,10 @@ class GraphCache:
                         raise
                     self._put(store, built[0])
                     self._remember_name(store, key, graph_name)
-                    return self._bind(built, model)
+                    return self._bind(built, model, tensors)
         self._count("hits", key.digest)
         logger.info("hit %s (%s)", key.digest[:12], built[0].graph_name)
-        return self._bind(built, model)
+        return self._bind(built, model, tensors)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None) -> tuple[Entry, GraphFunction | None]:
@@ -169,8 +172,8 @@ class GraphCache:
             self._built[key.digest] = built
         return built
 
-    def _lookup(self, store: Store, key: str, model: fx.GraphModule,
-                example_inputs: Sequence[Any]) -> tuple[Entry, GraphFunction | None] | None:
+    def _lookup(self, store: Store, key: str, tensors: Mapping[str, torch.Tensor],
+                num_args: int) -> tuple[Entry, GraphFunction | None] | None:
         if key in self._built:
             return self._built[key]
         try:
@@ -184,7 +187,7 @@ class GraphCache:
         try:
             entry = decode(data, expected_key=key, secret=self.config.secret)
             function = build_function(entry.ir)
-            _check_usable(entry, function, model, example_inputs)
+            _check_usable(entry, function, tensors, num_args)
         except EntryError as exc:
             return self._corrupt(store, key, str(exc))
         except RuntimeError as exc:  # the stored IR does not parse
@@ -245,14 +248,14 @@ class GraphCache:
             if lock is not None:
                 lock.__exit__(None, None, None)
 
-    def _bind(self, built: tuple[Entry, GraphFunction | None],
-              model: fx.GraphModule) -> CompiledGraph:
+    def _bind(self, built: tuple[Entry, GraphFunction | None], model: fx.GraphModule,
+              tensors: Mapping[str, torch.Tensor] | None = None) -> CompiledGraph:
         entry, function = built
         if entry.meta.get("kind") == "negative":
             counters.bump("negative_hits")
             raise RuntimeError(f"{entry.meta.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
-        return CompiledGraph(entry, function, model)
+        return CompiledGraph(entry, function, model, tensors=tensors)
 
     def _count(self, event: str, key: str | None) -> None:
         counters.bump(event)
@@ -265,8 +268,8 @@ class GraphCache:
         return None
 
 
-def _check_usable(entry: Entry, function: GraphFunction | None, model: fx.GraphModule,
-                  example_inputs: Sequence[Any]) -> None:
+def _check_usable(entry: Entry, function: GraphFunction | None,
+                  tensors: Mapping[str, torch.Tensor], num_args: int) -> None:
     """Raise EntryError unless ``entry`` can replay ``model`` on inputs like
     ``example_inputs``. The key already covers the torch version and the
     model's tensors; this holds for an entry that got under the key anyway
@@ -284,12 +287,12 @@ def _check_usable(entry: Entry, function: GraphFunction | None, model: fx.GraphM
         graph_outputs = len(results.elements()) if hasattr(results, "elements") else 1
     try:
         check_layout(entry, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
-                     num_args=len(example_inputs))
+                     num_args=num_args)
     except EntryError as exc:
         raise EntryError(str(exc), entry.key) from None
     attrs = {s.ref for s in (*entry.inputs, *entry.outputs, *(u.target for u in entry.updates))
              if s.kind == "attr"}
-    missing = attrs - module_tensors(model).keys() if attrs else set()
+    missing = attrs - tensors.keys()
     if missing:
         raise EntryError(f"names tensors the model lacks: {', '.join(sorted(missing))}",
                          entry.key)

@@ -109,18 +109,21 @@ def _hash(lines: Iterator[str] | Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any]) -> CacheKey:
+def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
+                tensors: Mapping[str, torch.Tensor] | None = None) -> CacheKey:
     """The key of tracing ``model`` on inputs laid out like ``example_inputs``.
 
+    ``tensors`` is ``module_tensors(model)`` where the caller has it already.
     Raises :class:`UncacheableGraph` for an input with no stable signature.
     """
+    tensors = module_tensors(model) if tensors is None else tensors
     parts = {
         "schema": _hash([f"schema={SCHEMA_VERSION}"]),
         "torch": _hash([torch.__version__, str(torch.version.git_version)]),
         "backend": _hash(_backend_text()),
         "graph": _hash(_graph_text(model)),
         "module_tensors": _hash(
-            f"{name}:{_tensor_signature(t)}" for name, t in module_tensors(model).items()
+            f"{name}:{_tensor_signature(t)}" for name, t in tensors.items()
         ),
         "inputs": _hash(_value_signature(v) for v in example_inputs),
         "lazy_config": _hash(_lazy_config_text()),

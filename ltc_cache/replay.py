@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -61,10 +61,14 @@ class CompiledGraph:
     )
 
     def __init__(self, entry: Entry, function: GraphFunction | None,
-                 model: torch.nn.Module) -> None:
+                 model: torch.nn.Module, *,
+                 tensors: Mapping[str, torch.Tensor] | None = None) -> None:
+        """``tensors`` is ``module_tensors(model)`` where the caller has it."""
         self.entry = entry
         self._fn = function
-        live = module_tensors(model) if _needs_module(entry) else {}
+        if tensors is None:
+            tensors = module_tensors(model) if _needs_module(entry) else {}
+        live = tensors
         missing = sorted({s.ref for s in _sources(entry) if s.kind == "attr"} - live.keys())
         if missing:
             raise KeyError(f"the model has no tensor at {', '.join(missing)}")
