@@ -102,11 +102,7 @@ def _backend_text() -> Iterator[str]:
 
 
 def _hash(lines: Iterator[str] | Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for line in lines:
-        h.update(line.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+    return hashlib.sha256("".join(f"{line}\0" for line in lines).encode()).hexdigest()
 
 
 def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
