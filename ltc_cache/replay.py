@@ -66,9 +66,8 @@ class CompiledGraph:
         """``tensors`` is ``module_tensors(model)`` where the caller has it."""
         self.entry = entry
         self._fn = function
-        if tensors is None:
-            tensors = module_tensors(model) if _needs_module(entry) else {}
-        live = tensors
+        live = tensors if tensors is not None else (
+            module_tensors(model) if _needs_module(entry) else {})
         missing = sorted({s.ref for s in _sources(entry) if s.kind == "attr"} - live.keys())
         if missing:
             raise KeyError(f"the model has no tensor at {', '.join(missing)}")
