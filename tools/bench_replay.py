@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from markdown_table import table  # tools/ is sys.path[0]
 from torch import fx, nn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,14 +164,6 @@ def ms(seconds: float) -> str:
 
 def ratio(a: Timing, b: Timing) -> str:
     return f"{a.median / b.median:.2f}x ({a.best / b.best:.2f}x)"
-
-
-def table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-             for r in rows]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------ steady state

@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from markdown_table import table  # tools/ is sys.path[0]
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # One process's measurement; argv: mode, model, width, [key].
@@ -154,14 +156,6 @@ def child(mode: str, model: str, width: int, env: dict[str, str], *extra: str) -
 def summary(runs: list[dict], field: str = "ms") -> tuple[float, float]:
     times = [r[field] for r in runs]
     return statistics.median(times), min(times)
-
-
-def table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-             for r in rows]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
 
 
 def key_of(model: str, width: int) -> str:
