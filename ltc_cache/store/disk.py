@@ -155,8 +155,7 @@ class DiskStore(Store):
             warn_once("corrupt-index", f"the cache index in {self._entries} was damaged "
                       f"({type(exc).__name__}: {exc}); replaced it with an empty one")
             counters.bump("errors")
-            check_private_dir(self._entries, create=True, nested=True)
-            self.cache = self._open()
+            self._reopen()
 
     def _refuse_linked_index(self) -> None:
         db = self._entries / "cache.db"
@@ -175,6 +174,11 @@ class DiskStore(Store):
             cull_limit=0,
         )
 
+    def _reopen(self) -> None:
+        """Open the index anew: after it was replaced, here or elsewhere."""
+        check_private_dir(self._entries, create=True, nested=True)
+        self.cache = self._open()
+
     def _current(self) -> diskcache.Cache:
         # Another process may have replaced a damaged index (or `ltc-cache
         # clear` removed it): a connection to the old one would go on using
@@ -183,8 +187,7 @@ class DiskStore(Store):
             with self._swap:
                 if directory_id(self._entries) != self._opened:
                     self.cache.close()
-                    check_private_dir(self._entries, create=True, nested=True)
-                    self.cache = self._open()
+                    self._reopen()
         return self.cache
 
     def _guarded(self, op, *args):
@@ -200,8 +203,7 @@ class DiskStore(Store):
                 if cache is self.cache:
                     cache.close()
                     replace_index(self._entries, self._locks, self._opened)
-                    check_private_dir(self._entries, create=True, nested=True)
-                    self.cache = self._open()
+                    self._reopen()
             raise EntryError(f"the cache index was damaged ({type(exc).__name__}: {exc}); "
                              "replaced it with an empty one") from None
 
