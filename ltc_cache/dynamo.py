@@ -280,7 +280,8 @@ class LtcBackend:
         cache = cache or self.cache
         support = self._support.get(cache)
         if support is None:
-            support = OpSupport(cache.store, readonly=cache.config.readonly)
+            # cache.readonly also covers a directory found unwritable on opening.
+            support = OpSupport(cache.store, readonly=cache.readonly)
             self._support[cache] = support
         return support
 
