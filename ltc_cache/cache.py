@@ -290,9 +290,7 @@ def _check_usable(entry: Entry, function: GraphFunction | None,
                      num_args=num_args)
     except EntryError as exc:
         raise EntryError(str(exc), entry.key) from None
-    attrs = {s.ref for s in (*entry.inputs, *entry.outputs, *(u.target for u in entry.updates))
-             if s.kind == "attr"}
-    missing = attrs - tensors.keys()
+    missing = entry.attr_paths - tensors.keys()
     if missing:
         raise EntryError(f"names tensors the model lacks: {', '.join(sorted(missing))}",
                          entry.key)

@@ -53,6 +53,16 @@ class Entry:
     def created(self) -> float:
         return float(self.meta.get("created", 0.0))
 
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """Every source the entry names: inputs, outputs, update targets."""
+        return (*self.inputs, *self.outputs, *(u.target for u in self.updates))
+
+    @property
+    def attr_paths(self) -> set[str]:
+        """The module tensors a replay binds."""
+        return {s.ref for s in self.sources if s.kind == "attr"}
+
 
 def new_meta(*, graph_name: str, node_count: int, graph_hash: str,
              key_parts: Mapping[str, str]) -> dict[str, Any]:
@@ -205,9 +215,8 @@ def check_layout(entry: Entry, *, graph_inputs: int, graph_outputs: int, num_arg
     replay fails inside the user's model."""
     if len(entry.inputs) != graph_inputs:
         raise EntryError(f"{len(entry.inputs)} inputs laid out for a graph of {graph_inputs}")
-    sources = [*entry.inputs, *entry.outputs, *(u.target for u in entry.updates)]
     bounds = {"arg": num_args, "out": graph_outputs}
-    for s in sources:
+    for s in entry.sources:
         if s.kind in bounds and not (type(s.ref) is int and 0 <= s.ref < bounds[s.kind]):
             raise EntryError(f"{s.kind} index {s.ref!r} out of range")
     for u in entry.updates:

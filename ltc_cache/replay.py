@@ -67,8 +67,8 @@ class CompiledGraph:
         self.entry = entry
         self._fn = function
         live = tensors if tensors is not None else (
-            module_tensors(model) if _needs_module(entry) else {})
-        missing = sorted({s.ref for s in _sources(entry) if s.kind == "attr"} - live.keys())
+            module_tensors(model) if entry.attr_paths else {})
+        missing = sorted(entry.attr_paths - live.keys())
         if missing:
             raise KeyError(f"the model has no tensor at {', '.join(missing)}")
 
@@ -141,11 +141,3 @@ class CompiledGraph:
 
 _get_optimize = torch._C._get_graph_executor_optimize
 _set_optimize = torch._C._set_graph_executor_optimize
-
-
-def _sources(entry: Entry) -> list[Source]:
-    return [*entry.inputs, *entry.outputs, *(u.target for u in entry.updates)]
-
-
-def _needs_module(entry: Entry) -> bool:
-    return any(s.kind == "attr" for s in _sources(entry))
