@@ -39,9 +39,32 @@ class CacheKey:
 def module_tensors(model: fx.GraphModule) -> dict[str, torch.Tensor]:
     """Every tensor the graph can reach by name: parameters, buffers and
     tensor attributes read by ``get_attr`` nodes (AOTAutograd's
-    ``_tensor_constant*``). These are bound live at replay, never stored."""
-    tensors = dict(model.named_parameters())
-    tensors.update(model.named_buffers())
+    ``_tensor_constant*``). These are bound live at replay, never stored.
+
+    The names and order of ``named_parameters()`` then ``named_buffers()``
+    (a module or tensor reachable twice counts once, under its first name),
+    in one walk over ``_modules``: the public iterators cost ~2 ms on a
+    model of 256 ``Linear`` layers, a tenth of a warm start.
+    """
+    modules: list[tuple[str, torch.nn.Module]] = []
+    seen_modules: set[int] = set()
+    stack: list[tuple[str, torch.nn.Module]] = [("", model)]
+    while stack:  # pre-order, children in registration order
+        prefix, module = stack.pop()
+        if id(module) in seen_modules:
+            continue
+        seen_modules.add(id(module))
+        modules.append((prefix, module))
+        stack.extend((f"{prefix}{name}.", child) for name, child
+                     in reversed(module._modules.items()) if child is not None)
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for table in ("_parameters", "_buffers"):
+        for prefix, module in modules:
+            for name, t in getattr(module, table).items():
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    tensors[prefix + name] = t
     for node in model.graph.nodes:
         if node.op == "get_attr" and node.target not in tensors:
             value = _resolve(model, node.target)
@@ -57,9 +80,29 @@ def _resolve(model: torch.nn.Module, path: str) -> Any:
     return value
 
 
+def _submodule(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    # Through ``_modules`` directly: ``get_submodule``'s checks cost ~10 us
+    # a call, most of the key's time on a graph of a few hundred layers.
+    for name in path.split("."):
+        model = model._modules[name]
+    return model
+
+
 def _tensor_signature(t: torch.Tensor) -> str:
     return (f"{tuple(t.shape)}|{t.stride()}|{t.dtype}|{t.device}"
             f"|grad={t.requires_grad}|{type(t).__name__}")
+
+
+def _tensor_signatures(tensors: Mapping[str, torch.Tensor]) -> Iterator[str]:
+    # Formatting a signature costs more than building its parts; the weights
+    # of a model share a few layouts, so each layout is formatted once.
+    formatted: dict[tuple[Any, ...], str] = {}
+    for name, t in tensors.items():
+        layout = (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, type(t))
+        text = formatted.get(layout)
+        if text is None:
+            text = formatted[layout] = _tensor_signature(t)
+        yield f"{name}:{text}"
 
 
 def _value_signature(value: Any) -> str:
@@ -84,7 +127,7 @@ def _graph_text(model: fx.GraphModule) -> Iterator[str]:
     yield f"training={model.training}"
     for node in model.graph.nodes:
         if node.op == "call_module":
-            sub = model.get_submodule(node.target)
+            sub = _submodule(model, node.target)
             yield (f"{node.target}={type(sub).__module__}.{type(sub).__qualname__}"
                    f"({sub.extra_repr()}) training={sub.training}")
 
@@ -118,9 +161,7 @@ def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
         "torch": _hash([torch.__version__, str(torch.version.git_version)]),
         "backend": _hash(_backend_text()),
         "graph": _hash(_graph_text(model)),
-        "module_tensors": _hash(
-            f"{name}:{_tensor_signature(t)}" for name, t in tensors.items()
-        ),
+        "module_tensors": _hash(_tensor_signatures(tensors)),
         "inputs": _hash(_value_signature(v) for v in example_inputs),
         "lazy_config": _hash(_lazy_config_text()),
     }

@@ -75,3 +75,28 @@ def test_python_scalars_key_by_type_and_value():
     x = torch.randn(2, 3)
     k1, k2, k3 = (compute_key(gm, [x, v]) for v in (1, 2, 1.0))
     assert len({k1.digest, k2.digest, k3.digest}) == 3
+
+
+def test_module_tensors_names_what_the_public_iterators_name():
+    """module_tensors walks ``_modules`` itself for speed; it must name each
+    tensor as ``named_parameters()`` then ``named_buffers()`` do: tied
+    weights and a module registered twice once, under their first names,
+    None parameters and buffers left out, non-persistent buffers kept."""
+    shared = torch.nn.Linear(4, 4)
+    model = torch.nn.Module()
+    model.first = torch.nn.Sequential(shared, torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 4,
+                                                                                     bias=False))
+    model.again = shared
+    model.head = torch.nn.Linear(4, 4)
+    model.head.weight = model.first[2].weight  # tied
+    model.register_buffer("scratch", torch.zeros(2), persistent=False)
+    model.register_buffer("nothing", None)
+    model.empty = torch.nn.Module()
+    model.empty.register_parameter("absent", None)
+
+    want = dict(model.named_parameters())
+    want.update(model.named_buffers())
+    model.graph = torch.fx.Graph()  # all module_tensors reads beside the modules
+    got = keys.module_tensors(model)
+    assert list(got) == list(want)
+    assert all(got[name] is want[name] for name in want)
