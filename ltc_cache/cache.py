@@ -152,6 +152,38 @@ class GraphCache:
         logger.info("hit %s (%s)", key.digest[:12], built[0].graph_name)
         return self._bind(built, model, tensors)
 
+    def lookup_entry(self, key: CacheKey) -> Entry | None:
+        """The entry stored under ``key``, decoded and checked, for entries
+        that hold no graph of their own (a partitioning plan). None on a
+        miss; a bad entry is warned about and dropped, as a graph's is."""
+        store = self.store
+        if store is None:
+            return None
+        try:
+            data = store.get(key.digest)
+            entry = decode(data, expected_key=key.digest,
+                           secret=self.config.secret) if data is not None else None
+        except EntryError as exc:
+            return self._corrupt(store, key.digest, str(exc))
+        except Exception as exc:
+            return self._error("read", f"cannot read the cache ({exc}); continuing without it")
+        if entry is not None:
+            self._count("hits", key.digest)
+        return entry
+
+    def store_entry(self, entry: Entry, key: CacheKey) -> None:
+        """Store an entry made outside :meth:`extract_compiled_graph` under
+        ``key`` (unless the cache is read-only)."""
+        store = self.store
+        if store is not None:
+            self._put(store, entry)
+            self._remember_name(store, key, entry.graph_name)
+
+    def drop_entry(self, key: CacheKey, problem: str) -> None:
+        """Warn about and delete an entry found unusable after decoding."""
+        if self.store is not None:
+            self._corrupt(self.store, key.digest, problem)
+
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None) -> tuple[Entry, GraphFunction | None]:
         self._count("traces", key.digest if key else None)

@@ -13,6 +13,8 @@ Two paths, chosen per Dynamo graph:
   inference graph is split into the regions LTC lowers and an eager rest
   (:mod:`ltc_cache.partition`), and each region is extracted through the
   cache on its first real call (the compilers get FakeTensors, fact 6).
+  AOTAutograd's inference graph is stored as a plan (:mod:`ltc_cache.plan`),
+  so a warm inference start partitions it without running AOTAutograd.
 
 A region that cannot be extracted runs eagerly with one warning; the cache
 remembers it, so no later process traces it again. Graphs with symbolic
@@ -33,18 +35,25 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .cache import GraphCache, default_cache
 from .diagnostics import counters, warn_once
+from .entry import Entry, new_meta
+from .errors import EntryError, UncacheableGraph
+from .keys import CacheKey, compute_key
 
 if TYPE_CHECKING:  # partition imports FX's partitioner: only when compiling
     from .partition import OpSupport
 
-__all__ = ["ATEN_OPS", "LTC_OPS", "LtcBackend", "backend"]
+__all__ = ["AOT_GRAPHS", "ATEN_OPS", "LTC_OPS", "PLAN_HITS", "LtcBackend", "backend"]
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
 # Per-process counters (``ltc_cache.stats()``): aten ops in the graphs this
-# backend compiled, and those of them that run inside LTC.
+# backend compiled, and those of them that run inside LTC; graphs that went
+# through AOTAutograd, and inference graphs partitioned from a stored plan
+# instead.
 ATEN_OPS = "aten_ops"
 LTC_OPS = "ltc_ops"
+AOT_GRAPHS = "aot_graphs"
+PLAN_HITS = "plan_hits"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -221,11 +230,13 @@ class LtcBackend:
                 training: bool) -> Callable[..., Any]:
         cache = self.cache
         try:
-            if self._whole_graph and not training:
+            if training:
+                return self._aot(gm, example_inputs, name, cache)
+            if self._whole_graph:
                 compiled = self._whole(gm, example_inputs, f"{name}.inference", cache)
                 if compiled is not None:
                     return compiled
-            return self._aot(gm, example_inputs, name, cache)
+            return self._inference(gm, example_inputs, name, cache)
         except Exception as exc:
             from torch._dynamo.exc import RestartAnalysis
 
@@ -253,15 +264,69 @@ class LtcBackend:
         counters.bump(ATEN_OPS, ops)
         return _Guarded(compiled, gm.forward, name, as_tuple=False, ops=ops)
 
+    def _inference(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
+                   cache: GraphCache) -> Callable[..., Any]:
+        """Partitioned inference: from the stored plan where there is one,
+        else through AOTAutograd, which stores the plan it makes."""
+        from .plan import graph_from_wire, plan_key
+
+        try:
+            key = plan_key(compute_key(gm, example_inputs))
+        except UncacheableGraph:
+            return self._aot(gm, example_inputs, name, cache)
+        entry = cache.lookup_entry(key)
+        if entry is not None:
+            try:
+                planned = graph_from_wire(entry.meta.get("plan"))
+            except EntryError as exc:
+                cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
+            else:
+                logger.info("%s: partitioning the stored plan %s", name, key.digest[:12])
+                counters.bump(PLAN_HITS)
+                module = self._partitioned(planned, f"{name}.inference", cache)
+                return _Guarded(module.forward, gm.forward, f"{name}.plan", as_tuple=False,
+                                ops=0)
+        return self._aot(gm, example_inputs, name, cache, plan=key)
+
+    def _store_plan(self, graph: fx.GraphModule, example_inputs: Sequence[Any], name: str,
+                    cache: GraphCache, key: CacheKey) -> None:
+        from torch._guards import TracingContext
+
+        from .plan import PlanError, graph_to_wire, runs_bare
+
+        context = TracingContext.try_get()
+        metadata = context.fw_metadata if context is not None else None
+        placeholders = sum(1 for node in graph.graph.nodes if node.op == "placeholder")
+        if metadata is None or placeholders != len(example_inputs) \
+                or not runs_bare(metadata, example_inputs):
+            logger.info("%s: no plan stored (AOTAutograd wraps this graph)", name)
+            return
+        try:
+            with _disable_current_modes():  # the constants are real tensors
+                wire = graph_to_wire(graph)
+        except PlanError as exc:
+            logger.info("%s: no plan stored (%s)", name, exc)
+            return
+        meta = new_meta(graph_name=f"{name}.plan", node_count=len(graph.graph.nodes),
+                        graph_hash="", key_parts=key.parts)
+        meta.update(kind="plan", plan=wire)
+        cache.store_entry(Entry(key.digest, "", (), (), (), meta), key)
+
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
-             cache: GraphCache) -> Callable[..., Any]:
+             cache: GraphCache, *, plan: CacheKey | None = None) -> Callable[..., Any]:
+        from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
         from .partition import decompositions
 
         def compiler(kind: str) -> Callable[..., Any]:
             def compile_graph(graph: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
-                return self._partitioned(graph, f"{name}.{kind}", cache)
+                counters.bump(AOT_GRAPHS)
+                if kind == "inference" and plan is not None:
+                    # Before partitioning, which fuses the graph in place.
+                    self._store_plan(graph, example_inputs, f"{name}.inference", cache, plan)
+                module = self._partitioned(graph, f"{name}.{kind}", cache)
+                return make_boxed_func(module.forward)
             return compile_graph
 
         aot = aot_autograd(
@@ -285,10 +350,7 @@ class LtcBackend:
             self._support[cache] = support
         return support
 
-    def _partitioned(self, gm: fx.GraphModule, name: str,
-                     cache: GraphCache) -> Callable[..., Any]:
-        from functorch.compile import make_boxed_func
-
+    def _partitioned(self, gm: fx.GraphModule, name: str, cache: GraphCache) -> fx.GraphModule:
         from .partition import partition
 
         parted = partition(gm, self.op_support(cache))
@@ -305,7 +367,7 @@ class LtcBackend:
         if not parted.regions and parted.total_ops:
             warn_once(f"eager-graph:{name}",
                       f"{name}: LTC lowers none of this graph's ops; it runs eagerly ({eager})")
-        return make_boxed_func(parted.module.forward)
+        return parted.module
 
 
 backend = LtcBackend()

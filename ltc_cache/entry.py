@@ -24,7 +24,7 @@ from .errors import EntryError
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
 
 __all__ = ["FORMAT", "MAX_ENTRY_BYTES", "SCHEMA_VERSION", "Entry", "check_layout", "decode",
-           "encode"]
+           "encode", "tensor_from_wire", "tensor_to_wire"]
 
 FORMAT = "ltc_cache.entry"
 SCHEMA_VERSION = 1
@@ -76,13 +76,16 @@ def new_meta(*, graph_name: str, node_count: int, graph_hash: str,
     }
 
 
-def _tensor_to_wire(t: torch.Tensor) -> dict[str, Any]:
+def tensor_to_wire(t: torch.Tensor) -> dict[str, Any]:
+    """A tensor's dtype, shape and bytes, as msgpack takes them."""
     t = t.detach().to("cpu").contiguous()
     data = ctypes.string_at(t.data_ptr(), t.nbytes) if t.nbytes else b""
     return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "data": data}
 
 
-def _tensor_from_wire(obj: Any) -> torch.Tensor:
+def tensor_from_wire(obj: Any) -> torch.Tensor:
+    """The tensor :func:`tensor_to_wire` wrote; raises EntryError for
+    anything else."""
     dtype = getattr(torch, obj["dtype"], None)
     if not isinstance(dtype, torch.dtype):
         raise EntryError(f"unknown dtype {obj['dtype']!r}")
@@ -103,7 +106,7 @@ def _tensor_from_wire(obj: Any) -> torch.Tensor:
 
 
 def _source_to_wire(s: Source) -> list[Any]:
-    return [s.kind, _tensor_to_wire(s.ref) if s.kind == "const" else s.ref]
+    return [s.kind, tensor_to_wire(s.ref) if s.kind == "const" else s.ref]
 
 
 def _source_from_wire(obj: Any, kinds: frozenset[str]) -> Source:
@@ -111,7 +114,7 @@ def _source_from_wire(obj: Any, kinds: frozenset[str]) -> Source:
     if kind not in kinds:
         raise EntryError(f"unknown source kind {kind!r}")
     if kind == "const":
-        return Source(kind, _tensor_from_wire(ref))
+        return Source(kind, tensor_from_wire(ref))
     if kind in ("arg", "out") and not isinstance(ref, int):
         raise EntryError(f"{kind} index is {type(ref).__name__}, not int")
     if kind == "attr" and not isinstance(ref, str):

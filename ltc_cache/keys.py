@@ -20,7 +20,7 @@ from torch import fx
 from .entry import SCHEMA_VERSION
 from .errors import UncacheableGraph
 
-__all__ = ["CacheKey", "compute_key", "differing_parts", "module_tensors"]
+__all__ = ["CacheKey", "compute_key", "derived_key", "differing_parts", "module_tensors"]
 
 logger = logging.getLogger("ltc_cache.keys")
 
@@ -165,6 +165,16 @@ def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
         "inputs": _hash(_value_signature(v) for v in example_inputs),
         "lazy_config": _hash(_lazy_config_text()),
     }
+    return _key(parts)
+
+
+def derived_key(key: CacheKey, **texts: str) -> CacheKey:
+    """``key`` with more parts, each hashed from its text: the key of
+    something made from the graph ``key`` names (a partitioning plan)."""
+    return _key({**key.parts, **{name: _hash([text]) for name, text in texts.items()}})
+
+
+def _key(parts: dict[str, str]) -> CacheKey:
     digest = _hash(f"{name}={value}" for name, value in parts.items())
     for name, value in parts.items():
         logger.debug("key %s part %s = %s", digest[:12], name, value[:12])

@@ -152,15 +152,17 @@ def test_unsupported_op_runs_eagerly_between_regions(cache_dir, recwarn):
     stats = ltc_cache.stats()
     assert 0 < stats["ltc_ops"] < stats["aten_ops"]
     kinds = sorted((e.graph_name, e.meta["kind"]) for e in entries(cache_dir).values())
-    # The whole graph is remembered as unsupported, the two regions as graphs.
-    assert kinds == [("WithSign.inference", "negative"), ("WithSign.inference.r0", "graph"),
-                     ("WithSign.inference.r1", "graph")]
+    # The whole graph is remembered as unsupported, AOTAutograd's graph of it
+    # as a plan, the two regions as graphs.
+    assert kinds == [("WithSign.inference", "negative"), ("WithSign.inference.plan", "plan"),
+                     ("WithSign.inference.r0", "graph"), ("WithSign.inference.r1", "graph")]
     negative = next(e for e in entries(cache_dir).values() if e.meta["kind"] == "negative")
     assert "aten::sign" in negative.meta["reason"]
     # Expected for real models: no warning for the whole graph.
     assert not [w for w in recwarn if "ltc_cache" in str(w.message)]
 
-    # A new process neither traces the whole graph again nor probes ops.
+    # A new process neither traces the whole graph again nor probes ops, and
+    # partitions the stored plan without AOTAutograd.
     torch._dynamo.reset()
     backend = fresh_backend()
     before = ltc_cache.stats()
@@ -169,8 +171,10 @@ def test_unsupported_op_runs_eagerly_between_regions(cache_dir, recwarn):
                                    atol=1e-6, rtol=1e-6)
     after = ltc_cache.stats()
     assert after["traces"] == before["traces"]
-    assert after["hits"] - before["hits"] == 3
+    assert after["hits"] - before["hits"] == 4
     assert after["negative_hits"] - before.get("negative_hits", 0) == 1
+    assert after["plan_hits"] - before.get("plan_hits", 0) == 1
+    assert after["aot_graphs"] == before["aot_graphs"]
     assert backend.op_support().probes == 0
 
 
@@ -233,8 +237,8 @@ def test_a_wrong_op_record_leaves_a_negative_region_and_one_warning(cache_dir):
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x), atol=1e-6, rtol=1e-6)
     assert len([w for w in caught if "runs eagerly" in str(w.message)]) == 1
-    [entry] = entries(cache_dir).values()
-    assert entry.meta["kind"] == "negative" and entry.graph_name == "WithSign.inference.r0"
+    kinds = sorted((e.graph_name, e.meta["kind"]) for e in entries(cache_dir).values())
+    assert kinds == [("WithSign.inference.plan", "plan"), ("WithSign.inference.r0", "negative")]
 
     torch._dynamo.reset()
     before = ltc_cache.stats()

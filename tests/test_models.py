@@ -53,6 +53,10 @@ def test_model_cold_then_warm(model, cache_dir, record_property):
         assert not run["warnings"], run["warnings"]
 
     inference = warm["inference_stats"]
+    # Warm inference runs no AOTAutograd: the graph lowers whole, or its
+    # partitioning plan was stored by the cold process.
+    assert inference.get("aot_graphs", 0) == 0, inference
+    assert inference.get("plan_hits", 0) == inference.get("negative_hits", 0), inference
     share = inference["ltc_ops"] / inference["aten_ops"]
     record_property("ltc_op_share_inference", round(share, 3))
     # Every model here lowers whole, or but for a few ops (partitioning).

@@ -74,8 +74,10 @@ class VerifyReport:
 def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None,
            progress: Progress | None = None) -> VerifyReport:
     """Check each entry: readable, checksum (and signature), body decodes,
-    stored under its own key, and its IR parses."""
+    stored under its own key, and its IR (or a plan's graph) parses."""
     import torch
+
+    from ..plan import graph_from_wire
 
     checked, problems = 0, []
     for key in keys:
@@ -86,6 +88,8 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
             entry = decode_entry(data, key, secret)
             if entry.ir:
                 torch._C.parse_ir(entry.ir)
+            if entry.meta.get("kind") == "plan":
+                graph_from_wire(entry.meta.get("plan"))
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))
         except RuntimeError as exc:  # parse_ir

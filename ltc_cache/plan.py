@@ -1,0 +1,240 @@
+"""Partitioning plans: the aten graph AOTAutograd made of an inference graph,
+stored so that a warm start does not run AOTAutograd again.
+
+A Dynamo graph that LTC cannot lower whole is decomposed by AOTAutograd and
+partitioned (:mod:`ltc_cache.dynamo`). On a warm start its LTC regions are
+cache hits, but AOTAutograd would still run: 0.4-0.6 s of a 2 s warm start
+for the small transformers of the tests. Its inference graph depends only on
+what the whole graph's key covers (the Dynamo graph, the input layouts, the
+torch build) and on ltc_cache's decompositions, so it is stored as an entry
+of its own kind, ``plan``, under that key plus a part for the
+decompositions.
+
+A plan is kept only where AOTAutograd's runtime wrapper adds nothing to the
+graph's own call: no input mutated, no output that aliases an input or
+another output, no tensor subclass, no effect tokens or RNG state
+(:func:`runs_bare`). The graph is stored as data, never as code: each node's
+op, name, target and arguments, a target resolved only to a registered
+operator overload or ``operator.getitem``, and the tensor constants it reads
+by value. What FX reads beside that, the dtype, shape and stride of each
+node's value, comes back as meta tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from .entry import tensor_from_wire, tensor_to_wire
+from .errors import EntryError
+from .keys import CacheKey, derived_key
+
+__all__ = ["FORMAT", "PlanError", "graph_from_wire", "graph_to_wire", "plan_key", "runs_bare"]
+
+FORMAT = "ltc_cache.plan"
+_VERSION = 1
+_BUILTINS = {"operator.getitem": operator.getitem}
+_ENUMS = {
+    "dtype": torch.dtype,
+    "memory_format": torch.memory_format,
+    "layout": torch.layout,
+}
+
+
+class PlanError(ValueError):
+    """A graph that cannot be stored as a plan (a node or value of a kind a
+    plan does not hold)."""
+
+
+def plan_key(key: CacheKey) -> CacheKey:
+    """The plan's key: the whole graph's key, plus the decompositions it was
+    made with (the source of :mod:`ltc_cache.partition`, so that any change
+    there makes a new plan rather than a stale one)."""
+    from . import partition
+
+    source = Path(partition.__file__).read_bytes()
+    return derived_key(key, plan=f"{FORMAT}:{_VERSION}:{hashlib.sha256(source).hexdigest()}")
+
+
+def runs_bare(metadata: Any, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd's inference graph, called on the flat inputs,
+    returns exactly what the compiled function does (``metadata`` is its
+    ``ViewAndMutationMeta``)."""
+    from torch._functorch._aot_autograd.schemas import OutputType
+
+    return (
+        all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in example_inputs)
+        and not any(i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata
+                    for i in metadata.input_info)
+        and all(o.output_type == OutputType.non_alias for o in metadata.output_info)
+        and metadata.num_intermediate_bases == 0
+        and not metadata.tokens
+        and not metadata.is_rng_op_functionalized
+        and metadata.num_outputs_rng_offset == 0
+    )
+
+
+# --- to the wire ---------------------------------------------------------------
+
+
+def _target_to_wire(node: fx.Node) -> str:
+    if node.op in ("placeholder", "output", "get_attr"):
+        return str(node.target)
+    if node.op == "call_function":
+        if isinstance(node.target, torch._ops.OpOverload):
+            return str(node.target)  # "aten.addmm.default"
+        if node.target is operator.getitem:
+            return "operator.getitem"
+    raise PlanError(f"node {node.name}: {node.op} of {node.target!r}")
+
+
+def _value_to_wire(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, fx.Node):
+        return {"node": value.name}
+    if isinstance(value, list):
+        return [_value_to_wire(v) for v in value]
+    if isinstance(value, tuple):
+        return {"tuple": [_value_to_wire(v) for v in value]}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    for kind, cls in _ENUMS.items():
+        if isinstance(value, cls):
+            return {kind: str(value).removeprefix("torch.")}
+    raise PlanError(f"an argument of type {type(value).__name__}")
+
+
+def _val_to_wire(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        if any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride())):
+            raise PlanError("a symbolic shape")
+        return {"tensor": [str(value.dtype).removeprefix("torch."), list(value.shape),
+                           list(value.stride())]}
+    if isinstance(value, list | tuple):
+        return [_val_to_wire(v) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    raise PlanError(f"a value of type {type(value).__name__}")
+
+
+def graph_to_wire(gm: fx.GraphModule) -> dict[str, Any]:
+    """``gm`` as msgpack-able data; raises :class:`PlanError` for a graph a
+    plan cannot hold."""
+    nodes, constants = [], {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            if not isinstance(value, torch.Tensor) or "." in node.target:
+                raise PlanError(f"get_attr {node.target} is not a tensor of the graph module")
+            constants[node.target] = tensor_to_wire(value)
+        kwargs = [[name, _value_to_wire(value)] for name, value in node.kwargs.items()]
+        nodes.append([node.op, node.name, _target_to_wire(node), _value_to_wire(node.args),
+                      kwargs, _val_to_wire(node.meta.get("val"))])
+    return {"format": FORMAT, "version": _VERSION, "training": gm.training, "nodes": nodes,
+            "constants": constants}
+
+
+# --- from the wire -------------------------------------------------------------
+
+
+def _target_from_wire(op: str, target: Any) -> Any:
+    if not isinstance(target, str):
+        raise EntryError(f"plan: {op} target is not a string")
+    if op != "call_function":
+        return target
+    if target in _BUILTINS:
+        return _BUILTINS[target]
+    parts = target.split(".")
+    if len(parts) != 3:
+        raise EntryError(f"plan: {target!r} is not an operator overload")
+    namespace, name, overload = parts
+    try:
+        resolved = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    except (AttributeError, RuntimeError):
+        raise EntryError(f"plan: no operator {target!r} in this torch") from None
+    if not isinstance(resolved, torch._ops.OpOverload):
+        raise EntryError(f"plan: {target!r} is not an operator overload")
+    return resolved
+
+
+def _value_from_wire(obj: Any, nodes: Mapping[str, fx.Node]) -> Any:
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, list):
+        return [_value_from_wire(v, nodes) for v in obj]
+    if not isinstance(obj, dict) or len(obj) != 1:
+        raise EntryError(f"plan: unknown argument {obj!r:.80}")
+    ((kind, ref),) = obj.items()
+    if kind == "node":
+        if ref not in nodes:
+            raise EntryError(f"plan: argument names node {ref!r} before it is defined")
+        return nodes[ref]
+    if kind == "tuple" and isinstance(ref, list):
+        return tuple(_value_from_wire(v, nodes) for v in ref)
+    if kind == "device" and isinstance(ref, str):
+        return torch.device(ref)
+    if kind in _ENUMS and isinstance(ref, str) and isinstance(getattr(torch, ref, None),
+                                                               _ENUMS[kind]):
+        return getattr(torch, ref)
+    raise EntryError(f"plan: unknown argument {obj!r:.80}")
+
+
+def _val_from_wire(obj: Any) -> Any:
+    if isinstance(obj, dict) and list(obj) == ["tensor"]:
+        dtype, shape, stride = obj["tensor"]
+        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise EntryError(f"plan: unknown dtype {dtype!r}")
+        # Meta tensors: the layout FX's passes read, no memory.
+        return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta")
+    if isinstance(obj, list):
+        return [_val_from_wire(v) for v in obj]
+    if obj is None or isinstance(obj, bool | int | float):
+        return obj
+    raise EntryError(f"plan: unknown value {obj!r:.80}")
+
+
+def graph_from_wire(obj: Any) -> fx.GraphModule:
+    """The graph module :func:`graph_to_wire` wrote, with the same node names
+    (so the regions partitioned from it have the same keys); raises
+    EntryError for anything else."""
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT \
+            or obj.get("version") != _VERSION:
+        raise EntryError("not a plan of this ltc_cache")
+    root = torch.nn.Module()
+    constants = obj.get("constants")
+    if not isinstance(constants, dict):
+        raise EntryError("plan: constants are not a map")
+    for name, wire in constants.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise EntryError(f"plan: constant name {name!r}")
+        root.register_buffer(name, tensor_from_wire(wire))
+    graph = fx.Graph()
+    nodes: dict[str, fx.Node] = {}
+    try:
+        for op, name, target, args, kwargs, val in obj["nodes"]:
+            if op not in ("placeholder", "call_function", "get_attr", "output"):
+                raise EntryError(f"plan: node kind {op!r}")
+            node = graph.create_node(op, _target_from_wire(op, target),
+                                     _value_from_wire(args, nodes),
+                                     {k: _value_from_wire(v, nodes) for k, v in kwargs},
+                                     name=name)
+            if node.name != name:
+                raise EntryError(f"plan: node name {name!r} is taken")
+            if val is not None:
+                node.meta["val"] = _val_from_wire(val)
+            nodes[name] = node
+        graph.lint()
+        gm = fx.GraphModule(root, graph)
+    except EntryError:
+        raise
+    except Exception as exc:  # a node list of the wrong shape
+        raise EntryError(f"plan: malformed graph ({type(exc).__name__}: {exc})") from None
+    gm.train(bool(obj.get("training")))
+    return gm

@@ -1,0 +1,217 @@
+"""Partitioning plans: AOTAutograd's inference graph stored as data, rebuilt
+node for node, refused when it would not run bare, and replaced when bad."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+import ltc_cache
+from ltc_cache import CacheConfig, GraphCache, LtcBackend
+from ltc_cache.entry import Entry, decode, encode
+from ltc_cache.errors import EntryError
+from ltc_cache.partition import decompositions
+from ltc_cache.plan import graph_from_wire, graph_to_wire
+from ltc_cache.store.ledger import is_entry_key
+
+
+@pytest.fixture(autouse=True)
+def dynamo_reset():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Mixed(torch.nn.Module):
+    """A tensor constant, a tuple-returning op read through getitem, keyword
+    arguments with a dtype, a device and a memory format, and ``sign``,
+    which LTC does not lower (so the graph is partitioned)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc(x)
+        values, index = h.max(dim=-1)
+        scale = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        ones = torch.ones(4, dtype=torch.float64, device=x.device)
+        out = (torch.sign(h) * scale + h).clone(memory_format=torch.contiguous_format)
+        return out.double() + ones, values + index
+
+
+class MutatesInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return torch.sign(x) + x.exp()
+
+
+class ReturnsItsInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sign(x) + x.exp(), x.view(-1)
+
+
+def inference_graph(model: torch.nn.Module, x: torch.Tensor):
+    """AOTAutograd's inference graph of ``model`` as the backend receives
+    it, and the flat inputs it takes."""
+    captured = {}
+
+    def compiler(gm, inputs):
+        captured["graph"] = gm
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        captured["inputs"] = list(example_inputs)
+        return aot_autograd(fw_compiler=compiler, inference_compiler=compiler,
+                            decompositions=decompositions())(gm, example_inputs)
+
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(x)
+    return captured["graph"], captured["inputs"]
+
+
+def round_trip(wire: dict) -> dict:
+    return msgpack.unpackb(msgpack.packb(wire, use_bin_type=True), raw=False)
+
+
+def test_a_plan_rebuilds_the_graph_node_for_node():
+    torch.manual_seed(0)
+    gm, inputs = inference_graph(Mixed().eval(), torch.randn(3, 4))
+    assert any(n.op == "get_attr" for n in gm.graph.nodes)  # the constant
+    rebuilt = graph_from_wire(round_trip(graph_to_wire(gm)))
+
+    # Same code, so the regions partitioned from it have the same keys.
+    assert rebuilt.code == gm.code
+    for old, new in zip(gm.graph.nodes, rebuilt.graph.nodes, strict=True):
+        if isinstance(old.meta.get("val"), torch.Tensor):
+            assert (new.meta["val"].dtype, new.meta["val"].shape, new.meta["val"].stride()) == \
+                (old.meta["val"].dtype, old.meta["val"].shape, old.meta["val"].stride())
+    with torch.no_grad():
+        for got, want in zip(rebuilt(*inputs), gm(*inputs), strict=True):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def _corrupt(wire: dict, how: str) -> dict:
+    nodes = wire["nodes"]
+    call = next(n for n in nodes if n[0] == "call_function")
+    if how == "unknown op":
+        call[2] = "aten.no_such_op.default"
+    elif how == "not an op":
+        call[2] = "builtins.eval"
+    elif how == "forward reference":
+        call[3] = {"tuple": [{"node": nodes[-1][1]}]}
+    elif how == "node kind":
+        call[0] = "call_method"
+    elif how == "dtype":
+        call[5] = {"tensor": ["no_such_dtype", [3], [1]]}
+    elif how == "constant bytes":
+        next(iter(wire["constants"].values()))["data"] = b"\0"
+    elif how == "argument":
+        call[3] = {"tuple": [{"lambda": "x"}]}
+    elif how == "format":
+        wire["version"] = 0
+    return wire
+
+
+@pytest.mark.parametrize("how", ["unknown op", "not an op", "forward reference", "node kind",
+                                 "dtype", "constant bytes", "argument", "format"])
+def test_a_bad_plan_is_an_entry_error(how):
+    gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
+    with pytest.raises(EntryError):
+        graph_from_wire(_corrupt(round_trip(graph_to_wire(gm)), how))
+
+
+def compile_and_check(model: torch.nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """A fresh backend (as in a new process) against eager, arguments
+    included; the counters it moved."""
+    torch._dynamo.reset()
+    before = ltc_cache.stats()
+    eager_x, compiled_x = x.clone(), x.clone()
+    with torch.no_grad():
+        want = model(eager_x)
+        got = torch.compile(model, backend=LtcBackend(GraphCache(CacheConfig.from_env())))(
+            compiled_x)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(compiled_x, eager_x, atol=0, rtol=0)
+    after = ltc_cache.stats()
+    return {name: after.get(name, 0) - before.get(name, 0)
+            for name in ("aot_graphs", "plan_hits", "traces", "errors")}
+
+
+def plans(directory) -> list[tuple[str, Entry]]:
+    store = GraphCache(CacheConfig.from_env()).store
+    found = []
+    for key in list(store.keys()):
+        if is_entry_key(key):
+            entry = decode(store.get(key), expected_key=key)
+            if entry.meta.get("kind") == "plan":
+                found.append((key, entry))
+    return found
+
+
+def test_a_warm_start_partitions_the_plan_without_aot_autograd(cache_dir):
+    torch.manual_seed(0)
+    model, x = Mixed().eval(), torch.randn(3, 4)
+    cold = compile_and_check(model, x)
+    assert cold["aot_graphs"] == 1 and cold["plan_hits"] == 0
+    assert len(plans(cache_dir)) == 1
+    warm = compile_and_check(model, x)
+    assert warm == {"aot_graphs": 0, "plan_hits": 1, "traces": 0, "errors": 0}
+
+
+def test_a_corrupt_plan_is_replaced_and_the_model_still_runs(cache_dir):
+    torch.manual_seed(0)
+    model, x = Mixed().eval(), torch.randn(3, 4)
+    compile_and_check(model, x)
+    [(key, entry)] = plans(cache_dir)
+    meta = dict(entry.meta, plan=dict(entry.meta["plan"], nodes="junk"))
+    GraphCache(CacheConfig.from_env()).store.put(key, encode(Entry(key, "", (), (), (), meta)))
+
+    with pytest.warns(RuntimeWarning, match="malformed graph"):
+        again = compile_and_check(model, x)
+    assert again["aot_graphs"] == 1 and again["plan_hits"] == 0 and again["errors"] == 1
+    [(_, replaced)] = plans(cache_dir)
+    graph_from_wire(replaced.meta["plan"])  # a good plan again
+    assert compile_and_check(model, x)["plan_hits"] == 1
+
+
+@pytest.mark.parametrize("model", [MutatesInput(), ReturnsItsInput()],
+                         ids=["mutates its input", "returns a view of its input"])
+def test_no_plan_where_aot_autograd_wraps_the_graph(cache_dir, model):
+    """AOTAutograd copies mutations back and regenerates aliases around such
+    graphs; a bare plan would lose that, so none is stored, and every
+    process runs AOTAutograd, with eager's results."""
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        assert compile_and_check(model, x)["aot_graphs"] == 1
+    assert plans(cache_dir) == []
+
+
+def test_verify_checks_a_plans_graph(cache_dir):
+    """``ltc-cache verify`` rebuilds each plan's graph: a plan that passes
+    its checksum but names an operator this torch lacks is reported."""
+    torch.manual_seed(0)
+    compile_and_check(Mixed().eval(), torch.randn(3, 4))
+    script = Path(sys.executable).with_name("ltc-cache")
+    good = subprocess.run([str(script), "--dir", str(cache_dir), "verify"],
+                          capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stdout + good.stderr
+
+    [(key, entry)] = plans(cache_dir)
+    plan = entry.meta["plan"]
+    call = next(n for n in plan["nodes"] if n[0] == "call_function")
+    call[2] = "aten.no_such_op.default"
+    store = GraphCache(CacheConfig.from_env()).store
+    store.put(key, encode(Entry(key, "", (), (), (), dict(entry.meta, plan=plan))))
+    store.close()
+    bad = subprocess.run([str(script), "--dir", str(cache_dir), "verify"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1
+    assert key[:12] in bad.stdout and "no_such_op" in bad.stdout
