@@ -27,7 +27,7 @@ from ltc_cache.entry import decode
 from ltc_cache.extract import Extraction
 from ltc_cache.keys import compute_key, module_tensors
 from ltc_cache.layout import Source
-from ltc_cache.rewrite import drop_dead_code, rewrite, views_for_copies
+from ltc_cache.rewrite import drop_dead_code, linears, rewrite, views_for_copies
 from ltc_cache.store import DiskStore
 
 # ---------------------------------------------------------------- models
@@ -157,6 +157,28 @@ class Attention(nn.Module):
         return out.squeeze(0), out[:, 0].unsqueeze(-1).expand(b, 8, 3)
 
 
+class Linears(nn.Module):
+    """Products with transposed weights, as ``linear`` replays them: with and
+    without a bias, on a 3-d input, a weight also read as a value and also
+    returned as a view, and an argument updated in place that a product
+    reads before and after the update."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 5)
+        self.nobias = nn.Linear(5, 3, bias=False)
+        self.w = nn.Parameter(torch.randn(3, 5))
+
+    def forward(self, x, y):
+        h = self.fc(x)
+        z = self.nobias(h)
+        s = h @ self.w.t() + self.w.sum()
+        before = self.fc(y)
+        y.mul_(2.0)
+        after = self.fc(y)
+        return z, s, self.fc.weight.t(), before, after, y
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "mlp": (Mlp, [(5, 6)]),
     "weight_view": (WeightView, [(3, 6)]),
@@ -167,6 +189,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "intermediate_views": (IntermediateViews, [(4, 4)]),
     "contiguous": (Contiguous, [(3, 4)]),
     "attention": (Attention, [(1, 5, 8)]),
+    "linears": (Linears, [(2, 3, 4), (6, 4)]),
 }
 
 
@@ -275,7 +298,7 @@ def test_every_model_matches_eager_cold_and_on_a_hit_in_another_process(cache_di
     # or an intermediate), and what is computed from a view is made
     # contiguous, as the copy left it.
     intermediate = results["intermediate_views"]["ir"]
-    assert "aten::t(" in intermediate  # the weight, read by addmm
+    assert "aten::linear(" in intermediate  # the weight, read by addmm through a view
     assert "aten::t_copy(" in intermediate and "aten::expand_copy(" in intermediate
     assert "aten::contiguous(" in results["contiguous"]["ir"]
     weight_view = results["weight_view"]["ir"]
@@ -284,6 +307,12 @@ def test_every_model_matches_eager_cold_and_on_a_hit_in_another_process(cache_di
     for copy_op in ("view_copy", "t_copy", "slice_copy", "unsqueeze_copy"):
         assert f"aten::{copy_op}(" in arg_aliases
     assert "aten::permute(" in arg_aliases  # read by an add, not returned
+    # Every product with a transposed weight is a linear; the transposed
+    # weight the graph returns stays a copy.
+    products = results["linears"]["ir"]
+    assert products.count("aten::linear(") == 5
+    assert "aten::mm(" not in products and "aten::addmm(" not in products
+    assert products.count("aten::t_copy(") == 1
 
 
 def test_the_stored_entry_holds_the_rewritten_ir(cache_dir):
@@ -428,6 +457,76 @@ def test_dead_nodes_and_unused_inputs_go_with_their_layout():
     assert drop_dead_code(graph, layout) == 4
     assert layout == [Source("arg", 0)]
     assert [n.kind() for n in graph.nodes()] == ["aten::neg"]
+
+
+LINEARS_IR = """graph(%x : Tensor, %w : Tensor, %b : Tensor, %b2 : Tensor, %v : Tensor):
+      %one : int = prim::Constant[value=1]()
+      %half : float = prim::Constant[value=0.5]()
+      %wt : Tensor = aten::t(%w)
+      %a : Tensor = aten::addmm(%b, %x, %wt, %one, %one)
+      %c : Tensor = aten::addmm(%b2, %x, %wt, %one, %one)
+      %d : Tensor = aten::mm(%x, %wt)
+      %e : Tensor = aten::addmm(%b, %x, %wt, %half, %one)
+      %vc : Tensor = aten::t_copy(%v)
+      %f : Tensor = aten::mm(%x, %vc)
+      %g : Tensor = aten::relu(%wt)
+      return (%a, %c, %d, %e, %f, %g)"""
+
+
+def _linears_args(requires_grad: bool = False) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(5, 4), (6, 4), (6,), (5, 6), (6, 4)]  # b2 is a full matrix
+    return [torch.randn(s, generator=gen).requires_grad_(requires_grad) for s in shapes]
+
+
+def test_products_with_a_transposed_weight_become_linears_bit_for_bit():
+    graph = torch._C.parse_ir(LINEARS_IR)
+    # %a, %c (a matrix bias) and %d; not %e (beta 0.5) nor %f (a t_copy).
+    assert linears(graph) == 3
+    kinds = [n.kind() for n in graph.nodes()]
+    assert kinds.count("aten::linear") == 3 and kinds.count("aten::addmm") == 1
+    assert kinds.count("aten::mm") == 1 and kinds.count("aten::t") == 1  # still read by relu
+    text = str(graph)
+    args = _linears_args()
+    with torch.no_grad():
+        expected = _function(LINEARS_IR)(*_linears_args())
+        actual = _function(text)(*args)
+    for a, e in zip(actual, expected, strict=True):
+        assert torch.equal(a, e)
+    assert len(storages(actual)) == len(actual) and not storages(actual) & storages(args)
+
+    # Under autograd, gradients too, up to the order in which the engine sums
+    # the contributions of the products (the transpose is no longer shared).
+    grads = []
+    for ir in (LINEARS_IR, text):
+        args = _linears_args(requires_grad=True)
+        outs = _function(ir)(*args)
+        torch.autograd.backward([o.sum() * (i + 1) for i, o in enumerate(outs)])
+        grads.append([a.grad for a in args])
+    for a, e in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+
+
+def test_a_linear_reads_the_weight_where_the_product_did():
+    # A graph that writes the weight between its transpose and the product:
+    # the view sees the write, and so must the linear that replaces it.
+    ir = """graph(%x : Tensor, %w : Tensor, %b : Tensor):
+      %one : int = prim::Constant[value=1]()
+      %two : float = prim::Constant[value=2.]()
+      %wt : Tensor = aten::t(%w)
+      %early : Tensor = aten::mm(%x, %wt)
+      %w2 : Tensor = aten::mul_(%w, %two)
+      %late : Tensor = aten::addmm(%b, %x, %wt, %one, %one)
+      return (%early, %late)"""
+    graph = torch._C.parse_ir(ir)
+    assert linears(graph) == 2
+    args = [torch.randn(3, 4), torch.randn(5, 4), torch.randn(5)]
+    copies = [a.clone() for a in args]
+    early, late = _function(str(graph))(*args)
+    x, w, b = copies
+    torch.testing.assert_close(early, x @ w.t(), rtol=0, atol=0)
+    torch.testing.assert_close(late, torch.addmm(b, x, (w * 2).t()), rtol=0, atol=0)
+    torch.testing.assert_close(args[1], w * 2, rtol=0, atol=0)
 
 
 def test_ir_that_cannot_be_rewritten_is_stored_as_traced():

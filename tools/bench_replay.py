@@ -3,15 +3,19 @@
     python tools/bench_replay.py                       # every section
     python tools/bench_replay.py --sections steady --models mlp32
     python tools/bench_replay.py --sections wrapper lookup memory
+    python tools/bench_replay.py --sections steady --clock cpu  # busy machine
 
 Sections:
 
 - ``steady``: one call of a cached graph against eager, the original
   ``torch._lazy.extract_compiled_graph`` replay and Inductor, on a 32-block
   and a 128-block MLP and a torch.nn.TransformerEncoder; with what each
-  rewrite of the stored IR bought (the IR as traced, views only, all
-  rewrites) and, where the ``ltc_cache`` backend is installed, the same
-  graph through ``torch.compile``;
+  rewrite of the stored IR bought (the IR as traced, views only, scalars
+  and dead code, all rewrites) and, where the ``ltc_cache`` backend is
+  installed, the same graph through ``torch.compile``; and the floor no
+  rewrite of the IR can pass: the stored graph's compute kernels (every
+  node but views, copies and constants), each timed alone on inputs laid
+  out as in the graph, summed;
 - ``executor``: the first calls and steady calls of one graph function with
   the TorchScript executor's optimisation off around every call (what
   replay does), off around the first call only, and on;
@@ -138,19 +142,20 @@ class Timing:
 
 
 def interleaved(variants: dict[str, Callable[[], Any]], *, rounds: int, calls: int,
-                warmup: int = 3) -> dict[str, Timing]:
+                warmup: int = 3, clock: Callable[[], float] = time.perf_counter
+                ) -> dict[str, Timing]:
     """Time each variant in ``rounds`` rounds of ``calls`` calls, one round of
-    every variant after the other."""
+    every variant after the other, by ``clock``."""
     for fn in variants.values():
         for _ in range(warmup):
             fn()
     timings = {name: Timing() for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
-            start = time.perf_counter()
+            start = clock()
             for _ in range(calls):
                 fn()
-            timings[name].rounds.append((time.perf_counter() - start) / calls)
+            timings[name].rounds.append((clock() - start) / calls)
     return timings
 
 
@@ -180,22 +185,28 @@ def compiled_from(extraction: Any, gm: fx.GraphModule) -> Any:
 
 def rewritten(extraction: Any, *steps: Callable[..., int]) -> Any:
     """``extraction`` with only the rewrite functions ``steps`` applied."""
-    from ltc_cache.rewrite import views_for_copies
+    from ltc_cache.rewrite import bool_list_constants, linears, views_for_copies
 
     graph = torch._C.parse_ir(extraction.ir, parse_tensor_constants=True)
     inputs = list(extraction.inputs)
     for step in steps:
-        if step is views_for_copies:
+        if step in (views_for_copies, linears, bool_list_constants):  # the graph alone
             step(graph)
         else:
             step(graph, inputs)
     return dataclasses.replace(extraction, ir=str(graph), inputs=tuple(inputs))
 
 
-def steady(name: str, width: int, rounds: int, inductor: bool) -> tuple[str, dict[str, float]]:
+def steady(name: str, width: int, rounds: int, inductor: bool,
+           clock: Callable[[], float] = time.perf_counter) -> tuple[str, dict[str, float]]:
     from ltc_cache import CacheConfig, GraphCache
     from ltc_cache.extract import trace
-    from ltc_cache.rewrite import views_for_copies
+    from ltc_cache.rewrite import (
+        bool_list_constants,
+        drop_dead_code,
+        fold_scalars,
+        views_for_copies,
+    )
     from ltc_cache.store import MemoryStore
 
     model, example = build(name, width)
@@ -214,14 +225,17 @@ def steady(name: str, width: int, rounds: int, inductor: bool) -> tuple[str, dic
 
         as_traced = compiled_from(traced, gm)
         views = compiled_from(rewritten(traced, views_for_copies), gm)
+        scalars = compiled_from(rewritten(traced, views_for_copies, fold_scalars,
+                                          bool_list_constants, drop_dead_code), gm)
         variants["ltc_cache, IR as traced"] = lambda: as_traced(*example)
         variants["ltc_cache, + views"] = lambda: views(*example)
+        variants["ltc_cache, + scalars, dead code"] = lambda: scalars(*example)
 
         cache = GraphCache(CacheConfig.from_env({"LTC_CACHE_DIR": tempfile.gettempdir()}),
                            store=MemoryStore())
         compiled = cache.extract_compiled_graph(gm, example)
-        variants["ltc_cache (+ scalars, dead code)"] = lambda: compiled(*example)
-        for variant in (as_traced, views, compiled):
+        variants[FINAL] = lambda: compiled(*example)
+        for variant in (as_traced, views, scalars, compiled):
             torch.testing.assert_close(variant(*example)[0], expected, rtol=1e-4, atol=1e-5)
         notes.append(f"graph nodes {_nodes(traced.ir)} -> {_nodes(compiled.entry.ir)}, "
                      f"inputs {len(traced.inputs)} -> {len(compiled.entry.inputs)}, "
@@ -244,18 +258,87 @@ def steady(name: str, width: int, rounds: int, inductor: bool) -> tuple[str, dic
             variants["Inductor"] = lambda: induct(*example)
 
         calls = max(3, int(0.05 / _one_call(variants["eager"])))
-        timings = interleaved(variants, rounds=rounds, calls=calls)
+        timings = interleaved(variants, rounds=rounds, calls=calls, clock=clock)
+        floor, whole, by_op = kernel_floor(compiled, gm, example, rounds=rounds, calls=calls)
 
     eager, original_t = timings["eager"], timings["original replay"]
     rows = [["variant", "per call (median)", "best", "vs eager", "vs original replay"]]
     for variant, t in timings.items():
         rows.append([variant, ms(t.median), ms(t.best), ratio(t, eager), ratio(t, original_t)])
-    ours = timings["ltc_cache (+ scalars, dead code)"]
+    ours = timings[FINAL]
+    # The floor as a share of our graph's time measured beside it, times our
+    # ratio to the original from the interleaved rounds.
+    floor_vs_original = floor / whole * ours.median / original_t.median
     summary = {"vs_eager": ours.median / eager.median,
-               "vs_original": ours.median / original_t.median}
+               "vs_original": ours.median / original_t.median,
+               "floor_vs_original": floor_vs_original}
+    kernels = ", ".join(f"{n} {op.removeprefix('aten::')}" for op, n in by_op)
+    notes.append(f"compute kernels (the floor; {kernels}): {ms(floor)} CPU, "
+                 f"{floor / whole:.2f} of the stored graph's best CPU time beside it "
+                 f"({ms(whole)}), so {floor_vs_original:.2f}x the original replay")
     text = (f"### {name} (width {width}; {rounds} rounds of {calls} calls)\n\n"
             f"{table(rows)}\n\n" + "; ".join(notes))
     return text, summary
+
+
+FINAL = "ltc_cache (+ linear: every rewrite)"
+
+# Nodes that are not compute kernels: views (reshape may copy, and the floor
+# leaves that copy out too), the contiguous made for an output, constants
+# and containers.
+_NOT_KERNELS = ("aten::t", "aten::reshape", "aten::view", "aten::transpose", "aten::permute",
+                "aten::select", "aten::slice", "aten::squeeze", "aten::unsqueeze",
+                "aten::expand", "aten::detach", "aten::alias", "aten::narrow",
+                "aten::diagonal", "aten::unfold", "aten::contiguous")
+
+
+def kernel_floor(compiled: Any, gm: fx.GraphModule, example: list[torch.Tensor], *,
+                 rounds: int, calls: int) -> tuple[float, float, list[tuple[str, int]]]:
+    """What the stored graph's compute kernels cost inside it: every node but
+    views (and the copies ``reshape`` makes), ``contiguous``, constants and
+    containers. The graph is timed against a copy of itself in which each
+    such node runs twice, the second time on the same inputs with its result
+    dropped at once (its ``dim`` is all that is kept), in interleaved
+    rounds; the difference is the kernels' cost with their allocations and
+    interpreter steps, measured on warm inputs, so a lower bound for any
+    replay that runs the same kernels. Timed in this thread's CPU time,
+    which time lost to other processes on a busy machine does not inflate.
+    Returns the best CPU seconds per call of the kernels and of the whole
+    graph, and the count of each op counted."""
+    from ltc_cache.keys import module_tensors
+
+    live = module_tensors(gm)
+    inputs = [example[s.ref] if s.kind == "arg" else live[s.ref] if s.kind == "attr" else s.ref
+              for s in compiled.entry.inputs]
+    graph = torch._C.parse_ir(compiled.entry.ir)
+    kept, counted = [], {}
+    for node in list(graph.nodes()):
+        if node.kind().startswith("prim::") or node.kind() in _NOT_KERNELS:
+            continue
+        counted[node.kind()] = counted.get(node.kind(), 0) + 1
+        twin = graph.create(node.kind(), list(node.inputs()), node.outputsSize())
+        twin.insertAfter(node)
+        for old, new in zip(node.outputs(), twin.outputs(), strict=True):
+            new.setType(old.type())
+        for out in twin.outputs():
+            if isinstance(out.type(), torch._C.TensorType):
+                dim = graph.create("aten::dim", [out], 1)
+                dim.insertAfter(twin)
+                dim.output().setType(torch._C.IntType.get())
+                kept.append(dim.output())
+    with graph.insert_point_guard(graph.return_node()):
+        dims = graph.insertNode(graph.create("prim::ListConstruct", kept, 1))
+    dims.output().setType(torch._C.ListType(torch._C.IntType.get()))
+    graph.registerOutput(dims.output())
+    graph.makeMultiOutputIntoTuple()
+    twice = torch._C._create_function_from_graph("kernels_twice", graph)
+    once = compiled._fn
+    timings = interleaved({"once": _without_optimize(lambda: once(*inputs)),
+                           "twice": _without_optimize(lambda: twice(*inputs))},
+                          rounds=rounds, calls=calls, clock=time.thread_time)
+    ordered = sorted(counted.items(), key=lambda kv: -kv[1])
+    # Best rounds: the difference of two medians swings with the load.
+    return timings["twice"].best - timings["once"].best, timings["once"].best, ordered
 
 
 def _nodes(ir: str) -> int:
@@ -483,13 +566,21 @@ sys.path.insert(0, sys.argv[1] + "/tools")
 from bench_replay import build
 model, example = build("mlp128", width)
 gm = fx.symbolic_trace(model)
-def peak():
+def status():
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent
     # across fork and exec, so a child of a big process would report its size.
+    # RssAnon is the process's own memory; RssFile the pages of mapped files
+    # (libraries) it touched, shared with other processes mapping them.
+    fields = {}
     for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+        name, _, value = line.partition(":")
+        if name in ("VmHWM", "RssAnon", "RssFile"):
+            fields[name] = int(value.split()[0]) * 1024
+    return fields
+def peak():
+    return status()["VmHWM"]
 before = imported = extracted = peak()
+stats = {}
 with torch.no_grad():
     if mode == "eager":
         run = model
@@ -498,10 +589,16 @@ with torch.no_grad():
         imported = peak()
         run = ltc_cache.extract_compiled_graph(gm, example)
         extracted = peak()
-    for _ in range(20):
+    run(*example)
+    first = peak()
+    for _ in range(19):
         run(*example)
+    if mode != "eager":
+        stats = ltc_cache.stats()
+end = status()
 print(json.dumps({"before": before, "imported": imported, "extracted": extracted,
-                  "peak": peak()}))
+                  "first": first, "peak": end["VmHWM"], "anon": end["RssAnon"],
+                  "file": end["RssFile"], "stats": stats}))
 """
 
 
@@ -509,10 +606,12 @@ def memory(width: int, repeats: int) -> str:
     from ltc_cache.store import DiskStore
 
     rows = [["process", "peak RSS (median)", "after building the model", "growth",
-             "of which: import ltc_cache", "the hit", "20 calls"]]
+             "of which: import ltc_cache", "the hit", "first call", "19 more calls",
+             "at the end: anonymous", "mapped files"]]
     with tempfile.TemporaryDirectory(prefix="ltc-bench-mem-") as tmp:
         env = dict(os.environ, LTC_CACHE_DIR=tmp)
-        _memory_child("warm", width, env)  # fills the cache
+        filled = _memory_child("warm", width, env)  # fills the cache
+        assert filled["stats"]["stores"] == 1, filled
         store = DiskStore(Path(tmp))
         stored = sum(len(store.get(k) or b"") for k in store.keys())  # noqa: SIM118
         store.close()
@@ -520,18 +619,24 @@ def memory(width: int, repeats: int) -> str:
         for _ in range(repeats):
             for mode in results:
                 results[mode].append(_memory_child(mode, width, env))
-    fields = ("before", "imported", "extracted", "peak")
+    # A warm process that traced would measure something else.
+    assert all(r["stats"]["hits"] == 1 and r["stats"]["traces"] == 0
+               for r in results["warm"]), results["warm"]
+    fields = ("before", "imported", "extracted", "first", "peak", "anon", "file")
     med = {m: {k: statistics.median(r[k] for r in rs) for k in fields}
            for m, rs in results.items()}
     for mode in ("eager", "warm"):
         m = med[mode]
         rows.append([f"{mode} (mlp128, 20 calls)", _mb(m["peak"]), _mb(m["before"]),
                      _mb(m["peak"] - m["before"]), _mb(m["imported"] - m["before"]),
-                     _mb(m["extracted"] - m["imported"]), _mb(m["peak"] - m["extracted"])])
+                     _mb(m["extracted"] - m["imported"]), _mb(m["first"] - m["extracted"]),
+                     _mb(m["peak"] - m["first"]), _mb(m["anon"]), _mb(m["file"])])
     budget = med["eager"]["peak"] + stored
     return ("### Peak RSS of a warm process against eager\n\n" + table(rows) +
             f"\n\nstored entries: {_mb(stored)}; warm peak - (eager peak + stored) = "
-            f"{_mb(med['warm']['peak'] - budget)}")
+            f"{_mb(med['warm']['peak'] - budget)} (anonymous "
+            f"{_mb(med['warm']['anon'] - med['eager']['anon'])}, mapped files "
+            f"{_mb(med['warm']['file'] - med['eager']['file'])} over eager's at the end)")
 
 
 def _memory_child(mode: str, width: int, env: dict[str, str]) -> dict:
@@ -549,6 +654,9 @@ def _mb(n: float) -> str:
 # ------------------------------------------------------------------- main
 
 
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["steady", "executor", "wrapper",
@@ -559,13 +667,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--entries", type=int, nargs="+", default=[1, 1000, 10000])
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="steady state in wall time, or in this thread's CPU time, which "
+                        "time lost to other processes on a busy machine does not inflate")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gc.collect()
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs\n")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs, "
+          f"steady state in {args.clock} time, load average {os.getloadavg()[0]:.2f}\n")
     if "steady" in args.sections:
         for name in args.models:
-            text, summary = steady(name, args.width, args.rounds, not args.no_inductor)
+            text, summary = steady(name, args.width, args.rounds, not args.no_inductor,
+                                   CLOCKS[args.clock])
             print(text, f"\n\nsummary {name}: {json.dumps(summary)}\n", flush=True)
     if "executor" in args.sections:
         print(executor("mlp128", args.width, args.rounds), "\n", flush=True)
