@@ -22,13 +22,14 @@ from .config import CacheConfig
 from .diagnostics import counters, warn_once
 from .entry import Entry, check_layout, decode, encode, new_meta
 from .errors import EntryError, LockTimeout, UncacheableGraph
-from .extract import trace
 from .keys import CacheKey, compute_key, module_tensors
-from .names import explain_miss, remember_name
 from .replay import CompiledGraph, GraphFunction, build_function, count_nodes
-from .rewrite import rewrite
 from .store import DiskStore, RedisStore, Store, TieredStore
 from .store.safety import UnsafeDirectory, is_write_failure
+
+# Tracing (extract, rewrite: torch._lazy with them) and miss reports (names)
+# are imported where a miss needs them: a warm process never does, and they
+# cost it ~0.2 MiB of peak RSS (BENCHMARKS.md, memory).
 
 __all__ = ["GraphCache", "default_cache", "extract_compiled_graph", "stats"]
 
@@ -138,6 +139,8 @@ class GraphCache:
                 if built is None:
                     self._count("misses", key.digest)
                     graph_name = name or type(model).__name__
+                    from .names import explain_miss
+
                     logger.info("miss %s (%s): %s", key.digest[:12], graph_name,
                                 explain_miss(store, key, graph_name))
                     try:
@@ -187,6 +190,9 @@ class GraphCache:
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None) -> tuple[Entry, GraphFunction | None]:
         self._count("traces", key.digest if key else None)
+        from .extract import trace
+        from .rewrite import rewrite
+
         # Rewritten once here, so every process that loads the entry gains.
         extraction = rewrite(trace(model, example_inputs))
         function = build_function(extraction.ir)
@@ -256,6 +262,8 @@ class GraphCache:
 
     def _remember_name(self, store: Store, key: CacheKey, graph_name: str) -> None:
         if not self._readonly:
+            from .names import remember_name
+
             remember_name(store, key, graph_name)
 
     @contextlib.contextmanager

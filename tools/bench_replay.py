@@ -633,7 +633,7 @@ def memory(width: int, repeats: int) -> str:
                      _mb(m["peak"] - m["first"]), _mb(m["anon"]), _mb(m["file"])])
     budget = med["eager"]["peak"] + stored
     return ("### Peak RSS of a warm process against eager\n\n" + table(rows) +
-            f"\n\nstored entries: {_mb(stored)}; warm peak - (eager peak + stored) = "
+            f"\n\nstored entries: {stored / 1024:,.0f} KiB; warm peak - (eager peak + stored) = "
             f"{_mb(med['warm']['peak'] - budget)} (anonymous "
             f"{_mb(med['warm']['anon'] - med['eager']['anon'])}, mapped files "
             f"{_mb(med['warm']['file'] - med['eager']['file'])} over eager's at the end)")

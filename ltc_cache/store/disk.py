@@ -17,10 +17,9 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import diskcache
-import filelock
 
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, LockTimeout
@@ -37,6 +36,9 @@ from .safety import (
     replace_index,
     value_file_problem,
 )
+
+if TYPE_CHECKING:
+    import filelock
 
 __all__ = ["DiskStore", "ensure_private_dir"]
 
@@ -269,6 +271,10 @@ class DiskStore(Store):
         if self.readonly:  # no lock files: nothing is traced into this directory
             yield None
             return
+        # Imported here: a process that only reads (a warm start) never
+        # locks, and filelock's ~20 modules cost ~0.5 MiB (BENCHMARKS.md).
+        import filelock
+
         lock = filelock.FileLock(str(self._locks / f"{key}.lock"), timeout=timeout)
         try:
             lock.acquire()

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import diskcache
-import filelock
 
 from ..errors import EntryError
 
@@ -221,6 +220,8 @@ def replace_index(entries: Path, locks: Path, seen: tuple[int, int] | None) -> b
     rename (other processes see the old index or none, never half of one),
     made under a lock so two processes that notice at once replace it once.
     """
+    import filelock  # here: a warm process never replaces an index (store/disk.py, lock)
+
     with filelock.FileLock(str(locks / ".index.lock"), timeout=60):
         if seen is None or directory_id(entries) != seen:
             return False
