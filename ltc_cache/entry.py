@@ -9,6 +9,7 @@ shape; the body is only decoded once its checksum holds.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import hmac
 import math
@@ -53,15 +54,15 @@ class Entry:
     def created(self) -> float:
         return float(self.meta.get("created", 0.0))
 
-    @property
+    @functools.cached_property
     def sources(self) -> tuple[Source, ...]:
         """Every source the entry names: inputs, outputs, update targets."""
         return (*self.inputs, *self.outputs, *(u.target for u in self.updates))
 
-    @property
-    def attr_paths(self) -> set[str]:
+    @functools.cached_property  # read by the entry check and the binding of a hit
+    def attr_paths(self) -> frozenset[str]:
         """The module tensors a replay binds."""
-        return {s.ref for s in self.sources if s.kind == "attr"}
+        return frozenset(s.ref for s in self.sources if s.kind == "attr")
 
 
 def new_meta(*, graph_name: str, node_count: int, graph_hash: str,
