@@ -35,7 +35,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .cache import GraphCache, default_cache
 from .diagnostics import counters, warn_once
-from .entry import Entry, new_meta
 from .errors import EntryError, UncacheableGraph
 from .keys import CacheKey, compute_key
 
@@ -268,7 +267,7 @@ class LtcBackend:
                    cache: GraphCache) -> Callable[..., Any]:
         """Partitioned inference: from the stored plan where there is one,
         else through AOTAutograd, which stores the plan it makes."""
-        from .plan import graph_from_wire, plan_key
+        from .plan import plan_graph, plan_key
 
         try:
             key = plan_key(compute_key(gm, example_inputs))
@@ -277,7 +276,7 @@ class LtcBackend:
         entry = cache.lookup_entry(key)
         if entry is not None:
             try:
-                planned = graph_from_wire(entry.meta.get("plan"))
+                planned = plan_graph(entry)
             except EntryError as exc:
                 cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
             else:
@@ -292,7 +291,7 @@ class LtcBackend:
                     cache: GraphCache, key: CacheKey) -> None:
         from torch._guards import TracingContext
 
-        from .plan import PlanError, graph_to_wire, runs_bare
+        from .plan import PlanError, plan_entry, runs_bare
 
         context = TracingContext.try_get()
         metadata = context.fw_metadata if context is not None else None
@@ -303,14 +302,11 @@ class LtcBackend:
             return
         try:
             with _disable_current_modes():  # the constants are real tensors
-                wire = graph_to_wire(graph)
+                entry = plan_entry(graph, key, f"{name}.plan")
         except PlanError as exc:
             logger.info("%s: no plan stored (%s)", name, exc)
             return
-        meta = new_meta(graph_name=f"{name}.plan", node_count=len(graph.graph.nodes),
-                        graph_hash="", key_parts=key.parts)
-        meta.update(kind="plan", plan=wire)
-        cache.store_entry(Entry(key.digest, "", (), (), (), meta), key)
+        cache.store_entry(entry, key)
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
              cache: GraphCache, *, plan: CacheKey | None = None) -> Callable[..., Any]:

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from .entry import tensor_from_wire, tensor_to_wire
+from .entry import Entry, new_meta, tensor_from_wire, tensor_to_wire
 from .errors import EntryError
 from .keys import CacheKey, derived_key
 
-__all__ = ["FORMAT", "PlanError", "graph_from_wire", "graph_to_wire", "plan_key", "runs_bare"]
+__all__ = ["FORMAT", "PlanError", "graph_from_wire", "graph_to_wire", "plan_entry", "plan_graph",
+           "plan_key", "runs_bare"]
 
 FORMAT = "ltc_cache.plan"
 _VERSION = 1
@@ -60,6 +61,20 @@ def plan_key(key: CacheKey) -> CacheKey:
 
     source = Path(partition.__file__).read_bytes()
     return derived_key(key, plan=f"{FORMAT}:{_VERSION}:{hashlib.sha256(source).hexdigest()}")
+
+
+def plan_entry(graph: fx.GraphModule, key: CacheKey, graph_name: str) -> Entry:
+    """The entry of kind ``plan`` that holds ``graph``; raises
+    :class:`PlanError` for a graph a plan cannot hold."""
+    meta = new_meta(graph_name=graph_name, node_count=len(graph.graph.nodes), graph_hash="",
+                    key_parts=key.parts)
+    meta.update(kind="plan", plan=graph_to_wire(graph))
+    return Entry(key.digest, "", (), (), (), meta)
+
+
+def plan_graph(entry: Entry) -> fx.GraphModule:
+    """The graph a plan entry holds; raises EntryError for a bad one."""
+    return graph_from_wire(entry.meta.get("plan"))
 
 
 def runs_bare(metadata: Any, example_inputs: Sequence[Any]) -> bool:

@@ -118,12 +118,12 @@ with torch.no_grad():
         report["ms"] = (clock() - wall) * 1e3
         report["cpu_ms"] = (t - start) * 1e3
         report["stages"] = stages
-    elif mode in ("compile-ltc", "compile-inductor"):
+    elif mode in ("compile-ltc", "compile-inductor", "compile-eager"):
         if mode == "compile-inductor":
             import torch._functorch.config, torch._inductor.config
             torch._inductor.config.fx_graph_cache = True
             torch._functorch.config.enable_autograd_cache = True
-        else:  # time the backend's own part (key, lookup, parse; first call apart)
+        elif mode == "compile-ltc":  # the backend's own part (key, lookup, parse)
             backend_ms = []
             call = ltc_cache.dynamo.LtcBackend.__call__
             def timed(self, *args, **kwargs):
@@ -133,8 +133,9 @@ with torch.no_grad():
                 finally:
                     backend_ms.append((clock() - t) * 1e3)
             ltc_cache.dynamo.LtcBackend.__call__ = timed
-        compiled = torch.compile(model, backend="ltc_cache" if mode == "compile-ltc"
-                                 else "inductor")
+        # backend="eager": Dynamo's capture alone, which every backend pays.
+        compiled = torch.compile(model, backend=mode.removeprefix("compile-").replace(
+            "ltc", "ltc_cache"))
         start, cpu = clock(), time.process_time()
         compiled(*example)
         report["ms"] = (clock() - start) * 1e3
@@ -228,7 +229,8 @@ def compile_section(model: str, width: int, repeats: int) -> str:
                    TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
         cold = {"compile-ltc": [child("compile-ltc", model, width, env)],
                 "compile-inductor": [child("compile-inductor", model, width, env)]}
-        runs: dict[str, list[dict]] = {"compile-ltc": [], "compile-inductor": []}
+        runs: dict[str, list[dict]] = {"compile-ltc": [], "compile-inductor": [],
+                                       "compile-eager": []}
         for _ in range(repeats):
             for mode in runs:
                 runs[mode].append(child(mode, model, width, env))
@@ -237,6 +239,7 @@ def compile_section(model: str, width: int, repeats: int) -> str:
     ltc, inductor = summary(runs["compile-ltc"]), summary(runs["compile-inductor"])
     ltc_cpu = summary(runs["compile-ltc"], "cpu_ms")
     inductor_cpu = summary(runs["compile-inductor"], "cpu_ms")
+    dynamo, dynamo_cpu = summary(runs["compile-eager"]), summary(runs["compile-eager"], "cpu_ms")
     rows = [["torch.compile, first call", "cold (one run)", "warm median", "warm best",
              "warm CPU median"]]
     for name, mode, (med, best), (cpu, _) in (
@@ -245,13 +248,16 @@ def compile_section(model: str, width: int, repeats: int) -> str:
              inductor_cpu)):
         rows.append([name, f"{cold[mode][0]['ms']:,.0f} ms", f"{med:,.0f} ms",
                      f"{best:,.0f} ms", f"{cpu:,.0f} ms"])
+    rows.append(['Dynamo alone (backend="eager")', "-", f"{dynamo[0]:,.0f} ms",
+                 f"{dynamo[1]:,.0f} ms", f"{dynamo_cpu[0]:,.0f} ms"])
     backend = statistics.median(r["backend_ms"] for r in runs["compile-ltc"])
     return (f"### Warm start through torch.compile, {model} (width {width}), "
             f"{repeats} fresh processes each\n\n{table(rows)}\n\n"
             f"of the ltc_cache warm start, the backend (key, lookup, parse, bind) took "
             f"{backend:,.0f} ms (median), the rest is Dynamo and the first call; "
             f"ltc_cache / Inductor, warm: {ltc[0] / inductor[0]:.2f}x median "
-            f"({ltc[1] / inductor[1]:.2f}x best; CPU {ltc_cpu[0] / inductor_cpu[0]:.2f}x)")
+            f"({ltc[1] / inductor[1]:.2f}x best; CPU {ltc_cpu[0] / inductor_cpu[0]:.2f}x); "
+            f"Dynamo alone / Inductor, warm: {dynamo[0] / inductor[0]:.2f}x median")
 
 
 def main() -> None:

@@ -77,7 +77,7 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
     stored under its own key, and its IR (or a plan's graph) parses."""
     import torch
 
-    from ..plan import graph_from_wire
+    from ..plan import plan_graph
 
     checked, problems = 0, []
     for key in keys:
@@ -89,7 +89,7 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
             if entry.ir:
                 torch._C.parse_ir(entry.ir)
             if entry.meta.get("kind") == "plan":
-                graph_from_wire(entry.meta.get("plan"))
+                plan_graph(entry)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))
         except RuntimeError as exc:  # parse_ir
