@@ -251,7 +251,12 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
                for name, value in sorted(dict(meta.get("key_parts") or {}).items())]
     fields += [(name, str(value)) for name, value in sorted(meta.items())
                if name not in {"graph_name", "kind", "node_count", "created", "torch_version",
-                               "graph_hash", "key_parts"}]
+                               "graph_hash", "key_parts", "plan"}]
+    if isinstance(meta.get("plan"), dict):  # an aten graph: its size here, whole in --json
+        plan = meta["plan"]
+        fields.append(("Plan", f"{len(plan.get('nodes') or ())} nodes, "
+                               f"{len(plan.get('constants') or ())} tensor constants "
+                               "(the graph: --json)"))
     width = max(len(name) for name, _ in fields)
     lines = [f"{name:<{width}}  {value}" for name, value in fields]
     lines += ["", f"Inputs ({len(inputs)}), in graph parameter order:"]

@@ -195,8 +195,9 @@ def test_no_plan_where_aot_autograd_wraps_the_graph(cache_dir, model):
 
 
 def test_verify_checks_a_plans_graph(cache_dir):
-    """``ltc-cache verify`` rebuilds each plan's graph: a plan that passes
-    its checksum but names an operator this torch lacks is reported."""
+    """``ltc-cache show`` sums a plan up; ``ltc-cache verify`` rebuilds each
+    plan's graph: a plan that passes its checksum but names an operator this
+    torch lacks is reported."""
     torch.manual_seed(0)
     compile_and_check(Mixed().eval(), torch.randn(3, 4))
     script = Path(sys.executable).with_name("ltc-cache")
@@ -205,6 +206,13 @@ def test_verify_checks_a_plans_graph(cache_dir):
     assert good.returncode == 0, good.stdout + good.stderr
 
     [(key, entry)] = plans(cache_dir)
+    shown = subprocess.run([str(script), "--dir", str(cache_dir), "show", key[:12]],
+                           capture_output=True, text=True, timeout=300)
+    # A summary of the graph, not a dump of its nodes.
+    nodes = len(entry.meta["plan"]["nodes"])
+    assert "Plan " in shown.stdout and f"{nodes} nodes, 1 tensor constants" in shown.stdout
+    assert "placeholder" not in shown.stdout
+
     plan = entry.meta["plan"]
     call = next(n for n in plan["nodes"] if n[0] == "call_function")
     call[2] = "aten.no_such_op.default"
