@@ -3,6 +3,7 @@ node for node, refused when it would not run bare, and replaced when bad."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,18 @@ def test_verify_checks_a_plans_graph(cache_dir):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1
     assert key[:12] in bad.stdout and "no_such_op" in bad.stdout
+
+
+def test_a_read_only_cache_serves_its_plan_and_writes_nothing(cache_dir, monkeypatch):
+    torch.manual_seed(0)
+    model, x = Mixed().eval(), torch.randn(3, 4)
+    compile_and_check(model, x)
+    torch._dynamo.reset()
+    gc.collect()  # the writing process is gone, as a read-only server would find it
+    before = {p: p.read_bytes() for p in cache_dir.rglob("*") if p.is_file()}
+
+    monkeypatch.setenv("LTC_CACHE_READONLY", "1")
+    warm = compile_and_check(model, x)
+    assert warm == {"aot_graphs": 0, "plan_hits": 1, "traces": 0, "errors": 0}
+    after = {p: p.read_bytes() for p in cache_dir.rglob("*") if p.is_file()}
+    assert after == before
