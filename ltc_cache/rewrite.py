@@ -226,10 +226,16 @@ def _replace_with_view(graph: torch._C.Graph, node: torch._C.Node,
     if new is None or new.name != target or new.arg_types != old.arg_types:
         view.destroy()
         return None
-    view.output().setType(node.output().type())
-    node.output().replaceAllUsesWith(view.output())
-    node.destroy()
+    _take_place(node, view.output())
     return view
+
+
+def _take_place(node: torch._C.Node, value: torch._C.Value) -> None:
+    """``value`` stands in for ``node``'s single output, with its type, and
+    ``node`` goes."""
+    value.setType(node.output().type())
+    node.output().replaceAllUsesWith(value)
+    node.destroy()
 
 
 # Ops that unwrap a one-element tensor into a number, and which dtypes each
@@ -349,9 +355,7 @@ def bool_list_constants(graph: torch._C.Graph) -> int:
         with graph.insert_point_guard(node):
             items = [graph.insertConstant(bool(v)) for v in values]
             construct = graph.insertNode(graph.create("prim::ListConstruct", items, 1))
-        construct.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(construct.output())
-        node.destroy()
+        _take_place(node, construct.output())
         rebuilt += 1
     return rebuilt
 
@@ -403,9 +407,7 @@ def linears(graph: torch._C.Graph) -> int:
         if made is None or made.name != "aten::linear":  # not expected: all are tensors
             linear.destroy()
             continue
-        linear.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(linear.output())
-        node.destroy()
+        _take_place(node, linear.output())
         replaced += 1
     return replaced
 
