@@ -20,6 +20,17 @@ def fresh_process_counters():
 
 
 @pytest.fixture
+def dynamo_reset():
+    """No compiled frame carried in or out of a torch.compile test: each one
+    compiles afresh, as a new process would."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def cache_dir(tmp_path, monkeypatch) -> Path:
     """A fresh LTC_CACHE_DIR for this test, for this process and its children."""
     directory = tmp_path / "ltc"

@@ -22,11 +22,7 @@ from ltc_cache.partition import OpSupport, support_record_key
 torch.manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def dynamo_reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset")
 
 
 class MLP(torch.nn.Module):

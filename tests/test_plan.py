@@ -22,12 +22,7 @@ from ltc_cache.partition import decompositions
 from ltc_cache.plan import graph_from_wire, graph_to_wire
 from ltc_cache.store.ledger import is_entry_key
 
-
-@pytest.fixture(autouse=True)
-def dynamo_reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("dynamo_reset")
 
 
 class Mixed(torch.nn.Module):
