@@ -1,22 +1,44 @@
+"""What the test files share: fresh counters, a cache directory, child
+processes, a private redis-server."""
+
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import redis
 
 TESTS = Path(__file__).parent
 
 
 @pytest.fixture(autouse=True)
-def fresh_process_counters():
-    """Each test sees its own warnings and counts, as a new process would."""
+def fresh_process_counters() -> Iterator[None]:
+    """Each test sees its own warnings and counts, as a new process would,
+    and leaves none to the next."""
     from ltc_cache.diagnostics import counters
 
     counters.reset()
+    yield
+    counters.reset()
+
+
+def delta(before: dict[str, int]) -> dict[str, int]:
+    """This process's counts since ``before`` (an earlier ``ltc_cache.stats()``)."""
+    import ltc_cache
+
+    return {k: v - before.get(k, 0) for k, v in ltc_cache.stats().items()}
 
 
 @pytest.fixture
@@ -54,3 +76,75 @@ def run_child(*args: str, env: dict[str, str] | None = None, timeout: float = 30
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- a private redis-server (tests/test_redis.py) ----------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A private redis-server: free port, its own directory, no persistence."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        import redis
+
+        return redis.Redis.from_url(self.url)
+
+    def start(self) -> None:
+        for _ in range(3):  # another program may take the free port first
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--dir", str(self.directory), "--save", "", "--appendonly", "no",
+                 "--daemonize", "no"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            log = []
+            # The server says when it listens; read its log up to that line.
+            for line in self.proc.stdout:
+                log.append(line)
+                if "Ready to accept connections" in line:
+                    threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+                    return
+            self.proc.wait()
+            self.port = _free_port()
+        raise RuntimeError("redis-server did not start:\n" + "".join(log))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # in case a test paused it
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The server hangs: connections open, no answers (a slow Redis)."""
+        self.proc.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.proc.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

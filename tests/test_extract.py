@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import torch
 import torch._lazy.config
-from conftest import TESTS, child_env, run_child
+from conftest import TESTS, child_env, delta, run_child
 from corner_models import CASES, ORIGINAL_CASES, build, check_against_eager, random_inputs
 
 import ltc_cache
@@ -20,10 +20,6 @@ from ltc_cache.keys import compute_key
 from ltc_cache.store import DiskStore
 
 ALL_CASES = list(CASES)
-
-
-def delta(before: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in ltc_cache.stats().items()}
 
 
 def test_every_case_cold_here_then_warm_in_another_process(cache_dir):

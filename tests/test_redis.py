@@ -3,28 +3,22 @@ port (persistence off, data in the test's temp dir) and stops."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
 import pytest
-from conftest import child_env, run_child
+from conftest import child_env, delta, run_child
 from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LockTimeout
-from ltc_cache.diagnostics import counters
 from ltc_cache.entry import decode, read_envelope
 from ltc_cache.keys import compute_key
 from ltc_cache.store import DiskStore, RedisStore, TieredStore
@@ -34,85 +28,6 @@ if shutil.which("redis-server") is None:
     pytest.skip("redis-server is not installed (.ci/run installs it)", allow_module_level=True)
 
 KEY = "ab" * 32
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A private redis-server: free port, its own directory, no persistence."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
-        self.proc: subprocess.Popen[str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
-
-    def start(self) -> None:
-        for _ in range(3):  # another program may take the free port first
-            self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--dir", str(self.directory), "--save", "", "--appendonly", "no",
-                 "--daemonize", "no"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            log = []
-            # The server says when it listens; read its log up to that line.
-            for line in self.proc.stdout:
-                log.append(line)
-                if "Ready to accept connections" in line:
-                    threading.Thread(target=self.proc.stdout.read, daemon=True).start()
-                    return
-            self.proc.wait()
-            self.port = _free_port()
-        raise RuntimeError("redis-server did not start:\n" + "".join(log))
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # in case a test paused it
-            self.proc.terminate()
-            self.proc.wait(timeout=30)
-        self.proc = None
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """The server hangs: connections open, no answers (a slow Redis)."""
-        self.proc.send_signal(signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            self.proc.send_signal(signal.SIGCONT)
-
-
-@pytest.fixture
-def redis_server(tmp_path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def fresh_counters() -> Iterator[None]:
-    """Counters and once-only warnings as a new process has them."""
-    counters.reset()
-    yield
-    counters.reset()
-
-
-def delta(before: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in ltc_cache.stats().items()}
 
 
 def extract_and_check(cache: GraphCache, case: str) -> str:
@@ -219,7 +134,7 @@ def test_lock_of_a_killed_holder_expires(redis_server):
 # -- TieredStore --------------------------------------------------------------------------
 
 
-def test_tiered_reads_through_and_writes_both(redis_server, tmp_path, fresh_counters):
+def test_tiered_reads_through_and_writes_both(redis_server, tmp_path):
     remote = RedisStore(redis_server.url)
     local = DiskStore(tmp_path / "local")
     store = TieredStore(local, remote)
@@ -233,7 +148,7 @@ def test_tiered_reads_through_and_writes_both(redis_server, tmp_path, fresh_coun
     assert store.delete("k2") and remote.get("k2") is None and local.get("k2") is None
 
 
-def test_tiered_degrades_to_local_and_comes_back(redis_server, tmp_path, fresh_counters):
+def test_tiered_degrades_to_local_and_comes_back(redis_server, tmp_path):
     remote = RedisStore(redis_server.url)
     local = DiskStore(tmp_path / "local")
     store = TieredStore(local, remote, retry_after=0.0)
@@ -304,7 +219,7 @@ def test_machines_starting_together_trace_once(redis_server, cache_dir, tmp_path
     assert sum(r["stats"]["hits"] for r in reports) == 1
 
 
-def test_redis_stopped_mid_run_keeps_the_model_running(redis_server, cache_dir, fresh_counters):
+def test_redis_stopped_mid_run_keeps_the_model_running(redis_server, cache_dir):
     cache = GraphCache(CacheConfig(directory=cache_dir, remote=redis_server.url))
     first = extract_and_check(cache, "weighted")
     assert first in set(RedisStore(redis_server.url).keys())
@@ -323,7 +238,7 @@ def test_redis_stopped_mid_run_keeps_the_model_running(redis_server, cache_dir, 
     assert {first, *later} <= set(DiskStore(cache_dir).keys())
 
 
-def test_hanging_redis_costs_a_timeout_not_the_model(redis_server, cache_dir, fresh_counters):
+def test_hanging_redis_costs_a_timeout_not_the_model(redis_server, cache_dir):
     url = redis_server.url + "?socket_timeout=0.5&socket_connect_timeout=0.5"
     cache = GraphCache(CacheConfig(directory=cache_dir, remote=url))
     before = ltc_cache.stats()
@@ -394,8 +309,7 @@ def test_forged_entry_in_redis_is_rejected_when_entries_are_signed(redis_server,
             "aten::tanh", "aten::relu")
 
 
-def test_readonly_directory_takes_no_write_through(redis_server, cache_dir, tmp_path,
-                                                    fresh_counters):
+def test_readonly_directory_takes_no_write_through(redis_server, cache_dir, tmp_path):
     writer = GraphCache(CacheConfig(directory=tmp_path / "a", remote=redis_server.url))
     key = extract_and_check(writer, "weighted")
     DiskStore(cache_dir).close()  # an empty cache directory, then read-only
@@ -406,7 +320,7 @@ def test_readonly_directory_takes_no_write_through(redis_server, cache_dir, tmp_
     assert key not in set(DiskStore(cache_dir).keys())
 
 
-def test_missing_redis_package_is_a_clear_warning(cache_dir, monkeypatch, fresh_counters):
+def test_missing_redis_package_is_a_clear_warning(cache_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)  # `import redis` now fails
     cache = GraphCache(CacheConfig(directory=cache_dir, remote="redis://127.0.0.1:1/0"))
     before = ltc_cache.stats()
@@ -434,7 +348,7 @@ def test_library_imports_and_runs_without_redis(cache_dir):
     assert proc.stdout.split()[-1] == "1"
 
 
-def test_a_remote_url_of_another_scheme_is_refused_clearly(cache_dir, fresh_counters):
+def test_a_remote_url_of_another_scheme_is_refused_clearly(cache_dir):
     cache = GraphCache(CacheConfig(directory=cache_dir, remote="http://127.0.0.1:1/"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -12,6 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 import torch
+from conftest import delta
 from reliability_workers import (
     body_of,
     build,
@@ -62,8 +63,7 @@ def run(directory: Path, name: str) -> tuple[dict[str, int], list[str]]:
     with recorded_warnings() as messages:
         compiled = GraphCache(CacheConfig(directory=directory)).extract_compiled_graph(gm, inputs)
     assert matches_eager(gm, compiled, inputs), "a wrong result"
-    after = ltc_cache.stats()
-    return {k: after[k] - before.get(k, 0) for k in after}, messages
+    return delta(before), messages
 
 
 def assert_replaced(directory: Path, name: str, key: str) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import diskcache
 import pytest
+from conftest import delta
 from reliability_workers import (
     WORKERS,
     build,
@@ -110,8 +111,7 @@ def _run(directory: Path, names: list[str], **config) -> tuple[dict[str, int], l
         for name in names:
             gm, inputs = build(name)
             assert matches_eager(gm, cache.extract_compiled_graph(gm, inputs), inputs)
-    after = ltc_cache.stats()
-    return {k: after[k] - before.get(k, 0) for k in after}, messages
+    return delta(before), messages
 
 
 def _no_space(*args, **kwargs):

@@ -15,6 +15,7 @@ from pathlib import Path
 import diskcache
 import msgpack
 import pytest
+from conftest import delta
 from reliability_workers import (
     body_of,
     build,
@@ -42,8 +43,7 @@ def run(directory: Path, name: str, **config) -> tuple[dict[str, int], list[str]
         compiled = GraphCache(CacheConfig(directory=directory, **config)) \
             .extract_compiled_graph(gm, inputs)
     assert matches_eager(gm, compiled, inputs), "a wrong result"
-    after = ltc_cache.stats()
-    return {k: after[k] - before.get(k, 0) for k in after}, messages, compiled
+    return delta(before), messages, compiled
 
 
 # -- pickle ----------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""GraphCache over a MemoryStore: lookup, single flight, trace, store and
+counting, in this process and without a cache directory."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch._lazy.config
+from conftest import delta
+from corner_models import build, check_against_eager, random_inputs
+
+import ltc_cache
+from ltc_cache import CacheConfig, GraphCache
+from ltc_cache.entry import decode
+from ltc_cache.keys import compute_key
+from ltc_cache.store import MemoryStore
+from ltc_cache.store.ledger import is_entry_key
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that remembers the events the cache records in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str | None]] = []
+
+    def record(self, event: str, key: str | None) -> None:
+        self.events.append((event, key))
+
+
+def cache_over(store: MemoryStore, tmp_path) -> GraphCache:
+    # The directory is never opened: the store given replaces the tiers.
+    return GraphCache(CacheConfig(directory=tmp_path / "unused"), store=store)
+
+
+def entry_keys(store: MemoryStore) -> list[str]:
+    return [k for k in list(store.keys()) if is_entry_key(k)]
+
+
+def test_a_miss_traces_and_stores_one_entry(tmp_path):
+    store = CountingStore()
+    gm, shapes = build("weighted")
+    example = random_inputs(shapes, seed=1)
+    before = ltc_cache.stats()
+    compiled = cache_over(store, tmp_path).extract_compiled_graph(gm, example, name="w")
+    check_against_eager(gm, compiled, shapes)
+    assert delta(before) == {"hits": 0, "misses": 1, "traces": 1, "stores": 1, "errors": 0}
+    key = compute_key(gm, example).digest
+    assert entry_keys(store) == [key]
+    entry = decode(store.get(key), expected_key=key)
+    assert entry.graph_name == "w" and entry.meta["kind"] == "graph"
+    # The store's hook saw what the process counters saw, under the key.
+    assert store.events == [("misses", key), ("traces", key), ("stores", key)]
+    assert not (tmp_path / "unused").exists()
+
+
+def test_a_new_cache_on_the_same_store_hits_without_tracing(tmp_path):
+    store = CountingStore()
+    gm, shapes = build("weighted")
+    example = random_inputs(shapes, seed=1)
+    cache_over(store, tmp_path).extract_compiled_graph(gm, example)
+    before = ltc_cache.stats()
+    warm = cache_over(store, tmp_path).extract_compiled_graph(gm, example)
+    check_against_eager(gm, warm, shapes)
+    assert delta(before) == {"hits": 1, "misses": 0, "traces": 0, "stores": 0, "errors": 0}
+    assert store.events[-1] == ("hits", compute_key(gm, example).digest)
+
+
+def test_one_cache_traces_a_graph_once(tmp_path):
+    store = MemoryStore()
+    cache = cache_over(store, tmp_path)
+    gm, shapes = build("sub")
+    before = ltc_cache.stats()
+    for seed in range(3):
+        compiled = cache.extract_compiled_graph(gm, random_inputs(shapes, seed=seed))
+        check_against_eager(gm, compiled, shapes)
+    assert delta(before) == {"hits": 2, "misses": 1, "traces": 1, "stores": 1, "errors": 0}
+    assert len(entry_keys(store)) == 1
+
+
+def test_a_corrupt_entry_is_dropped_and_traced_again(tmp_path):
+    store = MemoryStore()
+    gm, shapes = build("weighted")
+    example = random_inputs(shapes, seed=1)
+    key = compute_key(gm, example).digest
+    store.put(key, b"not an entry")
+    before = ltc_cache.stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = cache_over(store, tmp_path).extract_compiled_graph(gm, example)
+    check_against_eager(gm, compiled, shapes)
+    assert delta(before) == {"hits": 0, "misses": 1, "traces": 1, "stores": 1, "errors": 1}
+    assert [str(w.message) for w in caught if "traced again" in str(w.message)]
+    assert decode(store.get(key), expected_key=key).ir == compiled.entry.ir
+
+
+def test_a_graph_ltc_refuses_is_a_negative_entry_and_not_traced_again(tmp_path):
+    store = MemoryStore()
+    gm, shapes = build("sub")
+    example = random_inputs(shapes, seed=1)
+    old = torch._lazy.config.get_force_fallback()
+    torch._lazy.config.set_force_fallback("aten::sub")
+    try:
+        with pytest.raises(RuntimeError, match="fallback"):
+            cache_over(store, tmp_path).extract_compiled_graph(gm, example)
+        before = ltc_cache.stats()
+        with pytest.raises(RuntimeError, match="remembered in entry"):
+            cache_over(store, tmp_path).extract_compiled_graph(gm, example)
+    finally:
+        torch._lazy.config.set_force_fallback(old)
+    assert delta(before) == {"hits": 1, "misses": 0, "traces": 0, "stores": 0, "errors": 0,
+                             "negative_hits": 1}
+    (key,) = entry_keys(store)
+    entry = decode(store.get(key), expected_key=key)
+    assert entry.meta["kind"] == "negative" and "fallback" in entry.meta["reason"]
