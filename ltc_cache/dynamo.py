@@ -12,7 +12,7 @@ Two paths, chosen per Dynamo graph:
   :func:`ltc_cache.partition.decompositions`; each forward, backward or
   inference graph is split into the regions LTC lowers and an eager rest
   (:mod:`ltc_cache.partition`), and each region is extracted through the
-  cache on its first real call (the compilers get FakeTensors, fact 6).
+  cache on its first real call (the compilers get FakeTensors, fact 6 in docs/design.md).
   AOTAutograd's inference graph is stored as a plan (:mod:`ltc_cache.plan`),
   so a warm inference start partitions it without running AOTAutograd.
 
@@ -153,7 +153,7 @@ class _Region:
     def _first_call(self, *args: Any) -> Any:
         try:
             # AOTAutograd may run the compiled function under a dispatch mode;
-            # lazy tracing inside one fails (fact 7).
+            # lazy tracing inside one fails (fact 7 in docs/design.md).
             with _disable_current_modes(), torch.no_grad():
                 compiled = self._cache.extract_compiled_graph(self._module, args,
                                                               name=self._name)

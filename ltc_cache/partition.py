@@ -1,7 +1,7 @@
 """Split an aten graph into the regions LTC lowers and an eager rest.
 
 The LTC TorchScript backend lowers most aten ops but not all of them (fact 10
-in DESIGN.md: ``where.self``, ``sin``, ``split``, CPU flash attention, …). A
+in docs/design.md: ``where.self``, ``sin``, ``split``, CPU flash attention, …). A
 graph holding one of those is refused whole by the original extraction. Here
 each op is probed once on lazy zeros shaped like its inputs; what lowers is
 fused into regions by FX's capability-based partitioner, and the rest stays
@@ -266,7 +266,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     """The table AOTAutograd traces with: ours for the ops LTC cannot lower,
     and torch's own where its parts lower. Ops LTC lowers natively
     (``native_layer_norm``, ``gelu``, ``_softmax`` …) are left whole: fewer
-    nodes make every later cost smaller (fact 13).
+    nodes make every later cost smaller (fact 13 in docs/design.md).
 
     Not torch's decomposition of CPU flash attention, which returns the
     attention weights where the backward op expects the log-sum-exp."""
@@ -449,7 +449,7 @@ class OpSupport(OperatorSupportBase):
         if not todo:
             return
         # Called from AOTAutograd's compilers with its FakeTensorMode active:
-        # lazy tensors must be made outside it (fact 7).
+        # lazy tensors must be made outside it (fact 7 in docs/design.md).
         with _disable_current_modes():
             for signature, node in todo.items():
                 why = _probe(node)

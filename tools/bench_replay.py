@@ -77,7 +77,7 @@ class Block(nn.Module):
 class Mlp(nn.Module):
     """``blocks`` residual blocks of two Linear layers: per block two addmm
     with transposed weights and three captured scalars (alpha, beta, the
-    residual add's alpha), as in DESIGN.md's facts 5, 12 and 13."""
+    residual add's alpha), as in facts 5, 12 and 13 of docs/design.md."""
 
     def __init__(self, blocks: int, width: int) -> None:
         super().__init__()
