@@ -1,17 +1,15 @@
-"""Entries to and from bytes: msgpack, a schema version and a checksum.
+"""Entries to and from bytes: what the body of an entry means.
 
-Never pickle: an entry is data a new process can check before it trusts it.
-The envelope ``{"format", "schema", "sha256", "body"}`` is read first, so an
-entry of another schema is recognised as such even when its body changed
-shape; the body is only decoded once its checksum holds.
+The envelope around the body (format, schema, checksum, signature) and the
+size bound are ``wire.py``'s, which needs no torch; this module adds what
+does: tensors and the input layout. Never pickle: an entry is data a new
+process can check before it trusts it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import hmac
 import math
 import time
 from collections.abc import Mapping
@@ -23,14 +21,9 @@ import torch
 
 from .errors import EntryError
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
+from .wire import pack_envelope, read_envelope, unpack
 
-__all__ = ["FORMAT", "MAX_ENTRY_BYTES", "SCHEMA_VERSION", "Entry", "check_layout", "decode",
-           "encode", "tensor_from_wire", "tensor_to_wire"]
-
-FORMAT = "ltc_cache.entry"
-SCHEMA_VERSION = 1
-# Decoding is bounded: no entry we write comes near this.
-MAX_ENTRY_BYTES = 1 << 30
+__all__ = ["Entry", "check_layout", "decode", "encode", "tensor_from_wire", "tensor_to_wire"]
 
 
 @dataclass(frozen=True)
@@ -133,54 +126,7 @@ def encode(entry: Entry, *, secret: bytes | None = None) -> bytes:
         "updates": [[u.output, _source_to_wire(u.target)] for u in entry.updates],
         "meta": dict(entry.meta),
     }, use_bin_type=True)
-    envelope = {
-        "format": FORMAT,
-        "schema": SCHEMA_VERSION,
-        "sha256": hashlib.sha256(body).digest(),
-        "body": body,
-    }
-    if secret is not None:
-        envelope["hmac"] = _signature(secret, SCHEMA_VERSION, body)
-    return msgpack.packb(envelope, use_bin_type=True)
-
-
-def _signature(secret: bytes, schema: int, body: bytes) -> bytes:
-    # The schema is signed with the body: a signed entry cannot be passed
-    # off as one of another layout.
-    return hmac.new(secret, b"%s:%d\0%s" % (FORMAT.encode(), schema, body),
-                    hashlib.sha256).digest()
-
-
-def _unpack(data: bytes) -> Any:
-    # unpackb bounds every container and string by len(data), and
-    # read_envelope bounds len(data).
-    return msgpack.unpackb(data, raw=False, strict_map_key=True)
-
-
-def read_envelope(data: bytes, *, secret: bytes | None = None) -> dict[str, Any]:
-    """The checked envelope of an entry; raises EntryError. With ``secret``
-    an entry must carry its HMAC-SHA256 signature."""
-    if len(data) > MAX_ENTRY_BYTES:
-        raise EntryError(f"{len(data)} bytes is over the {MAX_ENTRY_BYTES} byte bound")
-    try:
-        envelope = _unpack(data)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise EntryError(f"not msgpack ({type(exc).__name__}: {exc})") from None
-    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
-        raise EntryError("not an ltc_cache entry")
-    if envelope.get("schema") != SCHEMA_VERSION:
-        raise EntryError(f"schema {envelope.get('schema')!r}, this ltc_cache reads "
-                         f"{SCHEMA_VERSION}")
-    body = envelope.get("body")
-    if not isinstance(body, bytes) or hashlib.sha256(body).digest() != envelope.get("sha256"):
-        raise EntryError("checksum mismatch")
-    if secret is not None:
-        signature = envelope.get("hmac")
-        if not isinstance(signature, bytes):
-            raise EntryError("unsigned entry, and a secret is set (LTC_CACHE_SECRET)")
-        if not hmac.compare_digest(signature, _signature(secret, SCHEMA_VERSION, body)):
-            raise EntryError("signature mismatch: tampered with, or signed with another secret")
-    return envelope
+    return pack_envelope(body, secret=secret)
 
 
 def decode(data: bytes, expected_key: str | None = None, *,
@@ -189,7 +135,7 @@ def decode(data: bytes, expected_key: str | None = None, *,
     (of ``expected_key``, where given; signed with ``secret``, where given)."""
     body = read_envelope(data, secret=secret)["body"]
     try:
-        obj = _unpack(body)
+        obj = unpack(body)
         entry = Entry(
             key=obj["key"],
             ir=obj["ir"],

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from .entry import SCHEMA_VERSION
 from .errors import UncacheableGraph
+from .wire import SCHEMA_VERSION
 
 __all__ = ["CacheKey", "compute_key", "derived_key", "differing_parts", "module_tensors"]
 

@@ -11,28 +11,24 @@ from __future__ import annotations
 
 import logging
 
-import msgpack
-
 from .keys import CacheKey, differing_parts
 from .store import Store
+from .wire import NAMES_FORMAT, NAMES_PREFIX, read_record, write_record
 
 __all__ = ["explain_miss", "remember_name"]
 
 logger = logging.getLogger("ltc_cache.names")
 
-# Not 64 hex digits, so never taken for an entry key.
-_PREFIX = "ltc_cache:names:"
-_FORMAT = "ltc_cache.names"
 _KEPT = 8
 
 
 def _read(store: Store, graph_name: str) -> list[dict[str, str]]:
     try:
-        data = store.get(_PREFIX + graph_name)
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True) if data else None
-    except Exception:  # a missing, unreadable or corrupt record: no hint
+        data = store.get(NAMES_PREFIX + graph_name)
+    except Exception:  # an unreadable record: no hint
         return []
-    if not isinstance(obj, dict) or obj.get("format") != _FORMAT:
+    obj = read_record(data, NAMES_FORMAT) if data else None
+    if obj is None:  # a missing or corrupt record: no hint
         return []
     keys = obj.get("keys")
     if not isinstance(keys, list):
@@ -53,7 +49,6 @@ def remember_name(store: Store, key: CacheKey, graph_name: str) -> None:
     recent = [p for p in _read(store, graph_name) if p != dict(key.parts)]
     recent = [*recent, dict(key.parts)][-_KEPT:]
     try:
-        store.put(_PREFIX + graph_name,
-                  msgpack.packb({"format": _FORMAT, "keys": recent}, use_bin_type=True))
+        store.put(NAMES_PREFIX + graph_name, write_record(NAMES_FORMAT, {"keys": recent}))
     except Exception as exc:
         logger.debug("cannot write the names record of %s: %s", graph_name, exc)

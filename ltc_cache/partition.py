@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import torch
 from torch import fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -30,6 +29,7 @@ from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 from torch.utils._python_dispatch import _disable_current_modes
 
 from .store import Store
+from .wire import read_record, write_record
 
 __all__ = [
     "SUPPORT_RECORD_FORMAT",
@@ -491,21 +491,16 @@ class OpSupport(OperatorSupportBase):
 
 
 def _encode_record(known: Mapping[str, str]) -> bytes:
-    return msgpack.packb({
-        "format": SUPPORT_RECORD_FORMAT,
+    return write_record(SUPPORT_RECORD_FORMAT, {
         "version": _SUPPORT_RECORD_VERSION,
         "torch": torch.__version__,
         "ops": dict(known),
-    }, use_bin_type=True)
+    })
 
 
 def _decode_record(data: bytes) -> dict[str, str] | None:
-    try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception:  # msgpack raises several unrelated types
-        return None
-    if not isinstance(obj, dict) or obj.get("format") != SUPPORT_RECORD_FORMAT \
-            or obj.get("version") != _SUPPORT_RECORD_VERSION \
+    obj = read_record(data, SUPPORT_RECORD_FORMAT)
+    if obj is None or obj.get("version") != _SUPPORT_RECORD_VERSION \
             or obj.get("torch") != torch.__version__:
         return None
     ops = obj.get("ops")

@@ -24,7 +24,7 @@ from ltc_cache.entry import decode, encode
 from ltc_cache.report import AmbiguousKey, resolve_key, scan
 from ltc_cache.store import DiskStore
 from ltc_cache.store.bundle import write_bundle
-from ltc_cache.store.ledger import is_entry_key
+from ltc_cache.wire import is_entry_key
 
 SCRIPT = Path(sys.executable).with_name("ltc-cache")
 CASES = ("weighted", "const_scale", "tensor_constant", "addcmul")

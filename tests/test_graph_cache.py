@@ -16,7 +16,7 @@ from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.entry import decode
 from ltc_cache.keys import compute_key
 from ltc_cache.store import MemoryStore
-from ltc_cache.store.ledger import is_entry_key
+from ltc_cache.wire import is_entry_key
 
 
 class CountingStore(MemoryStore):

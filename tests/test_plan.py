@@ -20,7 +20,7 @@ from ltc_cache.entry import Entry, decode, encode
 from ltc_cache.errors import EntryError
 from ltc_cache.partition import decompositions
 from ltc_cache.plan import graph_from_wire, graph_to_wire
-from ltc_cache.store.ledger import is_entry_key
+from ltc_cache.wire import is_entry_key
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 

@@ -19,9 +19,10 @@ from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LockTimeout
-from ltc_cache.entry import decode, read_envelope
+from ltc_cache.entry import decode
 from ltc_cache.keys import compute_key
 from ltc_cache.store import DiskStore, RedisStore, TieredStore
+from ltc_cache.wire import read_envelope
 
 redis = pytest.importorskip("redis", reason="the redis package (test extra) is not installed")
 if shutil.which("redis-server") is None:

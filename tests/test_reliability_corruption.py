@@ -26,9 +26,9 @@ from reliability_workers import (
 import ltc_cache
 from ltc_cache import CacheConfig, EntryError, GraphCache
 from ltc_cache.diagnostics import counters
-from ltc_cache.entry import SCHEMA_VERSION, decode
+from ltc_cache.entry import decode
 from ltc_cache.store import DiskStore
-from ltc_cache.store.ledger import is_entry_key
+from ltc_cache.wire import SCHEMA_VERSION, is_entry_key
 
 # "scaled" stores two constants (inline in SQLite), "deep" is a value file.
 NAMES = ("scaled", "mlp2", "deep")
@@ -246,7 +246,7 @@ def test_entry_of_another_version_is_a_miss_never_loaded(tmp_path, monkeypatch, 
             patched.setattr(torch, "__version__", "2.12.0")
         else:
             patched.setattr("ltc_cache.keys.SCHEMA_VERSION", SCHEMA_VERSION + 1)
-            patched.setattr("ltc_cache.entry.SCHEMA_VERSION", SCHEMA_VERSION + 1)
+            patched.setattr("ltc_cache.wire.SCHEMA_VERSION", SCHEMA_VERSION + 1)
         delta, _ = run(directory, "scaled")
         assert delta["stores"] == 1
     store = DiskStore(directory)

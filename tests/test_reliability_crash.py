@@ -28,7 +28,7 @@ from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.entry import encode
 from ltc_cache.report import verify
 from ltc_cache.store import DiskStore
-from ltc_cache.store.ledger import is_entry_key
+from ltc_cache.wire import is_entry_key
 
 KILLS = 50
 SEED = 20240506

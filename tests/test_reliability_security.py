@@ -27,11 +27,13 @@ from reliability_workers import (
 
 import ltc_cache
 from ltc_cache import CacheConfig, EntryError, GraphCache
-from ltc_cache.entry import MAX_ENTRY_BYTES, decode, encode, read_envelope
+from ltc_cache.entry import decode, encode
 from ltc_cache.keys import compute_key
 from ltc_cache.store import DiskStore
+from ltc_cache.store import bundle as bundle_module
 from ltc_cache.store import disk as disk_module
-from ltc_cache.store.safety import MAX_VALUE_BYTES, UnsafeDirectory
+from ltc_cache.store.safety import UnsafeDirectory
+from ltc_cache.wire import MAX_ENTRY_BYTES, read_envelope
 
 NOBODY = 65534
 
@@ -315,7 +317,7 @@ def test_msgpack_bombs_are_refused_at_once(data):
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(monkeypatch):
-    monkeypatch.setattr("ltc_cache.entry.MAX_ENTRY_BYTES", 1000)
+    monkeypatch.setattr("ltc_cache.wire.MAX_ENTRY_BYTES", 1000)
     with pytest.raises(EntryError, match="over the 1000 byte bound"):
         decode(b"\x00" * 1001)
 
@@ -335,10 +337,13 @@ def test_an_oversized_value_file_is_refused_unread(tmp_path, monkeypatch):
     run(directory, "deep")
     gm, inputs = build("deep")
     key = compute_key(gm, inputs).digest
-    monkeypatch.setattr(disk_module, "MAX_VALUE_BYTES", 1000)
+    monkeypatch.setattr(disk_module, "MAX_ENTRY_BYTES", 1000)
     with pytest.raises(EntryError, match="over the 1000 byte bound"):
         DiskStore(directory).get(key)
 
 
 def test_store_and_entry_bounds_agree():
-    assert MAX_VALUE_BYTES == MAX_ENTRY_BYTES
+    # One bound (wire.py): the disk tier reads no value past it, and a
+    # bundle takes any entry under it.
+    assert disk_module.MAX_ENTRY_BYTES == MAX_ENTRY_BYTES
+    assert bundle_module._MAX_RECORD_BYTES > MAX_ENTRY_BYTES

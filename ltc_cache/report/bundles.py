@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import EntryError
 from ..store.bundle import BundleError, read_bundle, write_bundle
 from ..store.disk import DiskStore
-from ..store.ledger import is_entry_key
+from ..wire import is_entry_key
 from .entries import EntryProblem, Progress, decode_entry
 
 __all__ = ["ImportReport", "export_bundle", "import_bundle"]

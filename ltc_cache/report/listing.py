@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..store.disk import DiskStore
-from ..store.ledger import is_entry_key, summarise
 from ..units import format_age, format_size
+from ..wire import is_entry_key, summarise
 
 __all__ = ["CacheReport", "EntryInfo", "NoCache", "ago", "open_store", "scan"]
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.ledger import is_entry_key
 from ..units import parse_age, parse_size
+from ..wire import is_entry_key
 from .listing import EntryInfo
 
 __all__ = ["SORT_FIELDS", "AmbiguousKey", "EntryFilter", "parse_filter", "resolve_key",

@@ -10,8 +10,8 @@ from typing import Any
 
 from ..diagnostics import COUNTER_NAMES
 from ..store.disk import DiskStore
-from ..store.ledger import is_entry_key
 from ..units import format_size
+from ..wire import is_entry_key
 from .listing import ago
 
 __all__ = ["STAT_NAMES", "StatsReport", "collect_stats"]

@@ -18,13 +18,14 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "BundleError", "BundleHeader", "read_bundle",
+from ..wire import BUNDLE_FORMAT, MAX_ENTRY_BYTES
+
+__all__ = ["BUNDLE_VERSION", "BundleError", "BundleHeader", "read_bundle",
            "write_bundle"]
 
-BUNDLE_FORMAT = "ltc_cache.bundle"
 BUNDLE_VERSION = 1
-# One entry is bounded by entry.MAX_ENTRY_BYTES (1 GiB); allow its framing.
-_MAX_RECORD_BYTES = (1 << 30) + (1 << 20)
+# One [key, bytes] pair: an entry, and room for its framing and key.
+_MAX_RECORD_BYTES = MAX_ENTRY_BYTES + (1 << 20)
 
 
 class BundleError(ValueError):

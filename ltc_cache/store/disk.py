@@ -23,11 +23,11 @@ import diskcache
 
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, LockTimeout
+from ..wire import MAX_ENTRY_BYTES, is_entry_key
 from .base import Store
-from .ledger import LEDGER_NAME, Ledger, is_entry_key
+from .ledger import LEDGER_NAME, Ledger
 from .readonly import ReadOnlyIndex
 from .safety import (
-    MAX_VALUE_BYTES,
     UnsafeDirectory,
     check_private_dir,
     directory_id,
@@ -109,7 +109,7 @@ class BytesOnlyDisk(diskcache.Disk):
                 raise EntryError(f"value stored as {type(data).__name__}, not bytes; refused")
             return data
         # Not diskcache's plain open(): that follows symlinks and reads any size.
-        return read_value_file(self._directory, filename, MAX_VALUE_BYTES)
+        return read_value_file(self._directory, filename, MAX_ENTRY_BYTES)
 
 
 def ensure_private_dir(path: Path) -> None:

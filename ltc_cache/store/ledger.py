@@ -18,24 +18,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sqlite3
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgpack
 
-__all__ = ["LEDGER_NAME", "EntryRecord", "Ledger", "is_entry_key", "summarise"]
+from ..wire import summarise
+
+__all__ = ["LEDGER_NAME", "EntryRecord", "Ledger"]
 
 logger = logging.getLogger("ltc_cache.store.ledger")
 
 LEDGER_NAME = "ledger.db"
-# Entry keys are hex sha256 digests; any other key is an internal record.
-_ENTRY_KEY = re.compile(r"[0-9a-f]{64}")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -47,33 +45,6 @@ CREATE TABLE IF NOT EXISTS entries (
     summary BLOB
 );
 """
-
-
-def is_entry_key(key: object) -> bool:
-    return isinstance(key, str) and len(key) == 64 and _ENTRY_KEY.fullmatch(key) is not None
-
-
-def summarise(data: bytes) -> dict[str, Any]:
-    """The listing fields of entry bytes, read leniently (no checksum, no
-    torch): graph_name, kind, node_count, inputs (count per source kind),
-    created, torch_version, schema and size; ``problem`` where the bytes are
-    not an entry at all."""
-    try:
-        envelope = msgpack.unpackb(data, raw=False)
-        body = msgpack.unpackb(envelope["body"], raw=False)
-        meta = body["meta"]
-        return {
-            "graph_name": str(meta.get("graph_name", "?")),
-            "kind": meta.get("kind"),
-            "node_count": int(meta.get("node_count", 0)),
-            "inputs": dict(Counter(str(source[0]) for source in body.get("inputs") or ())),
-            "created": float(meta.get("created", 0.0)),
-            "torch_version": str(meta.get("torch_version", "?")),
-            "schema": envelope.get("schema"),
-            "size": len(data),
-        }
-    except Exception as exc:  # any shape of garbage
-        return {"size": len(data), "problem": f"unreadable entry ({type(exc).__name__}: {exc})"}
 
 
 class EntryRecord(NamedTuple):

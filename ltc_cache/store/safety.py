@@ -26,7 +26,6 @@ import diskcache
 from ..errors import EntryError
 
 __all__ = [
-    "MAX_VALUE_BYTES",
     "UnsafeDirectory",
     "check_private_dir",
     "directory_id",
@@ -38,10 +37,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ltc_cache.store.safety")
-
-# No stored value is read past this many bytes: entry.MAX_ENTRY_BYTES, kept
-# here so the stores need not import torch (a test keeps the two equal).
-MAX_VALUE_BYTES = 1 << 30
 
 # diskcache names value files ``ab/cd/<28 hex>.val`` (Disk.filename); any
 # other name in its index was not written by it.

@@ -1,0 +1,164 @@
+"""The bytes ltc_cache stores, as far as they can be read without torch.
+
+An entry is a msgpack envelope ``{"format", "schema", "sha256", "body"}``
+(plus ``"hmac"`` when entries are signed) around a msgpack body. The
+envelope is read first, so an entry of another schema is recognised as such
+even when its body changed shape, and the body is decoded only once its
+checksum (and signature) holds. What the body means (tensors, the input
+layout) is ``entry.py``'s, which needs torch; listing a cache, its
+statistics and bundles need only what is here.
+
+Besides entries, a store holds internal records: small msgpack maps tagged
+with their format, under keys that are not 64 hex digits (``is_entry_key``).
+
+Never pickle: everything here is data a new process can check before it
+trusts it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from .errors import EntryError
+
+__all__ = [
+    "BUNDLE_FORMAT",
+    "FORMAT",
+    "MAX_ENTRY_BYTES",
+    "NAMES_FORMAT",
+    "NAMES_PREFIX",
+    "RECORD_PREFIX",
+    "SCHEMA_VERSION",
+    "is_entry_key",
+    "pack_envelope",
+    "read_envelope",
+    "read_record",
+    "summarise",
+    "unpack",
+    "write_record",
+]
+
+# An entry's envelope, and the layout version of its body: an entry of
+# another schema is never decoded (the key hashes the schema too).
+FORMAT = "ltc_cache.entry"
+SCHEMA_VERSION = 1
+# No entry is decoded, and no stored value read, past this many bytes; no
+# entry we write comes near it.
+MAX_ENTRY_BYTES = 1 << 30
+
+# Internal records: store keys under RECORD_PREFIX are never entry keys.
+RECORD_PREFIX = "ltc_cache:"
+NAMES_PREFIX = RECORD_PREFIX + "names:"  # + graph name: names.py
+NAMES_FORMAT = "ltc_cache.names"
+# An exported bundle of entries (store/bundle.py).
+BUNDLE_FORMAT = "ltc_cache.bundle"
+
+# Entry keys are hex sha256 digests (keys.py); any other key is a record.
+_ENTRY_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def is_entry_key(key: object) -> bool:
+    """Whether ``key`` names an entry rather than an internal record."""
+    return isinstance(key, str) and len(key) == 64 and _ENTRY_KEY.fullmatch(key) is not None
+
+
+def unpack(data: bytes) -> Any:
+    """msgpack ``data``, bounded: msgpack limits every container and string
+    by ``len(data)``, so a few bytes cannot claim gigabytes."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=True)
+
+
+def _signature(secret: bytes, schema: int, body: bytes) -> bytes:
+    # The schema is signed with the body: a signed entry cannot be passed
+    # off as one of another layout.
+    return hmac.new(secret, b"%s:%d\0%s" % (FORMAT.encode(), schema, body),
+                    hashlib.sha256).digest()
+
+
+def pack_envelope(body: bytes, *, secret: bytes | None = None) -> bytes:
+    """The stored bytes of an entry whose body is ``body``; with ``secret``,
+    signed with HMAC-SHA256."""
+    envelope = {
+        "format": FORMAT,
+        "schema": SCHEMA_VERSION,
+        "sha256": hashlib.sha256(body).digest(),
+        "body": body,
+    }
+    if secret is not None:
+        envelope["hmac"] = _signature(secret, SCHEMA_VERSION, body)
+    return msgpack.packb(envelope, use_bin_type=True)
+
+
+def read_envelope(data: bytes, *, secret: bytes | None = None) -> dict[str, Any]:
+    """The checked envelope of an entry; raises EntryError. With ``secret``
+    an entry must carry its HMAC-SHA256 signature."""
+    if len(data) > MAX_ENTRY_BYTES:
+        raise EntryError(f"{len(data)} bytes is over the {MAX_ENTRY_BYTES} byte bound")
+    try:
+        envelope = unpack(data)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise EntryError(f"not msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(envelope, dict) or envelope.get("format") != FORMAT:
+        raise EntryError("not an ltc_cache entry")
+    if envelope.get("schema") != SCHEMA_VERSION:
+        raise EntryError(f"schema {envelope.get('schema')!r}, this ltc_cache reads "
+                         f"{SCHEMA_VERSION}")
+    body = envelope.get("body")
+    if not isinstance(body, bytes) or hashlib.sha256(body).digest() != envelope.get("sha256"):
+        raise EntryError("checksum mismatch")
+    if secret is not None:
+        signature = envelope.get("hmac")
+        if not isinstance(signature, bytes):
+            raise EntryError("unsigned entry, and a secret is set (LTC_CACHE_SECRET)")
+        if not hmac.compare_digest(signature, _signature(secret, SCHEMA_VERSION, body)):
+            raise EntryError("signature mismatch: tampered with, or signed with another secret")
+    return envelope
+
+
+def summarise(data: bytes) -> dict[str, Any]:
+    """The listing fields of entry bytes, read leniently (any schema, no
+    checksum): graph_name, kind, node_count, inputs (count per source kind),
+    created, torch_version, schema and size; ``problem`` where the bytes are
+    not an entry at all. For display only: ``ltc-cache verify`` checks."""
+    try:
+        envelope = unpack(data)
+        body = unpack(envelope["body"])
+        meta = body["meta"]
+        return {
+            "graph_name": str(meta.get("graph_name", "?")),
+            "kind": meta.get("kind"),
+            "node_count": int(meta.get("node_count", 0)),
+            "inputs": dict(Counter(str(source[0]) for source in body.get("inputs") or ())),
+            "created": float(meta.get("created", 0.0)),
+            "torch_version": str(meta.get("torch_version", "?")),
+            "schema": envelope.get("schema"),
+            "size": len(data),
+        }
+    except Exception as exc:  # any shape of garbage
+        return {"size": len(data), "problem": f"unreadable entry ({type(exc).__name__}: {exc})"}
+
+
+def write_record(record_format: str, fields: Mapping[str, Any]) -> bytes:
+    """The stored bytes of an internal record of ``record_format``."""
+    return msgpack.packb({"format": record_format, **fields}, use_bin_type=True)
+
+
+def read_record(data: bytes, record_format: str) -> dict[str, Any] | None:
+    """The fields of a record :func:`write_record` made with
+    ``record_format``; None for any other bytes. A record is a hint that can
+    be rebuilt: whoever reads one checks its fields and falls back when they
+    do not hold."""
+    try:
+        obj = unpack(data)
+    except Exception:  # msgpack raises several unrelated types
+        return None
+    if not isinstance(obj, dict) or obj.get("format") != record_format:
+        return None
+    return obj
