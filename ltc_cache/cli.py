@@ -471,7 +471,7 @@ def _writes(args: argparse.Namespace) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = CacheConfig.from_env()
+        config = CacheConfig.from_env(strict=True)
     except ValueError as exc:
         _err(f"bad LTC_CACHE_* setting: {exc}")
         return USAGE

@@ -1,0 +1,86 @@
+"""Cache settings never break the user's model: a malformed LTC_CACHE_*
+value warns once, naming the variable and what is used instead, and the
+model runs (in a real process, through torch.compile)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import TESTS, child_env
+
+from ltc_cache import CacheConfig
+from ltc_cache.units import parse_size
+
+CHILD = TESTS / "child_compile.py"
+
+
+def run_user_script(*args: str, **env: str) -> dict:
+    proc = subprocess.run([sys.executable, str(CHILD), *args], capture_output=True, text=True,
+                          env=child_env(**env), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+BAD = {
+    "LTC_CACHE_DISABLE": ("maybe", "the cache stays on"),
+    "LTC_CACHE_READONLY": ("perhaps", "read and write"),
+    "LTC_CACHE_MAX_SIZE": ("2 gigs", "no size limit"),
+    "LTC_CACHE_REMOTE_TTL": ("bogus", "entries stay in Redis until deleted"),
+    "LTC_CACHE_LOCK_TIMEOUT": ("abc", "600 seconds"),
+}
+
+
+def test_malformed_settings_warn_once_each_and_the_model_runs(cache_dir):
+    report = run_user_script(**{name: value for name, (value, _) in BAD.items()})
+    assert report["matched"], report["error"]
+    messages = [w["message"] for w in report["warnings"]]
+    for name, (value, fallback) in BAD.items():
+        said = [m for m in messages if f"{name}={value!r}" in m]
+        assert len(said) == 1, (name, messages)
+        assert f"using: {fallback}" in said[0]
+    # The fallbacks are the defaults: the cache is on and writes.
+    assert report["stats"]["traces"] == 1 and report["stats"]["stores"] == 1
+    # The warnings point at the user's script, not at ltc_cache or torch.
+    assert {w["file"] for w in report["warnings"]} == {str(CHILD)}
+
+
+def test_an_unusable_secret_turns_the_cache_off_and_the_model_runs(cache_dir, tmp_path):
+    report = run_user_script(LTC_CACHE_SECRET_FILE=str(tmp_path / "missing-key"))
+    assert report["matched"], report["error"]
+    (message,) = [w["message"] for w in report["warnings"]]
+    assert "LTC_CACHE_SECRET" in message and "the cache is off" in message
+    assert report["stats"]["stores"] == 0
+    assert not cache_dir.exists()
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("LTC_CACHE_MAX_SIZE", "0"), ("LTC_CACHE_MAX_SIZE", "-1GB"), ("LTC_CACHE_MAX_SIZE", "10Mb"),
+    ("LTC_CACHE_LOCK_TIMEOUT", "nan"), ("LTC_CACHE_LOCK_TIMEOUT", "-5"),
+    ("LTC_CACHE_REMOTE_TTL", "0"), ("LTC_CACHE_REMOTE_TTL", "7 days"),
+])
+def test_every_malformed_value_falls_back_in_the_library_and_is_refused_strictly(
+        name, value, tmp_path):
+    env = {"LTC_CACHE_DIR": str(tmp_path), name: value}
+    with pytest.warns(RuntimeWarning, match=name):
+        config = CacheConfig.from_env(env)
+    assert config == CacheConfig(directory=tmp_path)
+    with pytest.raises(ValueError, match=name):
+        CacheConfig.from_env(env, strict=True)
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("1024", 1024), ("10KB", 10_000), ("10kB", 10_000), ("10KiB", 10_240), ("1.5GB", 1.5e9),
+    ("1.1KB", 1100), ("2 GiB", 2 * 2**30), ("7B", 7),
+])
+def test_sizes_follow_one_rule(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["10K", "10kb", "10Mb", "10mb", "1.5", "2 gigs", "1.5B",
+                                  "10M", "-1", ""])
+def test_sizes_outside_the_rule_are_refused(text):
+    with pytest.raises(ValueError, match="powers of 1000"):
+        parse_size(text)
