@@ -84,3 +84,57 @@ def test_sizes_follow_one_rule(text, size):
 def test_sizes_outside_the_rule_are_refused(text):
     with pytest.raises(ValueError, match="powers of 1000"):
         parse_size(text)
+
+
+def test_a_backend_the_program_initialised_itself_is_used_and_nothing_is_remembered(
+        cache_dir):
+    first = run_user_script("--extract", "--init-ts")
+    assert first["matched"], first["error"]
+    assert first["stats"]["traces"] == 1 and first["stats"]["stores"] == 1
+    second = run_user_script("--extract")
+    assert second["matched"], second["error"]
+    assert second["stats"]["hits"] == 1 and "negative_hits" not in second["stats"]
+
+
+def test_a_failure_of_the_process_never_becomes_a_negative_entry(cache_dir, monkeypatch):
+    from corner_models import build, random_inputs
+
+    import ltc_cache.extract
+    from ltc_cache import GraphCache
+
+    gm, shapes = build("weighted")
+    example = random_inputs(shapes, seed=1)
+    real_trace = ltc_cache.extract.trace
+    for failure in (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to "
+                                 "allocate 123 bytes"),
+                    RuntimeError("Tried to register multiple backend fallbacks for the same "
+                                 "dispatch key Lazy")):
+        def failing(*args, failure=failure):
+            raise failure
+        monkeypatch.setattr(ltc_cache.extract, "trace", failing)
+        with pytest.raises(RuntimeError):
+            GraphCache(CacheConfig.from_env()).extract_compiled_graph(gm, example)
+    monkeypatch.setattr(ltc_cache.extract, "trace", real_trace)
+    cache = GraphCache(CacheConfig.from_env())
+    compiled = cache.extract_compiled_graph(gm, example)  # traced: nothing was remembered
+    assert compiled.entry.meta["kind"] == "graph"
+
+
+def test_a_negative_entry_that_remembers_the_process_is_dropped(cache_dir):
+    # As stored before such failures were told apart (issue 14, item 15).
+    from corner_models import build, random_inputs
+
+    from ltc_cache import GraphCache
+    from ltc_cache.entry import Entry, encode, new_meta
+    from ltc_cache.keys import compute_key
+
+    gm, shapes = build("weighted")
+    example = random_inputs(shapes, seed=1)
+    key = compute_key(gm, example)
+    meta = new_meta(graph_name="weighted", node_count=0, graph_hash="", key_parts=key.parts)
+    meta.update(kind="negative", reason="Tried to register multiple backend fallbacks for "
+                "the same dispatch key Lazy")
+    cache = GraphCache(CacheConfig.from_env())
+    cache.store.put(key.digest, encode(Entry(key.digest, "", (), (), (), meta)))
+    compiled = GraphCache(CacheConfig.from_env()).extract_compiled_graph(gm, example)
+    assert compiled.entry.meta["kind"] == "graph"
