@@ -441,3 +441,26 @@ def test_a_remote_url_of_another_scheme_is_refused_clearly(cache_dir, fresh_coun
         extract_and_check(cache, "weighted")
     assert any("LTC_CACHE_REMOTE='http://127.0.0.1:1/'" in str(w.message) for w in caught)
     assert isinstance(cache.store, DiskStore)
+
+
+def test_internal_records_come_from_redis_too(redis_server, tmp_path, caplog, fresh_counters):
+    # A machine warmed from Redis must not probe ops again (issue 14, item 8).
+    from ltc_cache.partition import OpSupport, _encode_record, support_record_key
+
+    first = GraphCache(CacheConfig(directory=tmp_path / "a", remote=redis_server.url))
+    first.store.put(support_record_key(), _encode_record({"aten.sign.default(float32)": "no",
+                                                          "aten.tanh.default(float32)": ""}))
+    extract_and_check(first, "weighted")  # and a per-name record
+    second = GraphCache(CacheConfig(directory=tmp_path / "b", remote=redis_server.url))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        support = OpSupport(second.store)
+        assert "aten.sign.default(float32)" in support.unsupported
+    assert support.probes == 0
+    assert "op-support" not in caplog.text
+    assert ltc_cache.stats()["errors"] == 0
+    local = DiskStore(tmp_path / "b")
+    assert local.get(support_record_key()) == first.store.get(support_record_key())
+    remote_keys = list(RedisStore(redis_server.url).keys())
+    names = [k for k in remote_keys if k.startswith("ltc_cache:names:")]
+    assert names and all(second.store.get(k) is not None for k in names)
