@@ -52,6 +52,11 @@ from .units import format_size, parse_age, parse_size
 __all__ = ["main"]
 
 OK, PROBLEMS, USAGE = 0, 1, 2
+_LIMIT_SOURCES = {
+    "recorded": " (LTC_CACHE_MAX_SIZE of the processes that store here)",
+    "environment": " (LTC_CACHE_MAX_SIZE here; no storing process recorded one)",
+    None: "",
+}
 # Rows of a deletion plan shown before the totals.
 _PLAN_ROWS = 50
 
@@ -189,8 +194,7 @@ def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
         ("Entries", f"{stats.entries} ({stats.entry_size_str})"),
         ("Internal records", f"{stats.internal_records} ({stats.internal_size_str})"),
         ("Disk usage", stats.disk_usage_str),
-        ("Size limit", stats.size_limit_str + (" (LTC_CACHE_MAX_SIZE)" if stats.size_limit
-                                               else "")),
+        ("Size limit", stats.size_limit_str + _LIMIT_SOURCES[stats.size_limit_source]),
         ("Hits", str(c["hits"])),
         ("Misses", str(c["misses"])),
         ("Hit rate", stats.hit_rate_str),

@@ -25,6 +25,7 @@ from ltc_cache.report import AmbiguousKey, resolve_key, scan
 from ltc_cache.store import DiskStore
 from ltc_cache.store.bundle import write_bundle
 from ltc_cache.store.ledger import is_entry_key
+from ltc_cache.units import format_size
 
 SCRIPT = Path(sys.executable).with_name("ltc-cache")
 CASES = ("weighted", "const_scale", "tensor_constant", "addcmul")
@@ -456,3 +457,26 @@ def test_record_never_raises_and_put_still_stores(tmp_path):
     store.put("b" * 64, b"bytes")
     assert store.get("b" * 64) == b"bytes"
     store.close()
+
+
+def test_the_size_limit_is_recorded_in_the_directory_and_counts_entries_only(filled, tmp_path):
+    # Issue 14, item 6: stats shows the limit the directory is kept to, even
+    # from a shell without LTC_CACHE_MAX_SIZE; internal records (the names
+    # records) do not count toward it, so a limit just above the entries'
+    # total evicts nothing.
+    directory, keys = filled
+    source = DiskStore(directory, readonly=True)
+    entry_total = sum(row.size for row in source.rows() if is_entry_key(row.key))
+    source.close()
+    limited = tmp_path / "limited"
+    limit = entry_total + 10
+    cache = GraphCache(CacheConfig(directory=limited, max_size=limit))
+    for case in CASES:
+        gm, shapes = build(case)
+        cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1), name=case)
+    cache.store.close()
+    assert stored_keys(limited) == set(keys.values())
+    stats = json.loads(ltc(limited, "stats", "--json").stdout)
+    assert stats["size_limit"] == limit and stats["size_limit_source"] == "recorded"
+    assert stats["counters"]["evictions"] == 0
+    assert format_size(limit) in ltc(limited, "stats").stdout
