@@ -26,7 +26,7 @@ class StatsReport:
     entry_size: int
     internal_records: int
     internal_size: int
-    disk_usage: int  # every file under the directory, SQLite overhead included
+    disk_usage: int | None  # every file under the directory; None for Redis
     size_limit: int | None
     # Where the limit comes from: "recorded" (by the processes that store in
     # the directory), "environment" (LTC_CACHE_MAX_SIZE of this process), or
@@ -55,7 +55,7 @@ class StatsReport:
 
     @property
     def disk_usage_str(self) -> str:
-        return format_size(self.disk_usage)
+        return "-" if self.disk_usage is None else format_size(self.disk_usage)
 
     @property
     def size_limit_str(self) -> str:
@@ -105,9 +105,10 @@ def collect_stats(store: DiskStore, *, size_limit: int | None = None) -> StatsRe
             internal_size += row.size
     counters = {name: 0 for name in STAT_NAMES} | store.ledger.counters()
     recorded, limit = store.ledger.size_limit()
+    usage = _disk_usage(Path(store.directory)) if isinstance(store, DiskStore) else None
     source = "recorded" if recorded else ("environment" if size_limit else None)
     if not recorded:
         limit = size_limit
     return StatsReport(Path(store.directory), entries, entry_size, internal, internal_size,
-                       _disk_usage(Path(store.directory)), limit, source, counters,
+                       usage, limit, source, counters,
                        store.ledger.zeroed_at())
