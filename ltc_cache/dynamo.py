@@ -245,18 +245,46 @@ class LtcBackend:
         self._name = name
         self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
             weakref.WeakKeyDictionary())
+        self._variants: dict[tuple[Any, ...], LtcBackend] = {}  # by torch.compile options
 
     @property
     def cache(self) -> GraphCache:
         return self._cache if self._cache is not None else default_cache()
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                 mode: str | None = None, options: dict[str, Any] | None = None,
                  **kwargs: Any) -> Callable[..., Any]:
+        if options or mode or kwargs:
+            # torch.compile(..., mode=, options=) hands them to the backend.
+            settings = {**(options or {}), **kwargs}
+            variant = (mode, tuple(sorted(settings.items(), key=lambda item: item[0])))
+            configured = self._variants.get(variant)
+            if configured is None:  # one per setting: it keeps what it learned of LTC
+                configured = self._variants[variant] = self._configured(mode, settings)
+            return configured(gm, example_inputs)
         name = self._name or _model_name(gm)
         training = _needs_grad(example_inputs)
         if _is_dynamic(gm):
             return _PerShape(self, gm, name, training)
         return self._static(gm, example_inputs, name, training=training)
+
+    def _configured(self, mode: str | None, options: dict[str, Any]) -> LtcBackend:
+        """This backend with torch.compile's ``options`` applied; an unknown
+        option is an error (a typo must not pass for a setting), a ``mode``
+        warns once: Inductor's modes mean nothing to LTC."""
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for "
+                             f"backend='ltc_cache'; it accepts: {_accepted()}")
+        for option, value in options.items():
+            if not isinstance(value, _OPTIONS[option][0]):
+                raise ValueError(f"option {option!r} of backend='ltc_cache' takes "
+                                 f"{_OPTIONS[option][1]}, not {value!r}")
+        if mode:
+            warn_once(f"mode:{mode}", f"torch.compile mode={mode!r} means nothing to the "
+                      "ltc_cache backend (LTC compiles every graph one way); ignored")
+        return LtcBackend(self._cache, whole_graph=options.get("whole_graph", self._whole_graph),
+                          name=options.get("name", self._name))
 
     def _static(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str, *,
                 training: bool) -> Callable[..., Any]:
@@ -397,6 +425,17 @@ class LtcBackend:
             warn_once(f"eager-graph:{name}",
                       f"{name}: LTC lowers none of this graph's ops; it runs eagerly ({eager})")
         return parted.module
+
+
+# torch.compile(..., options={...}) for this backend: name -> (type, said).
+_OPTIONS: dict[str, tuple[type, str]] = {
+    "name": (str, "a string: the name of the entries (default: the model's class)"),
+    "whole_graph": (bool, "True or False: try an inference graph whole before partitioning"),
+}
+
+
+def _accepted() -> str:
+    return "; ".join(f"{name} ({said})" for name, (_, said) in _OPTIONS.items())
 
 
 backend = LtcBackend()

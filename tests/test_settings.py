@@ -138,3 +138,29 @@ def test_a_negative_entry_that_remembers_the_process_is_dropped(cache_dir):
     cache.store.put(key.digest, encode(Entry(key.digest, "", (), (), (), meta)))
     compiled = GraphCache(CacheConfig.from_env()).extract_compiled_graph(gm, example)
     assert compiled.entry.meta["kind"] == "graph"
+
+
+@pytest.mark.slow
+def test_torch_compile_options_are_checked_and_a_mode_warns(cache_dir, tmp_path):
+    # Issue 14, item 2: nothing torch.compile hands the backend is silently ignored.
+    unknown = run_user_script("--options", '{"foo": 1}')
+    assert not unknown["matched"] and "'foo'" in unknown["error"]
+    assert "whole_graph" in unknown["error"] and "name" in unknown["error"]
+    wrong_type = run_user_script("--options", '{"whole_graph": "yes"}')
+    assert "True or False" in wrong_type["error"]
+
+    moded = run_user_script("--mode", "max-autotune")
+    assert moded["matched"], moded["error"]
+    (warning,) = moded["warnings"]
+    assert "mode='max-autotune'" in warning["message"] and warning["file"] == str(CHILD)
+
+    # The name is no part of the key: a directory of its own, so it is stored.
+    named_dir = tmp_path / "named"
+    named = run_user_script("--options", '{"name": "mine"}', LTC_CACHE_DIR=str(named_dir))
+    assert named["matched"], named["error"]
+    from ltc_cache.report import scan
+    from ltc_cache.store import DiskStore
+
+    store = DiskStore(named_dir, readonly=True)
+    assert "mine.inference" in {e.graph_name for e in scan(store).entries}
+    store.close()
