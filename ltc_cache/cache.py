@@ -21,7 +21,7 @@ from torch import fx
 from .config import CacheConfig
 from .diagnostics import counters, warn_once
 from .entry import Entry, check_layout, decode, encode, new_meta
-from .errors import EntryError, LockTimeout, UncacheableGraph
+from .errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
 from .keys import CacheKey, compute_key, module_tensors
 from .replay import CompiledGraph, GraphFunction, build_function, count_nodes
 from .store import DiskStore, RedisStore, Store, TieredStore
@@ -146,7 +146,8 @@ class GraphCache:
                     try:
                         built = self._trace(model, example_inputs, name, key)
                     except RuntimeError as exc:
-                        self._remember_failure(store, key, graph_name, exc)
+                        if is_graph_failure(exc):
+                            self._remember_failure(store, key, graph_name, exc)
                         raise
                     self._put(store, built[0])
                     self._remember_name(store, key, graph_name)
@@ -230,6 +231,15 @@ class GraphCache:
             return self._corrupt(store, key, str(exc))
         except RuntimeError as exc:  # the stored IR does not parse
             return self._corrupt(store, key, f"entry {key[:12]}: IR does not parse ({exc})")
+        if entry.meta.get("kind") == "negative" \
+                and not is_graph_failure(RuntimeError(str(entry.meta.get("reason", "")))):
+            # Stored before such failures were told apart: it remembers what
+            # the process was, not what the graph is. Dropped, traced again.
+            logger.info("dropping negative entry %s: %s", key[:12], entry.meta.get("reason"))
+            if not self._readonly:
+                with contextlib.suppress(Exception):
+                    store.delete(key)
+            return None
         self._built[key] = built = (entry, function)
         return built
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from .config import CacheConfig
 from .errors import EntryError
@@ -40,18 +40,25 @@ from .report import (
     parse_filter,
     plan_clear,
     plan_prune,
+    remove_free_lock_files,
     resolve_key,
     scan,
     sort_entries,
     verify,
 )
+from .report.remote import RemoteTier
 from .store.bundle import BundleError
 from .store.disk import DiskStore
-from .units import format_size, parse_age, parse_size
+from .units import SIZE_RULE, format_size, parse_age, parse_size
 
 __all__ = ["main"]
 
 OK, PROBLEMS, USAGE = 0, 1, 2
+_LIMIT_SOURCES = {
+    "recorded": " (kept by the processes that store here: their LTC_CACHE_MAX_SIZE)",
+    "environment": " (LTC_CACHE_MAX_SIZE here; no storing process recorded one)",
+    None: "",
+}
 # Rows of a deletion plan shown before the totals.
 _PLAN_ROWS = 50
 
@@ -68,12 +75,27 @@ def _err(text: str) -> None:
     sys.stderr.write(f"ltc-cache: {text}\n")
 
 
+# Set when one command covers two tiers with --json: each tier's object is
+# kept under its name and printed as one.
+_json_sink: dict[str, Any] | None = None
+
+
 def _json(obj: Any) -> None:
+    if _json_sink is not None:
+        _json_sink[_json_sink["current"]] = obj
+        return
     # Indented for a person at a terminal; compact for a program, since the
     # json module's C encoder is used only without indentation (5x faster
     # on a 10,000-entry listing).
     indent = 2 if sys.stdout.isatty() else None
     _out(json.dumps(obj, indent=indent, default=str))
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``, ``0 internal records``."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count} {noun[:-1] + 'ies' if noun.endswith('y') else noun + 's'}"
 
 
 def _stamp(timestamp: float | None) -> str:
@@ -164,7 +186,8 @@ def _cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> 
                    | {len(headers) - 2}) if rows else []
     lines += [f"! {e.short_key}  {e.size_str}  {e.problem}" for e in shown if e.problem]
     of = f" of {len(report.entries)}" if len(shown) != len(report.entries) else ""
-    total = f"{len(shown)}{of} entries, {format_size(size)}, {hits} hits"
+    total = f"{len(shown)}{of} {_n(len(report.entries), 'entry').split(' ', 1)[1]}, " \
+            f"{format_size(size)}, {_n(hits, 'hit')}"
     bad = len(shown) - len(good)
     if bad:
         total += f"; {bad} unreadable (see `ltc-cache verify`)"
@@ -175,6 +198,8 @@ def _cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> 
 
 
 def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+    if isinstance(store, RemoteTier):
+        return _remote_stats(args, store)
     if args.zero:
         store.ledger.zero()
         _out(f"Statistics of {store.directory} zeroed.")
@@ -189,8 +214,7 @@ def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
         ("Entries", f"{stats.entries} ({stats.entry_size_str})"),
         ("Internal records", f"{stats.internal_records} ({stats.internal_size_str})"),
         ("Disk usage", stats.disk_usage_str),
-        ("Size limit", stats.size_limit_str + (" (LTC_CACHE_MAX_SIZE)" if stats.size_limit
-                                               else "")),
+        ("Size limit", stats.size_limit_str + _LIMIT_SOURCES[stats.size_limit_source]),
         ("Hits", str(c["hits"])),
         ("Misses", str(c["misses"])),
         ("Hit rate", stats.hit_rate_str),
@@ -198,6 +222,24 @@ def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
           if name not in ("hits", "misses")),
         ("Counting since", "first use" if stats.zeroed_at is None
          else f"{stats.zeroed_at_str} (stats --zero)"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    _out("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
+    return OK
+
+
+def _remote_stats(args: argparse.Namespace, tier: RemoteTier) -> int:
+    if args.zero:
+        raise UsageError("Redis keeps no counters to zero: each cache directory keeps its own")
+    stats = collect_stats(tier)
+    if args.json:
+        _json(stats.as_dict())
+        return OK
+    rows = [
+        ("Redis", str(tier.directory).removeprefix("redis ")),
+        ("Entries", f"{stats.entries} ({stats.entry_size_str})"),
+        ("Internal records", f"{stats.internal_records} ({stats.internal_size_str})"),
+        ("Counters", "none here: each cache directory keeps those of the processes using it"),
     ]
     width = max(len(name) for name, _ in rows)
     _out("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
@@ -259,16 +301,31 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
                                "(the graph: --json)"))
     width = max(len(name) for name, _ in fields)
     lines = [f"{name:<{width}}  {value}" for name, value in fields]
-    lines += ["", f"Inputs ({len(inputs)}), in graph parameter order:"]
-    lines += [f"  %p{i:<4} {text}" for i, text in enumerate(inputs)]
-    lines += ["", f"Outputs ({len(outputs)}):"]
-    lines += [f"  {i:<5} {text}" for i, text in enumerate(outputs)]
-    if updates:
-        lines += ["", f"In-place updates ({len(updates)}):", *(f"  {u}" for u in updates)]
-    if not args.no_ir:
-        lines += ["", "IR:", *(f"  {line}" for line in (entry.ir or "(empty)").splitlines())]
+    kind = meta.get("kind") or "graph"
+    if kind == "graph":
+        lines += ["", f"Inputs ({len(inputs)}), in graph parameter order:"]
+        lines += [f"  %p{i:<4} {text}" for i, text in enumerate(inputs)]
+        lines += ["", f"Outputs ({len(outputs)}):"]
+        lines += [f"  {i:<5} {text}" for i, text in enumerate(outputs)]
+        if updates:
+            lines += ["", f"In-place updates ({len(updates)}):", *(f"  {u}" for u in updates)]
+        if not args.no_ir:
+            lines += ["", "IR:", *(f"  {line}" for line in (entry.ir or "(empty)").splitlines())]
+    else:
+        # Neither holds a replayable graph: no inputs, outputs or IR to show.
+        lines += ["", _KINDS.get(kind, f"An entry of kind {kind!r}: it holds no graph to replay.")]
     _out("\n".join(lines))
     return OK
+
+
+_KINDS = {
+    "negative": "A negative entry: LTC could not extract this graph (Reason above), so no "
+                "process tries again;\nthe torch.compile backend partitions it or runs it "
+                "eagerly. It holds no inputs, outputs or IR.",
+    "plan": "A plan: AOTAutograd's inference graph as data (Plan above), which a warm process "
+            "partitions\ninstead of running AOTAutograd; its LTC regions are entries of their "
+            "own. The graph: --json.",
+}
 
 
 def _print_plan(plan: DeletePlan) -> None:
@@ -278,11 +335,13 @@ def _print_plan(plan: DeletePlan) -> None:
         _out("\n".join(_table(["KEY", "NAME", "SIZE", "LAST USED", "WHY"], rows, right={2})))
     if len(plan.entries) > _PLAN_ROWS:
         _out(f"… and {len(plan.entries) - _PLAN_ROWS} more")
-    _out(f"Will delete {len(plan.entries)} entries, freeing {plan.expected_freed_size_str}.")
+    records = f" and {_n(len(plan.records), 'internal record')}" if plan.records else ""
+    _out(f"Will delete {_n(len(plan.entries), 'entry')}{records}, "
+         f"freeing {plan.expected_freed_size_str}.")
 
 
 def _run_plan(plan: DeletePlan, store: DiskStore, args: argparse.Namespace) -> int:
-    if not plan.entries:
+    if not plan.entries and not plan.records:
         _out("Nothing to delete.")
         return OK
     _print_plan(plan)
@@ -294,7 +353,12 @@ def _run_plan(plan: DeletePlan, store: DiskStore, args: argparse.Namespace) -> i
         return PROBLEMS
     with _Progress("deleting", len(plan.entries)) as progress:
         removed = plan.execute(store, progress=progress)
-    _out(f"Deleted {removed} entries, freed {plan.expected_freed_size_str}.")
+    records = f" and {_n(len(plan.records), 'internal record')}" if plan.records else ""
+    _out(f"Deleted {_n(removed, 'entry')}{records}, freed {plan.expected_freed_size_str}.")
+    if plan.records and isinstance(store, DiskStore):  # a clear: the lock files too
+        locks = remove_free_lock_files(store.directory)
+        if locks:
+            _out(f"Removed {_n(locks, 'lock file')} no process held.")
     return OK
 
 
@@ -322,7 +386,7 @@ def _cmd_verify(args: argparse.Namespace, store: DiskStore, config: CacheConfig)
     else:
         for p in result.problems:
             _out(f"BAD {p.key[:12]}  {p.problem}")
-        summary = f"Checked {result.checked} entries: {len(result.problems)} bad"
+        summary = f"Checked {_n(result.checked, 'entry')}: {len(result.problems)} bad"
         summary += f", {len(removed)} removed." if args.fix else "."
         if result.problems and not args.fix:
             summary += " `ltc-cache verify --fix` removes them."
@@ -343,16 +407,21 @@ def _select(store: DiskStore, filters: Sequence[EntryFilter], prefixes: Sequence
 
 
 def _cmd_export(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
-    entries, unreadable = _select(store, args.filter, args.key)
     path = Path(args.file)
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; give the bundle file to write, "
+                         f"e.g. {path / 'cache.ltcb'}")
     if not path.parent.is_dir():
         raise UsageError(f"no directory {path.parent} to write {path.name} in")
+    if path.exists() and not args.force:
+        raise UsageError(f"{path} exists; give --force to overwrite it")
+    entries, unreadable = _select(store, args.filter, args.key)
     with _Progress("exporting", len(entries)) as progress:
         written = export_bundle(store, [e.key for e in entries], path, progress=progress)
     size = sum(e.size for e in entries)
-    _out(f"Exported {written} entries ({format_size(size)}) to {path}.")
+    _out(f"Exported {_n(written, 'entry')} ({format_size(size)}) to {path}.")
     if unreadable:
-        _out(f"Left out {unreadable} unreadable entries (see `ltc-cache verify`).")
+        _out(f"Left out {_n(unreadable, 'unreadable entry')} (see `ltc-cache verify`).")
     return OK
 
 
@@ -371,7 +440,7 @@ def _cmd_import(args: argparse.Namespace, store: DiskStore, config: CacheConfig)
             raise UsageError(f"{path}: {exc}") from None
     for problem in result.rejected:
         _out(f"REJECTED {problem.key[:12]}  {problem.problem}")
-    _out(f"Imported {len(result.added)} entries into {store.directory}; "
+    _out(f"Imported {_n(len(result.added), 'entry')} into {store.directory}; "
          f"{len(result.present)} already there, {len(result.rejected)} rejected.")
     if result.other_torch:
         _out(f"{result.other_torch} of them were made by another torch version and will not "
@@ -394,17 +463,39 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ltc-cache",
-        description="Inspect and maintain an ltc_cache directory of compiled LTC graphs.",
-        epilog="Exit status: 0 fine, 1 problems found, 2 usage error.")
-    parser.add_argument("--dir", metavar="DIR",
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line (and exit 2), not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    # On the main parser and on every command, so they work before or after
+    # it (`ltc-cache show KEY --dir X`); a command's copy leaves the value
+    # alone unless given there.
+    parser.add_argument("--dir", metavar="DIR", default=default,
                         help="cache directory (default: LTC_CACHE_DIR, else the user cache dir)")
+    parser.add_argument("--remote", metavar="URL", default=default,
+                        help="the Redis tier too (default: LTC_CACHE_REMOTE); alone, without "
+                        "--dir, the Redis tier only")
+    parser.add_argument("--local", action="store_true", default=default,
+                        help="the cache directory only, even with LTC_CACHE_REMOTE set")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="ltc-cache",
+        description="Inspect and maintain an ltc_cache directory of compiled LTC graphs, "
+                    "and the Redis tier under it.",
+        epilog=f"Sizes: {SIZE_RULE}. Ages: seconds, or a number with s, m, h, d, w or y. "
+               "Exit status: 0 fine, 1 problems found, 2 usage error.")
+    _global_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, run: Callable[..., int], help: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
+        _global_options(sub, argparse.SUPPRESS)
         sub.set_defaults(run=run)
         return sub
 
@@ -435,7 +526,8 @@ def _parser() -> argparse.ArgumentParser:
 
     prune = command("prune", _cmd_prune, "delete entries by size, age or staleness")
     prune.add_argument("--max-size", type=_arg(parse_size), metavar="SIZE",
-                       help="delete least recently used entries until the rest fit, e.g. 2GB")
+                       help="delete least recently used entries until the rest fit in SIZE "
+                       "(0: all of them), e.g. 2GB")
     prune.add_argument("--older-than", type=_arg(parse_age), metavar="AGE",
                        help="delete entries not used for AGE, e.g. 30d, 12h")
     prune.add_argument("--stale", action="store_true",
@@ -452,6 +544,7 @@ def _parser() -> argparse.ArgumentParser:
 
     export = command("export", _cmd_export, "write entries to one portable bundle file")
     export.add_argument("file", help="bundle to write")
+    export.add_argument("--force", "-f", action="store_true", help="overwrite an existing FILE")
     export.add_argument("--key", action="append", default=[], metavar="PREFIX",
                         help="only this entry (repeatable)")
     filters(export)
@@ -468,22 +561,61 @@ def _writes(args: argparse.Namespace) -> bool:
             or bool(getattr(args, "zero", False) or getattr(args, "fix", False)))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+# Commands that work on one tier: the directory where there is one.
+_ONE_TIER = ("show", "export", "import")
+
+
+def _tiers(args: argparse.Namespace, config: CacheConfig) -> list[tuple[str, str]]:
+    """("local", directory) and/or ("remote", url), in that order: the
+    directory unless ``--remote`` alone names Redis; Redis with ``--remote``
+    or LTC_CACHE_REMOTE, unless ``--local``."""
+    if args.dir is not None and not args.dir.strip():
+        raise UsageError("--dir is empty; give a cache directory")
+    if args.local and args.remote:
+        raise UsageError("--local and --remote exclude each other")
+    remote = None if args.local else (args.remote or config.remote)
+    tiers = []
+    if not (args.remote and args.dir is None):
+        tiers.append(("local", args.dir or str(config.directory)))
+    if remote:
+        tiers.append(("remote", remote))
+    if args.command in _ONE_TIER:
+        if args.command == "import" and tiers[0][0] == "remote":
+            raise UsageError("import adds to a cache directory; give --dir (the library "
+                             "copies entries to Redis as it stores them)")
+        tiers = tiers[:1]
+    return tiers
+
+
+def _open_local(args: argparse.Namespace, config: CacheConfig, directory: Path) -> DiskStore:
+    if directory.exists() and not directory.is_dir():
+        raise UsageError(f"{directory} is not a directory")
     try:
-        config = CacheConfig.from_env()
-    except ValueError as exc:
-        _err(f"bad LTC_CACHE_* setting: {exc}")
-        return USAGE
-    directory = Path(args.dir).expanduser() if args.dir else config.directory
-    try:
-        store = open_store(directory, create=args.command == "import",
-                           readonly=not _writes(args), max_size=config.max_size)
+        return open_store(directory, create=args.command == "import",
+                          readonly=not _writes(args), max_size=config.max_size)
     except NoCache as exc:
-        _err(f"{exc} (give --dir or set LTC_CACHE_DIR)")
-        return USAGE
+        if args.dir:
+            raise UsageError(str(exc)) from None
+        origin = ("LTC_CACHE_DIR" if os.environ.get("LTC_CACHE_DIR")
+                  else "the default; give --dir or set LTC_CACHE_DIR")
+        raise UsageError(f"{exc} ({origin})") from None
     except (OSError, sqlite3.Error) as exc:
-        _err(f"cannot open the cache at {directory}: {exc}")
+        raise UsageError(f"cannot open the cache at {directory}: {exc}") from None
+
+
+def _open_remote(url: str) -> RemoteTier:
+    try:
+        return RemoteTier(url)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run_tier(args: argparse.Namespace, config: CacheConfig, kind: str, where: str) -> int:
+    try:
+        store = (_open_local(args, config, Path(where).expanduser()) if kind == "local"
+                 else _open_remote(where))
+    except UsageError as exc:
+        _err(str(exc))
         return USAGE
     try:
         return args.run(args, store, config)
@@ -496,8 +628,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, sqlite3.Error) as exc:
         _err(f"{type(exc).__name__}: {exc}")
         return PROBLEMS
+    finally:
+        store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = CacheConfig.from_env(strict=True)
+    except ValueError as exc:
+        _err(f"bad setting: {exc}")
+        return USAGE
+    try:
+        tiers = _tiers(args, config)
+    except UsageError as exc:
+        _err(str(exc))
+        return USAGE
+    global _json_sink
+    if len(tiers) > 1 and getattr(args, "json", False):
+        _json_sink = {}  # one JSON object, a member per tier
+    status = OK
+    try:
+        for index, (kind, where) in enumerate(tiers):
+            if len(tiers) > 1 and _json_sink is None:
+                _out(("" if index == 0 else "\n") + ("== cache directory ==" if kind == "local"
+                                                     else "== Redis tier =="))
+            if _json_sink is not None:
+                _json_sink["current"] = kind
+            code = _run_tier(args, config, kind, where)
+            if code == USAGE:
+                return USAGE
+            status = max(status, code)
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
     finally:
-        store.close()
+        if _json_sink is not None:
+            sink, _json_sink = _json_sink, None
+            sink.pop("current", None)
+            _json(sink)
+    return status

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .units import parse_age, parse_size
 
 __all__ = ["CacheConfig", "default_cache_dir"]
+
+_T = TypeVar("_T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -27,14 +31,37 @@ def default_cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
     return Path(base) / "ltc_cache"
 
 
-def _flag(environ: Mapping[str, str], name: str) -> bool:
-    value = environ.get(name, "").strip().lower()
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"{name}={value!r}: expected one of 1/0, true/false, yes/no, on/off")
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
 
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("not a number of seconds") from None
+
+
+def _positive(parse: Callable[[str], float]) -> Callable[[str], float]:
+    def positive(text: str) -> float:
+        value = parse(text)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError("must be a positive, finite number")
+        return value
+    return positive
+
+
+def _size_limit(text: str) -> int:
+    # 0 would evict every entry as it is stored; no limit is the variable unset.
+    limit = parse_size(text)
+    if limit <= 0:
+        raise ValueError("a limit of 0 bytes keeps nothing (unset it for no limit)")
+    return limit
 
 
 def _secret(environ: Mapping[str, str], directory: Path) -> bytes | None:
@@ -57,6 +84,7 @@ def _secret(environ: Mapping[str, str], directory: Path) -> bytes | None:
     if not secret:
         raise ValueError(f"LTC_CACHE_SECRET_FILE={path} is empty")
     return secret
+
 
 @dataclass(frozen=True)
 class CacheConfig:
@@ -81,21 +109,58 @@ class CacheConfig:
     secret: bytes | None = field(default=None, repr=False)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> CacheConfig:
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 strict: bool = False) -> CacheConfig:
         """Read ``LTC_CACHE_DIR``, ``_DISABLE``, ``_READONLY``, ``_MAX_SIZE``,
         ``_REMOTE``, ``_REMOTE_TTL``, ``_LOCK_TIMEOUT`` and ``_SECRET`` (or
-        ``_SECRET_FILE``)."""
+        ``_SECRET_FILE``).
+
+        A malformed value never breaks the user's model: it warns once,
+        naming the variable and what was used instead (the default; for a
+        secret that cannot be used, no cache at all, since running unsigned
+        would trust what the secret was meant to refuse). ``strict`` raises
+        ValueError instead (``ltc-cache``: a usage error)."""
         env = os.environ if environ is None else environ
-        max_size = env.get("LTC_CACHE_MAX_SIZE")
+
+        def setting(name: str, read: Callable[[str], _T], fallback: _T, said: str) -> _T:
+            text = env.get(name, "")
+            if not text.strip():
+                return fallback
+            try:
+                return read(text)
+            except ValueError as exc:
+                if strict:
+                    raise ValueError(f"{name}={text!r}: {exc}") from None
+                _bad_setting(name, text, exc, said)
+                return fallback
+
         directory = Path(env.get("LTC_CACHE_DIR") or default_cache_dir(env)).expanduser()
-        remote_ttl = env.get("LTC_CACHE_REMOTE_TTL")
+        disable = setting("LTC_CACHE_DISABLE", _flag, False, "the cache stays on")
+        try:
+            secret = _secret(env, directory)
+        except ValueError as exc:
+            if strict:
+                raise
+            _bad_setting("LTC_CACHE_SECRET", "", exc, "the cache is off (LTC_CACHE_DISABLE=1)")
+            secret, disable = None, True
         return cls(
             directory=directory,
-            disable=_flag(env, "LTC_CACHE_DISABLE"),
-            readonly=_flag(env, "LTC_CACHE_READONLY"),
-            max_size=parse_size(max_size) if max_size else None,
+            disable=disable,
+            readonly=setting("LTC_CACHE_READONLY", _flag, False, "read and write"),
+            max_size=setting("LTC_CACHE_MAX_SIZE", _size_limit, None, "no size limit"),
             remote=env.get("LTC_CACHE_REMOTE") or None,
-            remote_ttl=parse_age(remote_ttl) if remote_ttl else None,
-            lock_timeout=float(env.get("LTC_CACHE_LOCK_TIMEOUT") or 600.0),
-            secret=_secret(env, directory),
+            remote_ttl=setting("LTC_CACHE_REMOTE_TTL", _positive(parse_age), None,
+                               "entries stay in Redis until deleted"),
+            lock_timeout=setting("LTC_CACHE_LOCK_TIMEOUT", _positive(_seconds), 600.0,
+                                 "600 seconds"),
+            secret=secret,
         )
+
+
+def _bad_setting(name: str, text: str, exc: ValueError, said: str) -> None:
+    # Imported here: ltc-cache reads the configuration strictly and must
+    # not pay for the warning machinery.
+    from .diagnostics import warn_once
+
+    shown = f"{name}={text!r}" if text else name
+    warn_once(f"setting:{name}", f"ignoring {shown}: {exc}; using: {said}")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+import os
+import sys
 import threading
 import warnings
 from collections import Counter
+from pathlib import Path
 
 __all__ = ["COUNTER_NAMES", "ProcessCounters", "counters", "warn_once"]
 
@@ -55,4 +60,25 @@ def warn_once(topic: str, message: str) -> None:
     """
     logger.debug("%s", message)
     if counters.first_time(topic):
-        warnings.warn(f"ltc_cache: {message}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"ltc_cache: {message}", RuntimeWarning, stacklevel=_caller_level())
+
+
+# Frames of these packages are skipped: a warning points at the user's line
+# (the compiled call, the torch.compile'd forward), not at ltc_cache's or
+# torch's own code, which the user can do nothing about.
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    torch = importlib.util.find_spec("torch")  # finds, does not import
+    files = [__file__, *([torch.origin] if torch and torch.origin else [])]
+    return tuple({os.path.dirname(path) + os.sep for f in files
+                  for path in (os.path.abspath(f), str(Path(f).resolve()))})
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside ltc_cache and torch,
+    as ``warnings.warn`` counts from warn_once."""
+    skipped = (*_library_dirs(), "<frozen ")
+    frame, level = sys._getframe(2), 2  # 1: warn_once, 2: who called it
+    while frame is not None and frame.f_code.co_filename.startswith(skipped):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -25,6 +25,8 @@ shape, since an LTC graph is traced for one.
 from __future__ import annotations
 
 import logging
+import re
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -61,8 +63,14 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _model_name(gm: fx.GraphModule) -> str:
-    """The class of the module Dynamo captured (else the function), for
-    entry names."""
+    """The class of the compiled module (else the function), for entry
+    names. Not the class of the frame Dynamo compiles: a graph break inside
+    a submodule (a hook on ``fc1`` that prints) makes Dynamo compile
+    ``Linear.forward`` and then a resume function of the model's forward,
+    and both graphs belong to the model."""
+    compiled = _compiled_module()
+    if compiled is not None:
+        return type(compiled).__name__
     code = None
     try:  # the frame Dynamo is compiling; internal API, so only a hint
         from torch._dynamo.symbolic_convert import InstructionTranslator
@@ -75,11 +83,36 @@ def _model_name(gm: fx.GraphModule) -> str:
     except Exception:  # no frame, or the API moved: fall back to the graph
         pass
     for node in gm.graph.nodes:
-        stack = node.meta.get("nn_module_stack")
-        if stack:
-            _, cls = min(stack.values(), key=lambda entry: len(entry[0]))
-            return getattr(cls, "__name__", str(cls))
-    return code or "fn"
+        for path, cls in (node.meta.get("nn_module_stack") or {}).values():
+            # L['self'], G['model']; not L['self'].fc1, nor a resume
+            # function's L['___stack0'] (a submodule held on the stack).
+            if _ROOT_MODULE.fullmatch(str(path)):
+                return getattr(cls, "__name__", str(cls))
+    # ``Net.forward``, ``Net.torch_dynamo_resume_in_forward_at_12``, ``step``
+    return code.split(".")[0] if code and not code.startswith("<") else "fn"
+
+
+_ROOT_MODULE = re.compile(r"[LG]\['(?!___)[^']*'\]|self")
+
+
+def _compiled_module() -> torch.nn.Module | None:
+    """The module ``torch.compile`` (or ``Module.compile``) wrapped, found
+    on the Python stack that called into Dynamo; None for a compiled
+    function that no compiled module calls."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if isinstance(owner, OptimizedModule):
+            return owner._orig_mod
+        if isinstance(owner, torch.nn.Module) \
+                and getattr(owner, "_compiled_call_impl", None) is not None:
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def _is_symbolic(value: Any) -> bool:
@@ -212,18 +245,46 @@ class LtcBackend:
         self._name = name
         self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
             weakref.WeakKeyDictionary())
+        self._variants: dict[tuple[Any, ...], LtcBackend] = {}  # by torch.compile options
 
     @property
     def cache(self) -> GraphCache:
         return self._cache if self._cache is not None else default_cache()
 
-    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                 mode: str | None = None, options: dict[str, Any] | None = None,
                  **kwargs: Any) -> Callable[..., Any]:
+        if options or mode or kwargs:
+            # torch.compile(..., mode=, options=) hands them to the backend.
+            settings = {**(options or {}), **kwargs}
+            variant = (mode, tuple(sorted(settings.items(), key=lambda item: item[0])))
+            configured = self._variants.get(variant)
+            if configured is None:  # one per setting: it keeps what it learned of LTC
+                configured = self._variants[variant] = self._configured(mode, settings)
+            return configured(gm, example_inputs)
         name = self._name or _model_name(gm)
         training = _needs_grad(example_inputs)
         if _is_dynamic(gm):
             return _PerShape(self, gm, name, training)
         return self._static(gm, example_inputs, name, training=training)
+
+    def _configured(self, mode: str | None, options: dict[str, Any]) -> LtcBackend:
+        """This backend with torch.compile's ``options`` applied; an unknown
+        option is an error (a typo must not pass for a setting), a ``mode``
+        warns once: Inductor's modes mean nothing to LTC."""
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for "
+                             f"backend='ltc_cache'; it accepts: {_accepted()}")
+        for option, value in options.items():
+            if not isinstance(value, _OPTIONS[option][0]):
+                raise ValueError(f"option {option!r} of backend='ltc_cache' takes "
+                                 f"{_OPTIONS[option][1]}, not {value!r}")
+        if mode:
+            warn_once(f"mode:{mode}", f"torch.compile mode={mode!r} means nothing to the "
+                      "ltc_cache backend (LTC compiles every graph one way); ignored")
+        return LtcBackend(self._cache, whole_graph=options.get("whole_graph", self._whole_graph),
+                          name=options.get("name", self._name))
 
     def _static(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str, *,
                 training: bool) -> Callable[..., Any]:
@@ -364,6 +425,17 @@ class LtcBackend:
             warn_once(f"eager-graph:{name}",
                       f"{name}: LTC lowers none of this graph's ops; it runs eagerly ({eager})")
         return parted.module
+
+
+# torch.compile(..., options={...}) for this backend: name -> (type, said).
+_OPTIONS: dict[str, tuple[type, str]] = {
+    "name": (str, "a string: the name of the entries (default: the model's class)"),
+    "whole_graph": (bool, "True or False: try an inference graph whole before partitioning"),
+}
+
+
+def _accepted() -> str:
+    return "; ".join(f"{name} ({said})" for name, (_, said) in _OPTIONS.items())
 
 
 backend = LtcBackend()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EntryError", "LockTimeout", "UncacheableGraph"]
+__all__ = ["EntryError", "LockTimeout", "LtcUnavailable", "UncacheableGraph", "is_graph_failure"]
 
 
 class EntryError(ValueError):
@@ -27,3 +27,30 @@ class LockTimeout(TimeoutError):
 class UncacheableGraph(TypeError):
     """The call cannot be keyed (an argument of a type with no stable
     identity), so it is traced without the cache."""
+
+
+class LtcUnavailable(RuntimeError):
+    """LTC cannot run in this process (its backend failed to initialise):
+    a fact about the process, not the graph, so never remembered."""
+
+
+# Messages of RuntimeErrors that come from the process, not the graph: out
+# of memory (torch.OutOfMemoryError is a RuntimeError too), other resources,
+# and LTC's backend initialised twice (what entries stored before that was
+# tolerated say).
+_PROCESS_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory",
+                     "resource temporarily unavailable", "too many open files",
+                     "register multiple backend fallbacks", "backend not registered")
+
+
+def is_graph_failure(exc: BaseException) -> bool:
+    """Whether a failed trace says something about the graph itself (an op
+    LTC cannot lower, a fallback), so that every process would fail the same
+    way and a negative entry may remember it. Environment, import, resource
+    and lock failures are not: the next process may well succeed."""
+    if not isinstance(exc, RuntimeError) or isinstance(exc, LtcUnavailable):
+        return False
+    if type(exc).__name__ == "OutOfMemoryError":
+        return False
+    message = str(exc).lower()
+    return not any(text in message for text in _PROCESS_MESSAGES)

@@ -10,9 +10,9 @@ Python outputs pass through.
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,7 @@ from torch._lazy import debug as lazy_debug
 from torch._lazy.extract_compiled_graph import force_lazy_device, get_fallback_ops
 from torch.nn.utils.stateless import _reparametrize_module
 
+from .errors import LtcUnavailable
 from .keys import module_tensors
 from .layout import Source, Update
 
@@ -136,11 +137,31 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     return Extraction(ir, inputs, outputs, tuple(updates), graph_hash)
 
 
-@functools.cache
+_init_lock = threading.Lock()
+
+
 def _init_lazy_backend() -> None:
-    # The TorchScript backend registers its kernels once per process; a
-    # second init raises.
-    torch._lazy.ts_backend.init()
+    """Initialise LTC's TorchScript backend once per process, unless someone
+    else did: a program may call ``torch._lazy.ts_backend.init()`` itself
+    (as LTC's own users do), and a second init raises. A failure here says
+    nothing about the graph: it is LtcUnavailable, never a negative entry."""
+    with _init_lock:
+        if _backend_registered():
+            return
+        try:
+            torch._lazy.ts_backend.init()
+        except Exception as exc:
+            if _backend_registered():  # another thread or library got there first
+                return
+            raise LtcUnavailable(f"cannot initialise LTC's TorchScript backend ({exc})") from exc
+
+
+def _backend_registered() -> bool:
+    try:
+        torch._C._lazy._get_default_device_type()
+    except RuntimeError:  # "Lazy tensor backend not registered."
+        return False
+    return True
 
 
 def _sync_views(values: Sequence[Any]) -> None:

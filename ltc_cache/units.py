@@ -1,34 +1,48 @@
-"""Human sizes and ages: parsing for configuration and flags, formatting for reports."""
+"""Human sizes and ages: parsing for configuration and flags, formatting for reports.
+
+Sizes have one rule, everywhere (``LTC_CACHE_MAX_SIZE``, ``prune --max-size``,
+``--filter size>...``): a whole number of bytes, or a number and a unit,
+decimal ``B``, ``KB``, ``MB``, ``GB``, ``TB`` (powers of 1000) or binary
+``KiB``, ``MiB``, ``GiB``, ``TiB`` (powers of 1024), spelled so (``kB`` too).
+Anything else (``10K``, ``10Mb``, which is megabits, ``1.5`` bytes) is refused
+rather than guessed at.
+"""
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
-__all__ = ["format_age", "format_size", "parse_age", "parse_size"]
+__all__ = ["SIZE_RULE", "format_age", "format_size", "parse_age", "parse_size"]
 
+SIZE_RULE = ("bytes, or a number with B, KB, MB, GB, TB (powers of 1000) "
+             "or KiB, MiB, GiB, TiB (powers of 1024), e.g. 500MB, 2GB, 1.5GiB")
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 
 
 def parse_size(text: str) -> int:
-    """Parse ``"2GB"``, ``"512MiB"``, ``"1.5 mb"`` or ``"1024"`` into bytes."""
+    """Parse ``"2GB"``, ``"512MiB"``, ``"1.5 GB"`` or ``"1024"`` into bytes (see SIZE_RULE)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match and match.group(2).lower()
-    if not match or unit not in _SIZE_UNITS:
-        raise ValueError(f"not a size: {text!r} (try e.g. 500MB, 2GB, 1GiB)")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if not match or match.group(2) not in {"", *_SIZE_UNITS}:
+        raise ValueError(f"not a size: {text!r} (give {SIZE_RULE})")
+    number, unit = match.groups()
+    # Decimal: 1.1KB is 1100 bytes exactly, not 1100.0000000000002.
+    value = Decimal(number) * _SIZE_UNITS.get(unit, 1)
+    if value != int(value):
+        raise ValueError(f"not a whole number of bytes: {text!r} (give {SIZE_RULE})")
+    return int(value)
 
 
 def parse_age(text: str) -> float:
     """Parse ``"30d"``, ``"12h"``, ``"90m"``, ``"2w"`` or plain seconds into seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdwy]?)\s*", text)
     if not match:
-        raise ValueError(f"not an age: {text!r} (try e.g. 30d, 12h, 90m, 2w)")
+        raise ValueError(f"not an age: {text!r} (give seconds, or a number with s, m, h, d, "
+                         "w or y, e.g. 30d, 12h, 90m, 2w)")
     return float(match.group(1)) * _AGE_UNITS[match.group(2) or "s"]
 
 

@@ -24,6 +24,7 @@ from ltc_cache.entry import decode, encode
 from ltc_cache.report import AmbiguousKey, resolve_key, scan
 from ltc_cache.store import DiskStore
 from ltc_cache.store.bundle import write_bundle
+from ltc_cache.units import format_size
 from ltc_cache.wire import is_entry_key
 
 SCRIPT = Path(sys.executable).with_name("ltc-cache")
@@ -265,14 +266,14 @@ def test_prune_stale_shows_its_plan_asks_and_deletes(cache_copy):
     dry = ltc(directory, "prune", "--stale", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert stale[:12] in dry.stdout and "torch 1.13.0" in dry.stdout
-    assert "Will delete 1 entries" in dry.stdout and "nothing deleted" in dry.stdout
+    assert "Will delete 1 entry," in dry.stdout and "nothing deleted" in dry.stdout
     declined = ltc(directory, "prune", "--stale", stdin="n\n")
     assert declined.returncode == 1 and "Nothing deleted" in declined.stdout
     assert stale in stored_keys(directory)
 
     done = ltc(directory, "prune", "--stale", "--yes")
     assert done.returncode == 0, done.stderr
-    assert "Deleted 1 entries" in done.stdout
+    assert "Deleted 1 entry," in done.stdout
     assert stored_keys(directory) == set(keys.values())
 
 
@@ -302,12 +303,32 @@ def test_clear_deletes_every_entry_after_asking(cache_copy):
     store = DiskStore(directory)
     internal = set(store.keys()) - entry_keys(store)
     store.close()
+    assert internal and list((directory / "locks").glob("*.lock"))
     proc = ltc(directory, "clear", stdin="y\n")
     assert proc.returncode == 0, proc.stderr
-    assert "Will delete 4 entries" in proc.stdout and "Deleted 4 entries" in proc.stdout
-    store = DiskStore(directory)
-    assert set(store.keys()) == internal  # internal records are not entries
+    records = f"{len(internal)} internal record{'s' if len(internal) > 1 else ''}"
+    assert f"Will delete 4 entries and {records}" in proc.stdout
+    assert f"Deleted 4 entries and {records}" in proc.stdout
+    # Issue 14, item 5: a cleared cache starts over: no internal records
+    # (stats counted them), no ledger rows, no lock files left behind.
+    assert stored_keys(directory) == set()
+    store = DiskStore(directory, readonly=True)
+    assert list(store.keys()) == [] and store.ledger.entries() == {}
     store.close()
+    assert not list((directory / "locks").glob("*.lock"))
+    stats = json.loads(ltc(directory, "stats", "--json").stdout)
+    assert stats["entries"] == 0 and stats["internal_records"] == 0
+
+
+def test_clear_leaves_a_lock_file_a_process_holds(cache_copy):
+    import filelock
+
+    directory, keys = cache_copy
+    held = directory / "locks" / f"{keys['weighted']}.lock"
+    with filelock.FileLock(str(held), timeout=0):
+        proc = ltc(directory, "clear", "--yes")
+        assert proc.returncode == 0, proc.stderr
+        assert held.exists()
 
 
 def test_verify_finds_bad_entries_and_fix_removes_them(cache_copy):
@@ -456,3 +477,90 @@ def test_record_never_raises_and_put_still_stores(tmp_path):
     store.put("b" * 64, b"bytes")
     assert store.get("b" * 64) == b"bytes"
     store.close()
+
+
+def test_the_size_limit_is_recorded_in_the_directory_and_counts_entries_only(filled, tmp_path):
+    # Issue 14, item 6: stats shows the limit the directory is kept to, even
+    # from a shell without LTC_CACHE_MAX_SIZE; internal records (the names
+    # records) do not count toward it, so a limit just above the entries'
+    # total evicts nothing.
+    directory, keys = filled
+    source = DiskStore(directory, readonly=True)
+    entry_total = sum(row.size for row in source.rows() if is_entry_key(row.key))
+    source.close()
+    limited = tmp_path / "limited"
+    limit = entry_total + 10
+    cache = GraphCache(CacheConfig(directory=limited, max_size=limit))
+    for case in CASES:
+        gm, shapes = build(case)
+        cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1), name=case)
+    cache.store.close()
+    assert stored_keys(limited) == set(keys.values())
+    stats = json.loads(ltc(limited, "stats", "--json").stdout)
+    assert stats["size_limit"] == limit and stats["size_limit_source"] == "recorded"
+    assert stats["counters"]["evictions"] == 0
+    assert format_size(limit) in ltc(limited, "stats").stdout
+
+
+def test_global_options_work_after_the_command(filled):
+    # Issue 14, item 10.
+    directory, keys = filled
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
+    for argv in (["show", keys["weighted"][:10], "--dir", str(directory), "--no-ir"],
+                 ["ls", "--dir", str(directory)], ["stats", "--json", "--dir", str(directory)]):
+        proc = subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True,
+                              env=environ, timeout=300)
+        assert proc.returncode == 0, (argv, proc.stderr)
+        assert "entries" in proc.stdout or keys["weighted"] in proc.stdout
+
+
+def test_usage_errors_are_one_line(filled, tmp_path):
+    directory, _ = filled
+    for args in (["ls", "--bogus"], ["prune", "--max-size", "10Mb"], ["frobnicate"]):
+        proc = ltc(directory, *args)
+        assert proc.returncode == 2 and proc.stdout == "", args
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "powers of 1000" in ltc(directory, "prune", "--max-size", "10K").stderr
+    assert "powers of 1000" in ltc(directory, "--help").stdout  # the rule, in --help
+
+
+def test_export_refuses_a_directory_and_overwrites_only_with_force(filled, tmp_path):
+    # Issue 14, item 11.
+    directory, _ = filled
+    proc = ltc(directory, "export", str(tmp_path))
+    assert proc.returncode == 2 and "is a directory" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    bundle = tmp_path / "warm.ltcb"
+    bundle.write_bytes(b"precious")
+    proc = ltc(directory, "export", str(bundle))
+    assert proc.returncode == 2 and "--force" in proc.stderr
+    assert bundle.read_bytes() == b"precious"
+    proc = ltc(directory, "export", str(bundle), "--force", "--key",
+               next(iter(filled[1].values()))[:12])
+    assert proc.returncode == 0, proc.stderr
+    assert "Exported 1 entry (" in proc.stdout  # item 14: the count, in English
+    assert bundle.read_bytes() != b"precious"
+
+
+def test_directory_errors_say_what_is_wrong(tmp_path):
+    # Issue 14, item 12.
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    proc = ltc(a_file, "ls")
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr
+    proc = ltc(tmp_path / "missing", "ls")
+    assert proc.returncode == 2 and "no cache directory" in proc.stderr
+    assert "LTC_CACHE_DIR" not in proc.stderr  # --dir was given: no hint to set it
+    proc = subprocess.run([str(SCRIPT), "--dir", "", "ls"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2 and "--dir is empty" in proc.stderr
+
+
+def test_show_says_what_a_negative_entry_and_a_plan_are(cache_copy):
+    # Issue 14, item 14: no empty Inputs, Outputs and IR sections.
+    directory, keys = cache_copy
+    negative = put_negative(directory, keys["weighted"], "unextractable")
+    proc = ltc(directory, "show", negative[:12])
+    assert proc.returncode == 0, proc.stderr
+    assert "A negative entry" in proc.stdout and "has no LTC lowering" in proc.stdout
+    assert "Inputs (" not in proc.stdout and "IR:" not in proc.stdout

@@ -356,3 +356,89 @@ def test_a_remote_url_of_another_scheme_is_refused_clearly(cache_dir):
         extract_and_check(cache, "weighted")
     assert any("LTC_CACHE_REMOTE='http://127.0.0.1:1/'" in str(w.message) for w in caught)
     assert isinstance(cache.store, DiskStore)
+
+
+def test_internal_records_come_from_redis_too(redis_server, tmp_path, caplog, fresh_counters):
+    # A machine warmed from Redis must not probe ops again (issue 14, item 8).
+    from ltc_cache.partition import OpSupport, _encode_record, support_record_key
+
+    first = GraphCache(CacheConfig(directory=tmp_path / "a", remote=redis_server.url))
+    first.store.put(support_record_key(), _encode_record({"aten.sign.default(float32)": "no",
+                                                          "aten.tanh.default(float32)": ""}))
+    extract_and_check(first, "weighted")  # and a per-name record
+    second = GraphCache(CacheConfig(directory=tmp_path / "b", remote=redis_server.url))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        support = OpSupport(second.store)
+        assert "aten.sign.default(float32)" in support.unsupported
+    assert support.probes == 0
+    assert "op-support" not in caplog.text
+    assert ltc_cache.stats()["errors"] == 0
+    local = DiskStore(tmp_path / "b")
+    assert local.get(support_record_key()) == first.store.get(support_record_key())
+    remote_keys = list(RedisStore(redis_server.url).keys())
+    names = [k for k in remote_keys if k.startswith("ltc_cache:names:")]
+    assert names and all(second.store.get(k) is not None for k in names)
+
+
+# -- ltc-cache on the Redis tier (issue 14, items 5 and 9) --------------------------------
+
+SCRIPT = Path(sys.executable).with_name("ltc-cache")
+
+
+def ltc(*args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
+    environ.update(env)
+    return subprocess.run([str(SCRIPT), *args], input=stdin, capture_output=True, text=True,
+                          env=environ, timeout=300)
+
+
+def test_the_cli_lists_verifies_prunes_and_clears_redis(redis_server, tmp_path, fresh_counters):
+    url = redis_server.url
+    machine = GraphCache(CacheConfig(directory=tmp_path / "a", remote=url))
+    keys = {extract_and_check(machine, case) for case in ("weighted", "addcmul")}
+    machine.store.close()
+
+    listing = ltc("--remote", url, "ls", "--json")
+    assert listing.returncode == 0, listing.stderr
+    assert {e["key"] for e in json.loads(listing.stdout)["entries"]} == keys
+    stats = json.loads(ltc("stats", "--json", "--remote", url).stdout)
+    assert stats["entries"] == 2 and stats["internal_records"] >= 1
+    assert ltc("--remote", url, "stats", "--zero").returncode == 2
+
+    # verify, and --fix, on a tampered entry
+    tampered = sorted(keys)[0]
+    client = redis_server.client()
+    data = bytearray(client.get(f"ltc_cache:entry:{tampered}"))
+    data[len(data) // 2] ^= 0xFF
+    client.set(f"ltc_cache:entry:{tampered}", bytes(data))
+    bad = ltc("--remote", url, "verify")
+    assert bad.returncode == 1 and f"BAD {tampered[:12]}" in bad.stdout
+    fixed = ltc("--remote", url, "verify", "--fix")
+    assert fixed.returncode == 0 and "1 removed" in fixed.stdout
+    assert client.get(f"ltc_cache:entry:{tampered}") is None
+
+    # prune and clear: the plan, --dry-run, and no deletion without --yes off a terminal
+    dry = ltc("--remote", url, "prune", "--max-size", "0", "--dry-run")
+    assert dry.returncode == 0 and "Will delete 1 entry," in dry.stdout
+    declined = ltc("--remote", url, "clear")
+    assert declined.returncode == 1 and "Nothing deleted" in declined.stdout
+    assert len(list(RedisStore(url).keys())) > 1
+
+    # With LTC_CACHE_REMOTE set, clear empties both tiers: the next machine traces.
+    cleared = ltc("--dir", str(tmp_path / "a"), "clear", "--yes", LTC_CACHE_REMOTE=url)
+    assert cleared.returncode == 0, cleared.stderr
+    assert "== Redis tier ==" in cleared.stdout
+    assert list(RedisStore(url).keys()) == []
+    assert list(DiskStore(tmp_path / "a").keys()) == []
+    before = ltc_cache.stats()
+    extract_and_check(GraphCache(CacheConfig(directory=tmp_path / "b", remote=url)), "weighted")
+    assert delta(before)["traces"] == 1
+
+
+def test_the_cli_says_when_redis_cannot_be_reached(tmp_path):
+    proc = ltc("--remote", f"redis://127.0.0.1:{_free_port()}/0", "ls")
+    assert proc.returncode == 1 and "redis" in proc.stderr.lower()
+    assert len(proc.stderr.strip().splitlines()) == 1
+    proc = ltc("--remote", "http://example/0", "ls")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1

@@ -11,6 +11,7 @@ an abort.
 - entries.py: reading whole entries (``show``, ``verify``)
 - deletion.py: deletion plans (``prune``, ``clear``)
 - bundles.py: ``export`` and ``import``
+- remote.py: the Redis tier, shaped for the same reports
 
 Only entries.py, deletion.py (``--stale``) and bundles.py import torch, and
 only inside the calls that decode entries or need torch's version, so
@@ -18,7 +19,7 @@ only inside the calls that decode entries or need torch's version, so
 """
 
 from .bundles import ImportReport, export_bundle, import_bundle
-from .deletion import DeletePlan, plan_clear, plan_prune
+from .deletion import DeletePlan, plan_clear, plan_prune, remove_free_lock_files
 from .entries import EntryProblem, Progress, VerifyReport, describe_source, load_entry, verify
 from .listing import CacheReport, EntryInfo, NoCache, open_store, scan
 from .selection import (
@@ -54,6 +55,7 @@ __all__ = [
     "parse_filter",
     "plan_clear",
     "plan_prune",
+    "remove_free_lock_files",
     "resolve_key",
     "scan",
     "sort_entries",

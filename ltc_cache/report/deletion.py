@@ -6,13 +6,14 @@ import operator
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..store.disk import DiskStore
 from ..units import format_size
 from .entries import Progress
 from .listing import CacheReport, EntryInfo
 
-__all__ = ["DeletePlan", "plan_clear", "plan_prune"]
+__all__ = ["DeletePlan", "plan_clear", "plan_prune", "remove_free_lock_files"]
 
 # Keys deleted per DiskStore.discard call, so a progress bar moves.
 _CHUNK = 256
@@ -24,10 +25,14 @@ class DeletePlan:
 
     entries: tuple[EntryInfo, ...]
     reasons: Mapping[str, str]
+    # Internal records (per-name key records, the op-support record): only
+    # `clear` deletes them.
+    records: tuple[str, ...] = ()
+    records_size: int = 0
 
     @property
     def expected_freed_size(self) -> int:
-        return sum(e.size for e in self.entries)
+        return sum(e.size for e in self.entries) + self.records_size
 
     @property
     def expected_freed_size_str(self) -> str:
@@ -42,6 +47,7 @@ class DeletePlan:
             removed += len(store.discard(chunk))
             if progress:
                 progress(len(chunk))
+        store.discard(self.records)
         return removed
 
 
@@ -81,5 +87,26 @@ def plan_prune(report: CacheReport, *, max_size: int | None = None,
 
 
 def plan_clear(report: CacheReport) -> DeletePlan:
-    """Every entry (internal records stay)."""
-    return DeletePlan(report.entries, {e.key: "clear" for e in report.entries})
+    """Every entry and every internal record: a cleared cache starts over."""
+    return DeletePlan(report.entries, {e.key: "clear" for e in report.entries},
+                      report.internal_keys, report.internal_size)
+
+
+def remove_free_lock_files(directory: Path) -> int:
+    """Delete the lock files in ``directory/locks`` that no process holds
+    (each taken without waiting, then removed); returns how many. A held
+    one stays: removing it would let a second process lock a new file of
+    the same name while the first still traces."""
+    import filelock
+
+    removed = 0
+    locks = Path(directory) / "locks"
+    for path in sorted(locks.glob("*.lock")) if locks.is_dir() else ():
+        lock = filelock.FileLock(str(path), timeout=0)
+        try:
+            with lock:
+                path.unlink(missing_ok=True)
+                removed += 1
+        except (filelock.Timeout, OSError):
+            continue
+    return removed

@@ -103,6 +103,7 @@ class CacheReport:
     internal_records: int  # values under keys that are not entry keys
     internal_size: int
     scanned_at: float
+    internal_keys: tuple[str, ...] = ()  # what `clear` deletes besides the entries
 
     @property
     def size(self) -> int:
@@ -138,10 +139,10 @@ def scan(store: DiskStore) -> CacheReport:
         records = store.ledger.entries()
     except (sqlite3.Error, OSError):  # no summaries to be had: the entries are read instead
         records = {}
-    entries, internal, internal_size = [], 0, 0
+    entries, internal, internal_size = [], [], 0
     for key, size, stored, accessed in store.rows():
         if not is_entry_key(key):
-            internal += 1
+            internal.append(key)
             internal_size += size
             continue
         record = records.get(key)
@@ -164,5 +165,5 @@ def scan(store: DiskStore) -> CacheReport:
             schema=summary.get("schema"),
             problem=summary.get("problem"),
         ))
-    return CacheReport(Path(store.directory), tuple(entries), internal, internal_size,
-                       time.time())
+    return CacheReport(Path(store.directory), tuple(entries), len(internal), internal_size,
+                       time.time(), tuple(internal))

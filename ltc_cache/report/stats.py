@@ -26,8 +26,12 @@ class StatsReport:
     entry_size: int
     internal_records: int
     internal_size: int
-    disk_usage: int  # every file under the directory, SQLite overhead included
+    disk_usage: int | None  # every file under the directory; None for Redis
     size_limit: int | None
+    # Where the limit comes from: "recorded" (by the processes that store in
+    # the directory), "environment" (LTC_CACHE_MAX_SIZE of this process), or
+    # None where no storing process recorded one and none is set here.
+    size_limit_source: str | None
     counters: Mapping[str, int]  # STAT_NAMES, across every process using the directory
     zeroed_at: float | None
 
@@ -51,7 +55,7 @@ class StatsReport:
 
     @property
     def disk_usage_str(self) -> str:
-        return format_size(self.disk_usage)
+        return "-" if self.disk_usage is None else format_size(self.disk_usage)
 
     @property
     def size_limit_str(self) -> str:
@@ -67,7 +71,8 @@ class StatsReport:
             "entry_size": self.entry_size, "entry_size_str": self.entry_size_str,
             "internal_records": self.internal_records, "internal_size": self.internal_size,
             "disk_usage": self.disk_usage, "disk_usage_str": self.disk_usage_str,
-            "size_limit": self.size_limit, "counters": dict(self.counters),
+            "size_limit": self.size_limit, "size_limit_source": self.size_limit_source,
+            "counters": dict(self.counters),
             "hit_rate": self.hit_rate, "zeroed_at": self.zeroed_at,
         }
 
@@ -87,7 +92,9 @@ def _disk_usage(directory: Path) -> int:
 
 def collect_stats(store: DiskStore, *, size_limit: int | None = None) -> StatsReport:
     """Counts and bytes from diskcache's index, counters from the ledger;
-    no entry is read."""
+    no entry is read. The size limit is the one the storing processes
+    recorded in the directory; ``size_limit`` (this process's setting) only
+    where none did."""
     entries = entry_size = internal = internal_size = 0
     for row in store.rows():
         if is_entry_key(row.key):
@@ -97,6 +104,11 @@ def collect_stats(store: DiskStore, *, size_limit: int | None = None) -> StatsRe
             internal += 1
             internal_size += row.size
     counters = {name: 0 for name in STAT_NAMES} | store.ledger.counters()
+    recorded, limit = store.ledger.size_limit()
+    usage = _disk_usage(Path(store.directory)) if isinstance(store, DiskStore) else None
+    source = "recorded" if recorded else ("environment" if size_limit else None)
+    if not recorded:
+        limit = size_limit
     return StatsReport(Path(store.directory), entries, entry_size, internal, internal_size,
-                       _disk_usage(Path(store.directory)), size_limit, counters,
+                       usage, limit, source, counters,
                        store.ledger.zeroed_at())

@@ -52,6 +52,10 @@ _NO_LIMIT = 2**62
 _VALUE_BYTES = "CASE WHEN filename IS NULL THEN length(value) ELSE size END"
 
 
+# SQL for ledger.is_entry_key: 64 lower-case hex digits.
+_ENTRY_KEY_SQL = "length(key) = 64 AND key NOT GLOB '*[^0-9a-f]*'"
+
+
 class BytesOnlyDisk(diskcache.Disk):
     """diskcache's serializer, narrowed to bytes: it never pickles on the
     way in, and refuses to unpickle a value that was stored pickled (by
@@ -136,6 +140,7 @@ class DiskStore(Store):
         self._locks = self.directory / "locks"
         self._entries = self.directory / "entries"
         self._max_size = max_size
+        self._limit_noted = False
         self._swap = threading.Lock()
         check_private_dir(self.directory, create=not readonly, allow_root=readonly)
         if readonly:
@@ -338,6 +343,9 @@ class DiskStore(Store):
 
     def _after_put(self, key: str, value: bytes) -> None:
         self.ledger.note_put(key, value)  # never raises
+        if not self._limit_noted:  # once per store: the limit this process keeps
+            self._limit_noted = True
+            self.ledger.note_limit(self._max_size or None)
         try:
             self._evict_over_limit(keep=key)
         except Exception as exc:  # the entry is stored; the limit holds at the next put
@@ -349,7 +357,10 @@ class DiskStore(Store):
         limit = self._max_size
         if not limit:
             return []
-        (total,), = self._query(f"SELECT COALESCE(SUM({_VALUE_BYTES}), 0) FROM Cache")
+        # The limit is on entries: internal records are never evicted, so
+        # counting them would evict entries for bytes that cannot be freed.
+        (total,), = self._query(f"SELECT COALESCE(SUM({_VALUE_BYTES}), 0) FROM Cache "
+                                f"WHERE raw = 1 AND {_ENTRY_KEY_SQL}")
         if total <= limit:
             return []
         evicted = []

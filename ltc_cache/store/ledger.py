@@ -157,6 +157,17 @@ class Ledger:
         except Exception as exc:
             logger.debug("cannot add to %s in %s: %s", name, self.path, exc)
 
+    def note_limit(self, limit: int | None) -> None:
+        """Record the size limit the storing process keeps the directory to
+        (None: none), so ``ltc-cache stats`` shows it whatever its own shell
+        has set."""
+        try:
+            con = self._connect(create=True)
+            with con:
+                con.execute("INSERT OR REPLACE INTO info VALUES ('size_limit', ?)", (limit,))
+        except Exception as exc:
+            logger.debug("cannot note the size limit in %s: %s", self.path, exc)
+
     # -- maintenance: these raise sqlite3.Error / OSError to the caller --
 
     def forget(self, keys: Iterable[str]) -> None:
@@ -186,6 +197,11 @@ class Ledger:
     def zeroed_at(self) -> float | None:
         rows = self._read("SELECT value FROM info WHERE name = 'zeroed_at'")
         return float(rows[0][0]) if rows else None
+
+    def size_limit(self) -> tuple[bool, int | None]:
+        """(whether a storing process recorded its limit, that limit or None)."""
+        rows = self._read("SELECT value FROM info WHERE name = 'size_limit'")
+        return (True, None if rows[0][0] is None else int(rows[0][0])) if rows else (False, None)
 
     def entries(self) -> dict[str, EntryRecord]:
         records = {}

@@ -118,6 +118,43 @@ class RedisStore(Store):
             self._client.scan_iter(match=self._entry("*"), count=1000)))
         return iter(name.decode()[start:] for name in names)
 
+    # -- for ltc-cache: listing, reading without renewing, deleting many --
+
+    def sizes_and_idle(self, keys: list[str]) -> list[tuple[int, float | None]]:
+        """(bytes, seconds since last read or None where Redis does not
+        track it) of each key, in one round trip. Reads no value and renews
+        no TTL."""
+        def query() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.strlen(self._entry(key))
+                pipe.object("idletime", self._entry(key))
+            return pipe.execute(raise_on_error=False)
+
+        answers = self._call("list", query) if keys else []
+        return [(int(size) if isinstance(size, int) else 0,
+                 float(idle) if isinstance(idle, int) else None)
+                for size, idle in zip(answers[::2], answers[1::2], strict=True)]
+
+    def peek(self, key: str) -> bytes | None:
+        """``get`` that leaves the TTL alone (listing or verifying is not use)."""
+        return self._call("read", self._client.get, self._entry(key))
+
+    def discard(self, keys: list[str]) -> list[str]:
+        """Delete ``keys``; returns those that were there."""
+        def delete() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.delete(self._entry(key))
+            return pipe.execute()
+
+        answers = self._call("delete", delete) if keys else []
+        return [key for key, gone in zip(keys, answers, strict=True) if gone]
+
+    def where(self) -> str:
+        """``host:port/db`` (or the socket path): never the URL, which may hold a password."""
+        return self._where()
+
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float) -> Iterator[object]:
         """Hold ``key`` against every process sharing this Redis, waiting at

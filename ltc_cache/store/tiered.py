@@ -24,6 +24,7 @@ from typing import TypeVar
 from ..diagnostics import counters, warn_once
 from ..errors import LockTimeout
 from .base import Store
+from .ledger import is_entry_key
 
 __all__ = ["TieredStore"]
 
@@ -90,7 +91,10 @@ class TieredStore(Store):
         data = self._remote("read", self.remote.get, key)
         if data is None:
             return None
-        if self._verify is not None:
+        # Only entries are vetted as entries; internal records (the op-support
+        # record, the per-name key records) have formats of their own, which
+        # their readers check.
+        if self._verify is not None and is_entry_key(key):
             try:
                 self._verify(key, data)
             except Exception:
