@@ -183,6 +183,11 @@ class GraphCache:
             self._put(store, entry)
             self._remember_name(store, key, entry.graph_name)
 
+    def record(self, event: str) -> None:
+        """Count an event of the backend (an AOTAutograd trace, a plan
+        used) here and in the store, as ``ltc-cache stats`` shows it."""
+        self._count(event, None)
+
     def drop_entry(self, key: CacheKey, problem: str) -> None:
         """Warn about and delete an entry found unusable after decoding."""
         if self.store is not None:

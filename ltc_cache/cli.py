@@ -26,6 +26,7 @@ from .config import CacheConfig
 from .errors import EntryError
 from .report import (
     SORT_FIELDS,
+    STAT_LABELS,
     STAT_NAMES,
     DeletePlan,
     EntryFilter,
@@ -218,7 +219,7 @@ def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
         ("Hits", str(c["hits"])),
         ("Misses", str(c["misses"])),
         ("Hit rate", stats.hit_rate_str),
-        *((name.capitalize(), str(c[name])) for name in STAT_NAMES
+        *((STAT_LABELS.get(name, name.capitalize()), str(c[name])) for name in STAT_NAMES
           if name not in ("hits", "misses")),
         ("Counting since", "first use" if stats.zeroed_at is None
          else f"{stats.zeroed_at_str} (stats --zero)"),

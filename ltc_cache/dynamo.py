@@ -43,7 +43,8 @@ from .keys import CacheKey, compute_key
 if TYPE_CHECKING:  # partition imports FX's partitioner: only when compiling
     from .partition import OpSupport
 
-__all__ = ["AOT_GRAPHS", "ATEN_OPS", "LTC_OPS", "PLAN_HITS", "LtcBackend", "backend"]
+__all__ = ["AOT_GRAPHS", "AOT_TRACES", "ATEN_OPS", "LTC_OPS", "PLAN_HITS", "LtcBackend",
+           "backend"]
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
@@ -54,6 +55,9 @@ logger = logging.getLogger("ltc_cache.dynamo")
 ATEN_OPS = "aten_ops"
 LTC_OPS = "ltc_ops"
 AOT_GRAPHS = "aot_graphs"
+# Also recorded in the store (``ltc-cache stats``): AOTAutograd traces that
+# ran, and graphs built from a stored plan instead of one.
+AOT_TRACES = "aot_traces"
 PLAN_HITS = "plan_hits"
 
 
@@ -291,7 +295,7 @@ class LtcBackend:
         cache = self.cache
         try:
             if training:
-                return self._aot(gm, example_inputs, name, cache)
+                return self._training(gm, example_inputs, name, cache)
             if self._whole_graph:
                 compiled = self._whole(gm, example_inputs, f"{name}.inference", cache)
                 if compiled is not None:
@@ -342,46 +346,61 @@ class LtcBackend:
                 cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
             else:
                 logger.info("%s: partitioning the stored plan %s", name, key.digest[:12])
-                counters.bump(PLAN_HITS)
+                cache.record(PLAN_HITS)
                 module = self._partitioned(planned, f"{name}.inference", cache)
                 return _Guarded(module.forward, gm.forward, f"{name}.plan", as_tuple=False,
                                 ops=0)
         return self._aot(gm, example_inputs, name, cache, plan=key)
 
-    def _store_plan(self, graph: fx.GraphModule, example_inputs: Sequence[Any], name: str,
-                    cache: GraphCache, key: CacheKey) -> None:
-        from torch._guards import TracingContext
+    def _training(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
+                  cache: GraphCache) -> Callable[..., Any]:
+        """Training: from the stored forward and backward graphs where there
+        are some (:mod:`ltc_cache.joint`), else through AOTAutograd, which
+        stores them."""
+        from .joint import JointFunction, joint_graphs
+        from .plan import plan_key
 
-        from .plan import PlanError, plan_entry, runs_bare
-
-        context = TracingContext.try_get()
-        metadata = context.fw_metadata if context is not None else None
-        placeholders = sum(1 for node in graph.graph.nodes if node.op == "placeholder")
-        if metadata is None or placeholders != len(example_inputs) \
-                or not runs_bare(metadata, example_inputs):
-            logger.info("%s: no plan stored (AOTAutograd wraps this graph)", name)
-            return
         try:
-            with _disable_current_modes():  # the constants are real tensors
-                entry = plan_entry(graph, key, f"{name}.plan")
-        except PlanError as exc:
-            logger.info("%s: no plan stored (%s)", name, exc)
-            return
-        cache.store_entry(entry, key)
+            key = plan_key(compute_key(gm, example_inputs), training=True)
+        except UncacheableGraph:
+            return self._aot(gm, example_inputs, name, cache)
+        entry = cache.lookup_entry(key)
+        if entry is not None:
+            try:
+                forward, backward, layout = joint_graphs(entry)
+            except EntryError as exc:
+                cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
+            else:
+                logger.info("%s: partitioning the stored training plan %s", name,
+                            key.digest[:12])
+                cache.record(PLAN_HITS)
+                joint = JointFunction(self._partitioned(forward, f"{name}.forward", cache),
+                                      self._partitioned(backward, f"{name}.backward", cache),
+                                      layout)
+                return _Guarded(joint, gm.forward, f"{name}.plan", as_tuple=False, ops=0)
+        return self._aot(gm, example_inputs, name, cache, plan=key)
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
              cache: GraphCache, *, plan: CacheKey | None = None) -> Callable[..., Any]:
+        """Through AOTAutograd. With ``plan``, its graphs are stored under
+        that key (an inference plan; a training plan once the backward graph
+        is made), and what is partitioned is each graph as the plan rebuilds
+        it, so that a warm process makes the same regions."""
         from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
         from .partition import decompositions
 
+        pending: dict[str, Any] = {}  # a forward graph waiting for its backward
+
         def compiler(kind: str) -> Callable[..., Any]:
             def compile_graph(graph: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
                 counters.bump(AOT_GRAPHS)
-                if kind == "inference" and plan is not None:
-                    # Before partitioning, which fuses the graph in place.
-                    self._store_plan(graph, example_inputs, f"{name}.inference", cache, plan)
+                if kind != "backward":  # one AOTAutograd trace made it (and its backward)
+                    cache.record(AOT_TRACES)
+                if plan is not None:
+                    graph = self._planned(graph, kind, example_inputs, f"{name}.{kind}", cache,
+                                          plan, pending)
                 module = self._partitioned(graph, f"{name}.{kind}", cache)
                 return make_boxed_func(module.forward)
             return compile_graph
@@ -393,6 +412,51 @@ class LtcBackend:
             decompositions=decompositions(),
         )
         return aot(gm, example_inputs)
+
+    def _planned(self, graph: fx.GraphModule, kind: str, example_inputs: Sequence[Any],
+                 name: str, cache: GraphCache, key: CacheKey,
+                 pending: dict[str, Any]) -> fx.GraphModule:
+        """Store ``graph`` in its plan (a forward waits in ``pending`` for
+        its backward) and return it as the plan rebuilds it; ``graph`` itself
+        where no plan can hold it."""
+        from torch._guards import TracingContext
+
+        from .joint import joint_meta, trainable
+        from .plan import PlanError, graph_from_wire, graph_to_wire, plan_entry, runs_bare
+
+        metadata = None
+        if kind == "backward":
+            forward = pending.pop("forward", None)
+            if forward is None:  # its forward has no plan
+                return graph
+        else:
+            context = TracingContext.try_get()
+            metadata = context.fw_metadata if context is not None else None
+            placeholders = sum(1 for node in graph.graph.nodes if node.op == "placeholder")
+            fits = trainable if kind == "forward" else runs_bare
+            if metadata is None or placeholders != len(example_inputs) \
+                    or not fits(metadata, example_inputs):
+                logger.info("%s: no plan stored (AOTAutograd wraps this graph)", name)
+                return graph
+        try:
+            with _disable_current_modes():  # the constants are real tensors
+                wire = graph_to_wire(graph)
+                rebuilt = graph_from_wire(wire)
+                if kind == "forward":
+                    pending["forward"] = (wire, rebuilt, metadata)
+                    return rebuilt
+                if kind == "backward":
+                    forward_wire, forward_graph, metadata = forward
+                    extra = joint_meta(forward_graph, rebuilt, metadata)
+                    entry = plan_entry(forward_wire, key, f"{name.rsplit('.', 1)[0]}.training.plan",
+                                       **extra)
+                else:
+                    entry = plan_entry(wire, key, f"{name}.plan")
+        except (PlanError, EntryError) as exc:
+            logger.info("%s: no plan stored (%s)", name, exc)
+            return graph
+        cache.store_entry(entry, key)
+        return rebuilt
 
     def op_support(self, cache: GraphCache | None = None) -> OpSupport:
         """What LTC lowers, as learned and remembered in ``cache`` (default:

@@ -53,22 +53,28 @@ class PlanError(ValueError):
     plan does not hold)."""
 
 
-def plan_key(key: CacheKey) -> CacheKey:
+def plan_key(key: CacheKey, *, training: bool = False) -> CacheKey:
     """The plan's key: the whole graph's key, plus the decompositions it was
     made with (the source of :mod:`ltc_cache.partition`, so that any change
-    there makes a new plan rather than a stale one)."""
+    there makes a new plan rather than a stale one), plus whether it is a
+    training plan (forward and backward, :mod:`ltc_cache.joint`)."""
     from . import partition
 
     source = Path(partition.__file__).read_bytes()
-    return derived_key(key, plan=f"{FORMAT}:{_VERSION}:{hashlib.sha256(source).hexdigest()}")
+    kind = "training" if training else "inference"
+    return derived_key(key, plan=f"{FORMAT}:{_VERSION}:{kind}:"
+                                 f"{hashlib.sha256(source).hexdigest()}")
 
 
-def plan_entry(graph: fx.GraphModule, key: CacheKey, graph_name: str) -> Entry:
-    """The entry of kind ``plan`` that holds ``graph``; raises
-    :class:`PlanError` for a graph a plan cannot hold."""
-    meta = new_meta(graph_name=graph_name, node_count=len(graph.graph.nodes), graph_hash="",
+def plan_entry(graph: fx.GraphModule | dict[str, Any], key: CacheKey, graph_name: str,
+               **extra: Any) -> Entry:
+    """The entry of kind ``plan`` that holds ``graph`` (or its
+    :func:`graph_to_wire` form), and ``extra`` meta data (a training plan's
+    backward graph); raises :class:`PlanError` for a graph a plan cannot hold."""
+    wire = graph if isinstance(graph, dict) else graph_to_wire(graph)
+    meta = new_meta(graph_name=graph_name, node_count=len(wire["nodes"]), graph_hash="",
                     key_parts=key.parts)
-    meta.update(kind="plan", plan=graph_to_wire(graph))
+    meta.update(kind="plan", plan=wire, **extra)
     return Entry(key.digest, "", (), (), (), meta)
 
 

@@ -53,6 +53,26 @@ def llama():
     return transformers.LlamaForCausalLM(config), (_ids(),)
 
 
+def llama_gqa():
+    """Grouped-query attention: fewer key-value heads than query heads."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(config), (_ids(),)
+
+
+def gpt2_dropout():
+    """GPT-2 with its dropouts on (0.1), as it trains by default."""
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+        eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config), (_ids(),)
+
+
 def t5():
     import transformers
 
@@ -85,7 +105,8 @@ def cnn():
     return SmallCNN(), (torch.randn(BATCH, 3, 16, 16),)
 
 
-MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "t5": t5,
+MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "llama_gqa": llama_gqa,
+          "gpt2_dropout": gpt2_dropout, "t5": t5,
           "transformer_encoder": transformer_encoder, "cnn": cnn}
 
 

@@ -125,15 +125,19 @@ def test_training_matches_eager_and_is_warm_the_second_time(cache_dir):
 
     cold = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 5)
     names = {e.graph_name for e in entries(cache_dir).values()}
-    assert names == {"MLP.forward.r0", "MLP.backward.r0"}
+    # The two regions, and AOTAutograd's forward and backward graphs as one plan.
+    assert names == {"MLP.forward.r0", "MLP.backward.r0", "MLP.training.plan"}
     assert ltc_cache.stats()["traces"] == 2
+    assert ltc_cache.stats()["aot_traces"] == 1
 
     torch._dynamo.reset()
     before = ltc_cache.stats()
     warm = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 5)
     after = ltc_cache.stats()
     assert after["traces"] == before["traces"]
-    assert after["hits"] - before["hits"] == 2
+    assert after["aot_traces"] == before["aot_traces"]  # no AOTAutograd in a warm start
+    assert after["hits"] - before["hits"] == 3  # the plan and the two regions
+    assert after["plan_hits"] - before.get("plan_hits", 0) == 1
     for got in (cold, warm):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=0)
     assert cold == warm

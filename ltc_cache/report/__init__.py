@@ -30,10 +30,11 @@ from .selection import (
     resolve_key,
     sort_entries,
 )
-from .stats import STAT_NAMES, StatsReport, collect_stats
+from .stats import STAT_LABELS, STAT_NAMES, StatsReport, collect_stats
 
 __all__ = [
     "SORT_FIELDS",
+    "STAT_LABELS",
     "STAT_NAMES",
     "AmbiguousKey",
     "CacheReport",

@@ -14,9 +14,12 @@ from ..units import format_size
 from ..wire import is_entry_key
 from .listing import ago
 
-__all__ = ["STAT_NAMES", "StatsReport", "collect_stats"]
+__all__ = ["STAT_LABELS", "STAT_NAMES", "StatsReport", "collect_stats"]
 
-STAT_NAMES = (*COUNTER_NAMES, "evictions")
+# Besides the cache's own events: the torch.compile backend's AOTAutograd
+# traces, and the graphs it built from a stored plan instead of one.
+STAT_NAMES = (*COUNTER_NAMES, "evictions", "aot_traces", "plan_hits")
+STAT_LABELS = {"aot_traces": "AOTAutograd traces", "plan_hits": "Plan hits"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,198 @@
+"""Training plans: AOTAutograd's forward and backward graphs and the little
+runtime metadata that joins them, stored as data so that a warm training
+start runs no AOTAutograd trace.
+
+AOTAutograd turns a Dynamo graph that needs gradients into a forward graph
+(user outputs, then the tensors saved for backward) and a backward graph
+(saved tensors, then one tangent per differentiable output; a gradient, or
+None, per input), and wraps them in an ``autograd.Function`` whose behaviour
+its ``ViewAndMutationMeta`` describes. Where that wrapper adds nothing but
+the split of the forward's outputs (:func:`trainable`: no input mutated, no
+output aliasing, no tensor subclass, no saved symbolic sizes, no effect
+tokens, no functionalized RNG), what it needs is a few counts and flags:
+:class:`JointLayout`. The plan entry (kind ``plan``) holds the forward graph
+where an inference plan holds its graph, the backward graph beside it and
+the layout, all msgpack data; :class:`JointFunction` is the wrapper rebuilt
+from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from torch import fx
+
+from .entry import Entry
+from .errors import EntryError
+from .plan import PlanError, graph_from_wire, graph_to_wire, runs_bare
+
+__all__ = ["JointFunction", "JointLayout", "joint_graphs", "joint_meta", "trainable"]
+
+
+@dataclass(frozen=True)
+class JointLayout:
+    """How the forward's outputs split and which feed the backward.
+
+    - ``outputs``: the user outputs, first among the forward's outputs;
+    - ``saved``: then the tensors saved for backward with a version check,
+      and ``saved_unchecked`` without one (stashed on ``ctx`` in eager);
+    - ``requires_grad``: per user output, whether it is differentiable;
+    - ``tangents``: indices of the user outputs whose gradients the
+      backward graph takes, in its order, after the saved tensors;
+    - ``tangent_strides``: the stride each tangent was traced with (a
+      gradient of another layout is copied into it, as AOTAutograd does).
+    """
+
+    outputs: int
+    saved: int
+    saved_unchecked: int
+    requires_grad: tuple[bool, ...]
+    tangents: tuple[int, ...]
+    tangent_strides: tuple[tuple[int, ...], ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> JointLayout:
+        names = [f.name for f in fields(cls)]
+        if not isinstance(obj, dict) or sorted(obj) != sorted(names):
+            raise EntryError("plan: joint layout of the wrong shape")
+        try:
+            layout = cls(
+                outputs=int(obj["outputs"]), saved=int(obj["saved"]),
+                saved_unchecked=int(obj["saved_unchecked"]),
+                requires_grad=tuple(bool(b) for b in obj["requires_grad"]),
+                tangents=tuple(int(i) for i in obj["tangents"]),
+                tangent_strides=tuple(tuple(int(s) for s in st)
+                                      for st in obj["tangent_strides"]))
+        except (TypeError, ValueError):
+            raise EntryError("plan: joint layout of the wrong shape") from None
+        if len(layout.requires_grad) != layout.outputs \
+                or len(layout.tangent_strides) != len(layout.tangents) \
+                or any(not 0 <= i < layout.outputs for i in layout.tangents) \
+                or min(layout.outputs, layout.saved, layout.saved_unchecked) < 0:
+            raise EntryError("plan: joint layout out of range")
+        return layout
+
+
+def trainable(metadata: Any, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd's autograd wrapper of this graph does nothing
+    :class:`JointFunction` does not (``metadata``: its ``ViewAndMutationMeta``
+    after partitioning)."""
+    return (
+        runs_bare(metadata, example_inputs)
+        and all(issubclass(o.raw_type, torch.Tensor) for o in metadata.output_info)
+        and metadata.num_symints_saved_for_bw == 0
+        and not (metadata.num_opaque_objects_saved_for_bw or 0)
+        and not metadata.num_backward_tokens
+        and not metadata.indices_of_inputs_that_requires_grad_with_mutations_in_bw
+    )
+
+
+def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [node for node in gm.graph.nodes if node.op == "placeholder"]
+
+
+def _outputs(gm: fx.GraphModule) -> Sequence[Any]:
+    (out,) = [node for node in gm.graph.nodes if node.op == "output"]
+    return out.args[0]
+
+
+def _check(forward: fx.GraphModule, backward: fx.GraphModule, layout: JointLayout) -> None:
+    """The layout matches the graphs: every count the runtime relies on."""
+    saved = layout.saved + layout.saved_unchecked
+    if len(_outputs(forward)) != layout.outputs + saved:
+        raise EntryError("plan: forward outputs do not match the joint layout")
+    if len(_placeholders(backward)) != saved + len(layout.tangents):
+        raise EntryError("plan: backward inputs do not match the joint layout")
+    if len(_outputs(backward)) != len(_placeholders(forward)):
+        raise EntryError("plan: backward outputs do not match the forward inputs")
+
+
+def joint_meta(forward: fx.GraphModule, backward: fx.GraphModule,
+               metadata: Any) -> dict[str, Any]:
+    """What a training plan stores beside its forward graph (``plan``): the
+    backward graph and the layout. Raises :class:`PlanError` for graphs a
+    plan cannot hold."""
+    outputs = metadata.num_outputs
+    unchecked = metadata.num_tensors_saved_with_no_vc_check or 0
+    saved = len(_outputs(forward)) - outputs - unchecked
+    tangents = tuple(i for i, info in enumerate(metadata.output_info)
+                     if info.requires_grad_for_backward)
+    tangent_nodes = _placeholders(backward)[saved + unchecked:]
+    strides = []
+    for node in tangent_nodes:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise PlanError("a tangent with no tensor value")
+        strides.append(tuple(int(s) for s in val.stride()))
+    layout = JointLayout(outputs=outputs, saved=saved, saved_unchecked=unchecked,
+                         requires_grad=tuple(bool(o.requires_grad) for o in metadata.output_info),
+                         tangents=tangents, tangent_strides=tuple(strides))
+    try:
+        _check(forward, backward, layout)
+    except EntryError as exc:
+        raise PlanError(str(exc)) from None
+    return {"backward": graph_to_wire(backward), "joint": layout.to_wire()}
+
+
+def joint_graphs(entry: Entry) -> tuple[fx.GraphModule, fx.GraphModule, JointLayout]:
+    """The forward and backward graphs and the layout of a training plan;
+    raises EntryError for a bad one."""
+    forward = graph_from_wire(entry.meta.get("plan"))
+    backward = graph_from_wire(entry.meta.get("backward"))
+    layout = JointLayout.from_wire(entry.meta.get("joint"))
+    _check(forward, backward, layout)
+    return forward, backward, layout
+
+
+class _Joint(torch.autograd.Function):
+    """The autograd node of one call: forward, saving what backward reads."""
+
+    @staticmethod
+    def forward(ctx: Any, joint: JointFunction, *args: torch.Tensor) -> tuple[Any, ...]:
+        layout = joint.layout
+        outs = joint.forward(*args)
+        user = tuple(outs[:layout.outputs])
+        checked_end = layout.outputs + layout.saved
+        ctx.save_for_backward(*outs[layout.outputs:checked_end])
+        ctx.unchecked = tuple(outs[checked_end:])
+        ctx.joint = joint
+        ctx.mark_non_differentiable(*(t for t, grad in zip(user, layout.requires_grad,
+                                                            strict=True) if not grad))
+        return user
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        joint: JointFunction = ctx.joint
+        layout = joint.layout
+        tangents = []
+        for index, stride in zip(layout.tangents, layout.tangent_strides, strict=True):
+            grad = grads[index]
+            if grad.stride() != stride:  # the layout the backward was traced with
+                grad = torch.empty_strided(grad.shape, stride, dtype=grad.dtype,
+                                           device=grad.device).copy_(grad)
+            tangents.append(grad)
+        saved, unchecked = ctx.saved_tensors, ctx.unchecked
+        del ctx.unchecked
+        return (None, *joint.backward(*saved, *unchecked, *tangents))
+
+
+class JointFunction:
+    """AOTAutograd's training wrapper, rebuilt from a plan: ``forward`` and
+    ``backward`` are the (partitioned) graphs, called on flat tensors."""
+
+    __slots__ = ("backward", "forward", "layout")
+
+    def __init__(self, forward: Callable[..., Any], backward: Callable[..., Any],
+                 layout: JointLayout) -> None:
+        self.forward = forward
+        self.backward = backward
+        self.layout = layout
+
+    def __call__(self, *args: Any) -> tuple[Any, ...]:
+        return _Joint.apply(self, *args)

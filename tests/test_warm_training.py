@@ -1,0 +1,79 @@
+"""A warm start runs no AOTAutograd trace: training (forward and backward)
+and partitioned inference, cold then warm in real subprocesses that count
+AOTAutograd's graph captures themselves (tests/warm_children.py wraps
+``aot_dispatch_autograd_graph`` and ``aot_dispatch_base_graph``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TESTS, child_env
+
+
+def child(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, str(TESTS / "warm_children.py"), *args],
+                          capture_output=True, text=True, env=child_env(), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def relative_error(got: list[float], want: list[float]) -> float:
+    return max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want, strict=True))
+
+
+def cli_stats() -> dict:
+    script = Path(sys.executable).with_name("ltc-cache")  # the installed console script
+    proc = subprocess.run([str(script), "stats", "--json"],
+                          capture_output=True, text=True, env=child_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt2", "llama_gqa", "gpt2_dropout"])
+def test_training_warm_start_runs_no_aotautograd(model, cache_dir):
+    """AdamW steps, an eval() pass, a frozen parameter, load_state_dict:
+    three Dynamo graphs (training, inference, training with one input that
+    needs no gradient), each through AOTAutograd in the cold process and
+    from its plan in the warm one."""
+    cold = child("train", model)
+    warm = child("train", model)
+
+    assert cold["aot"] >= 3, cold  # the training graph twice (the frozen parameter), inference
+    assert warm["aot"] == 0, warm
+    assert warm["stats"].get("aot_traces", 0) == 0
+    assert (warm["stats"]["traces"], warm["stats"]["misses"]) == (0, 0), warm["stats"]
+    assert warm["stats"]["plan_hits"] == cold["stats"]["aot_traces"] == cold["aot"]
+    for run in (cold, warm):
+        # Losses, the eval() loss, and whether the frozen parameter got no
+        # gradient (1.0), against eager in the same process; dropout (0.1 in
+        # gpt2_dropout) draws the same masks as eager.
+        assert relative_error(run["got"], run["eager"]) <= 1e-5, run
+        assert not run["warnings"] and run["stats"]["errors"] == 0, run
+    assert warm["got"] == cold["got"]  # bit for bit
+
+    # Across processes: the store counted both.
+    counters = cli_stats()["counters"]
+    assert counters["aot_traces"] == cold["aot"]
+    assert counters["plan_hits"] == cold["aot"]
+
+
+@pytest.mark.slow
+def test_partitioned_inference_makes_the_same_regions_cold_and_warm(cache_dir):
+    """Grouped-query attention (fewer key-value heads) needs partitioning.
+    The cold process partitions AOTAutograd's graph as its plan rebuilds it,
+    so the first warm process finds every region it makes: no trace."""
+    cold = child("infer", "llama_gqa")
+    warm = child("infer", "llama_gqa")
+    assert cold["aot"] == 1 and cold["stats"]["traces"] >= 2, cold
+    assert warm["aot"] == 0, warm
+    assert (warm["stats"]["traces"], warm["stats"]["misses"]) == (0, 0), warm["stats"]
+    assert warm["stats"]["hits"] == cold["stats"]["stores"]
+    assert warm["digest"] == cold["digest"]
+    for run in (cold, warm):
+        assert run["max_error"] <= 1e-5 and not run["warnings"], run

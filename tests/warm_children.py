@@ -1,0 +1,143 @@
+"""A child process that counts AOTAutograd's traces on its own, without
+ltc_cache's counters, while a model runs through ``backend="ltc_cache"``.
+
+``python tests/warm_children.py SCENARIO MODEL [--lengths 16,24]`` prints one
+JSON line: ``aot`` (calls of AOTAutograd's graph capture, wrapped here before
+torch.compile runs), the losses or outputs of the compiled model and of eager
+in this process, ltc_cache's counters and warnings.
+
+Scenarios:
+
+- ``train``: five AdamW steps, then ``eval()`` and an inference, ``train()``
+  again with one parameter frozen, ``load_state_dict`` of the first weights
+  and two more steps; eager does the same on a copy.
+- ``infer``: inference under no_grad (partitioned where the graph needs it).
+- ``dynamic``: inference with ``dynamic=True`` over the sequence lengths
+  given, in that order.
+- ``automatic``: inference without ``dynamic``, over the lengths given
+  (Dynamo's automatic dynamic shapes mark the length dynamic after the
+  second one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from compile_models import MODELS, VOCAB, first_tensor, loss_of
+
+AOT = {"traces": 0}
+
+
+def count_aot_traces() -> None:
+    """Wrap the two functions that capture AOTAutograd's graphs (training
+    and inference): each call is one trace."""
+    from torch._functorch._aot_autograd import graph_compile
+
+    for name in ("aot_dispatch_autograd_graph", "aot_dispatch_base_graph"):
+        original = getattr(graph_compile, name)
+
+        def counted(*args, _original=original, **kwargs):
+            AOT["traces"] += 1
+            return _original(*args, **kwargs)
+
+        setattr(graph_compile, name, counted)
+
+
+def digest(values: list[float]) -> str:
+    return hashlib.sha256(json.dumps(values).encode()).hexdigest()[:16]
+
+
+def train_steps(model, args, steps: int, optimizer) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = loss_of(model(*args))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def session(model, args) -> list[float]:
+    """The training scenario; the same calls for eager and compiled."""
+    torch.manual_seed(1)  # the same dropout masks, where the model drops
+    first_weights = copy.deepcopy(model.state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    values = train_steps(model, args, 5, optimizer)
+    model.eval()
+    with torch.no_grad():
+        values.append(loss_of(model(*args)).item())
+    model.train()
+    frozen = next(p for n, p in model.named_parameters() if "bias" in n or "norm" in n)
+    frozen.requires_grad_(False)
+    values += train_steps(model, args, 2, optimizer)
+    values.append(float(frozen.grad is None))  # no gradient for the frozen one, as in eager
+    frozen.requires_grad_(True)
+    model.load_state_dict(first_weights)
+    values += train_steps(model, args, 2, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    return values
+
+
+def ids(length: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+
+
+def run(scenario: str, model_name: str, lengths: list[int]) -> dict:
+    import ltc_cache
+
+    torch.manual_seed(0)
+    model, args = MODELS[model_name]()
+    reference = copy.deepcopy(model)
+    result: dict = {}
+    if scenario == "train":
+        model.train()
+        reference.train()
+        result["eager"] = session(reference, args)
+        result["got"] = session(torch.compile(model, backend="ltc_cache"), args)
+    else:
+        model.eval()
+        reference.eval()
+        dynamic = True if scenario == "dynamic" else None
+        compiled = torch.compile(model, backend="ltc_cache", dynamic=dynamic)
+        inputs = [args] if scenario == "infer" else [(ids(n),) for n in lengths]
+        got, want = [], []
+        with torch.no_grad():
+            for x in inputs:
+                got.append(first_tensor(compiled(*x)))
+                want.append(first_tensor(reference(*x)))
+        result["max_error"] = max((g - w).abs().max().item()
+                                  for g, w in zip(got, want, strict=True))
+        result["got"] = [t.sum().item() for t in got]
+    result["digest"] = digest(result["got"])
+    result["aot"] = AOT["traces"]
+    result["stats"] = ltc_cache.stats()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=["train", "infer", "dynamic", "automatic"])
+    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("--lengths", default="8")
+    options = parser.parse_args(argv)
+    count_aot_traces()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run(options.scenario, options.model,
+                     [int(n) for n in options.lengths.split(",")])
+    result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
