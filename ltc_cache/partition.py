@@ -168,66 +168,6 @@ def _var(x: torch.Tensor, dim: int | list[int] | None = None, *,
     return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
 
-def _attention_scores(query, key, is_causal, attn_mask, scale):
-    """Scaled scores with the mask applied, as flash attention sees them."""
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
-    if is_causal:
-        upper = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(1)
-        scores = scores.masked_fill(upper, -math.inf)
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(aten.eq.Scalar(attn_mask, 0), -math.inf)
-        else:
-            scores = scores + attn_mask
-    return scores, scale
-
-
-def _flash_unsupported(query, key, dropout_p) -> bool:
-    # Dropout draws random numbers (eager keeps them); grouped-query heads
-    # would need their gradients summed. Forward and backward decline alike,
-    # so a decomposed forward never meets the fused backward.
-    return dropout_p != 0.0 or query.shape[1] != key.shape[1] or query.dim() != 4
-
-
-def _flash_attention_cpu(query, key, value, dropout_p=0.0, is_causal=False, *,
-                         attn_mask=None, scale=None):
-    """CPU flash attention as matmuls and a softmax, with the log-sum-exp
-    the backward below reads (torch's own decomposition returns the
-    attention weights there, right only where there is no backward)."""
-    if _flash_unsupported(query, key, dropout_p):
-        return NotImplemented
-    scores, _ = _attention_scores(query, key, is_causal, attn_mask, scale)
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, value)
-    # log-sum-exp, stabilised by the softmax-weighted mean of the scores (LTC
-    # lowers neither amax nor argmax): lse - mean is the row's entropy, in
-    # [0, log n], so nothing overflows. The backward below recomputes the
-    # softmax instead of reading it, so this is dead code in training graphs.
-    weighted = (scores * probs).masked_fill(probs == 0, 0)
-    center = weighted.sum(-1, keepdim=True)
-    lse = torch.log(torch.exp(scores - center).sum(-1)) + center.squeeze(-1)
-    # The fused kernel's layout: (batch, heads, length, dim) over memory
-    # ordered length-first; the views after it were traced on that.
-    out = out.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
-    return out, lse
-
-
-def _flash_attention_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p,
-                                  is_causal, *, attn_mask=None, scale=None):
-    if _flash_unsupported(query, key, dropout_p):
-        return NotImplemented
-    scores, scale = _attention_scores(query, key, is_causal, attn_mask, scale)
-    probs = torch.softmax(scores, dim=-1)
-    grad_value = torch.matmul(probs.transpose(-2, -1), grad_out)
-    grad_probs = torch.matmul(grad_out, value.transpose(-2, -1))
-    row = (grad_out * out).sum(-1, keepdim=True)
-    grad_scores = probs * (grad_probs - row) * scale
-    grad_query = torch.matmul(grad_scores, key)
-    grad_key = torch.matmul(grad_scores.transpose(-2, -1), query)
-    return grad_query, grad_key, grad_value
-
-
 def _transformer_encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
                                proj_bias, use_gelu, norm_first, eps, norm_weight_1, norm_bias_1,
                                norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1,
@@ -268,8 +208,13 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     (``native_layer_norm``, ``gelu``, ``_softmax`` …) are left whole: fewer
     nodes make every later cost smaller (fact 13 in docs/design.md).
 
-    Not torch's decomposition of CPU flash attention, which returns the
-    attention weights where the backward op expects the log-sum-exp."""
+    CPU flash attention (``_scaled_dot_product_flash_attention_for_cpu`` and
+    its backward) is not decomposed: it stays one fused op that runs eagerly
+    between two regions. As matmuls and a softmax over the whole score
+    matrix it cost Llama 1.39x eager and GPT-2 1.18x at hidden 256, sequence
+    128 (1.00x and 1.03x fused), and it was no faster at the tests' tiny
+    sizes; the fused kernel skips the masked half of causal attention
+    (``tools/bench_steady.py``, BENCHMARKS.md)."""
     from torch._decomp import get_decompositions
 
     table = get_decompositions([
@@ -297,9 +242,6 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
         aten.var_mean.correction: _var_mean,
         aten.var.correction: _var,
         aten._transformer_encoder_layer_fwd.default: _transformer_encoder_layer,
-        aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
-            _flash_attention_cpu_backward,
     })
     return table
 

@@ -13,6 +13,9 @@ every call. Three small rewrites remove that work:
 - :func:`fold_scalars`: ``ScalarImplicit`` of a stored 0-dim constant (or
   of a tensor constant in the IR) becomes an IR constant, and the constant
   input goes from the layout;
+- :func:`scalar_exponents`: ``pow`` of a stored 0-dim exponent becomes
+  ``pow`` of a number, the overload eager runs for ``x.pow(2)`` and ten
+  times faster (RMSNorm's square);
 - :func:`drop_dead_code`: nodes and graph inputs nothing reads.
 
 One shortens the graph, which a warm start pays for by the node
@@ -42,7 +45,7 @@ from .extract import Extraction
 from .layout import Source
 
 __all__ = ["VIEW_OF_COPY", "bool_list_constants", "drop_dead_code", "fold_scalars", "linears",
-           "rewrite", "views_for_copies"]
+           "rewrite", "scalar_exponents", "views_for_copies"]
 
 logger = logging.getLogger("ltc_cache.rewrite")
 
@@ -291,6 +294,49 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return folded
 
 
+def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
+    """Replace ``pow.Tensor_Tensor(x, e)`` whose exponent ``e`` is a stored
+    0-dim constant (a captured ``x.pow(2)``, RMSNorm's square) with
+    ``pow.Tensor_Scalar(x, value)``; returns how many.
+
+    LTC captures the exponent as a 0-dim tensor, and ATen's tensor-exponent
+    kernel calls ``pow`` per element, while the scalar-exponent kernel that
+    eager runs for ``x.pow(2)`` squares: measured ~10x faster on a
+    (2, 128, 256) float tensor. The result type is the same, as a 0-dim
+    tensor and a number take part in type promotion alike; the values are
+    eager's own (the tensor-exponent kernel differs from it by up to an ulp).
+    Integer and floating exponents only.
+    """
+    params = list(graph.inputs())
+    stored = {params[i].unique(): s.ref for i, s in enumerate(inputs)
+              if s.kind == "const" and isinstance(s.ref, torch.Tensor) and s.ref.dim() == 0}
+    replaced = 0
+    for node in list(graph.nodes()):
+        op = _op(node)
+        if op is None or op.name != "aten::pow.Tensor_Tensor":
+            continue
+        base, exponent = node.inputs()
+        tensor = stored.get(exponent.unique())
+        if tensor is None:
+            tensor = _tensor_constant(exponent)
+        if tensor is None or tensor.numel() != 1 or tensor.dtype == torch.bool \
+                or tensor.dtype.is_complex:
+            continue
+        value = _scalar_value(tensor)
+        if value is None:
+            continue
+        with graph.insert_point_guard(node):
+            power = graph.insertNode(graph.create("aten::pow",
+                                                  [base, graph.insertConstant(value)], 1))
+        made = _op(power)
+        if made is None or made.name != "aten::pow.Tensor_Scalar":
+            power.destroy()
+            continue
+        _take_place(node, power.output())
+        replaced += 1
+    return replaced
+
+
 def _same_overloads(graph: torch._C.Graph, old: torch._C.Value, new: torch._C.Value,
                     resolved: dict[tuple[Any, ...], str]) -> bool:
     """Whether every op reading ``old`` resolves to the same overload when it
@@ -453,6 +499,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         scalars = fold_scalars(graph, inputs)
         bool_lists = bool_list_constants(graph)
         products = linears(graph)
+        powers = scalar_exponents(graph, inputs)
         dead = drop_dead_code(graph, inputs)
         ir = str(graph)
         # What the cache stores must parse in a new process, as replay parses.
@@ -462,6 +509,6 @@ def rewrite(extraction: Extraction) -> Extraction:
                   "storing it as traced")
         return extraction
     logger.debug("rewrote %d view copies, folded %d scalars, rebuilt %d bool lists, "
-                 "made %d linears, dropped %d dead nodes/inputs", views, scalars, bool_lists,
-                 products, dead)
+                 "made %d linears and %d scalar powers, dropped %d dead nodes/inputs", views,
+                 scalars, bool_lists, products, powers, dead)
     return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))

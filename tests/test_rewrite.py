@@ -179,6 +179,20 @@ class Linears(nn.Module):
         return z, s, self.fc.weight.t(), before, after, y
 
 
+class Powers(nn.Module):
+    """RMSNorm's square, a root, and a cube of a mask:
+    exponents LTC captures as 0-dim tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x, n):
+        variance = x.pow(2).mean(-1, keepdim=True)
+        normed = self.weight * (x * torch.rsqrt(variance + 1e-6))
+        return normed, (x.abs() + 1).pow(0.5), (n > 0).float().pow(3)
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "mlp": (Mlp, [(5, 6)]),
     "weight_view": (WeightView, [(3, 6)]),
@@ -190,6 +204,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "contiguous": (Contiguous, [(3, 4)]),
     "attention": (Attention, [(1, 5, 8)]),
     "linears": (Linears, [(2, 3, 4), (6, 4)]),
+    "powers": (Powers, [(2, 3, 8), (4,)]),
 }
 
 
@@ -313,6 +328,40 @@ def test_every_model_matches_eager_cold_and_on_a_hit_in_another_process(cache_di
     assert products.count("aten::linear(") == 5
     assert "aten::mm(" not in products and "aten::addmm(" not in products
     assert products.count("aten::t_copy(") == 1
+    # Every power of a captured exponent takes the number, as eager's does.
+    pow_schemas = [n.schema() for n in torch._C.parse_ir(results["powers"]["ir"]).nodes()
+                   if n.kind() == "aten::pow"]
+    assert len(pow_schemas) == 3 and all("Scalar exponent" in s for s in pow_schemas)
+
+
+def test_powers_of_a_stored_exponent_take_the_number_and_equal_eager():
+    ir = """graph(%x : Tensor, %two : Tensor, %half : Tensor, %n : Tensor, %three : Tensor,
+                  %flag : Tensor, %e : Tensor):
+      %a : Tensor = aten::pow(%x, %two)
+      %b : Tensor = aten::pow(%x, %half)
+      %c : Tensor = aten::pow(%n, %three)
+      %d : Tensor = aten::pow(%x, %flag)
+      %f : Tensor = aten::pow(%x, %e)
+      return (%a, %b, %c, %d, %f)"""
+    two, half = torch.tensor(2.0, dtype=torch.float64), torch.tensor(0.5, dtype=torch.float64)
+    three, flag = torch.tensor(3), torch.tensor(True)
+    layout = [Source("arg", 0), Source("const", two), Source("const", half), Source("arg", 1),
+              Source("const", three), Source("const", flag), Source("arg", 2)]
+    out = rewrite(_extraction(ir, layout))
+    graph = torch._C.parse_ir(out.ir)
+    schemas = [n.schema() for n in graph.nodes() if n.kind() == "aten::pow"]
+    # Three numbers now; a bool exponent and an argument stay tensors.
+    assert sum("Scalar exponent" in s for s in schemas) == 3
+    assert sum("Tensor exponent" in s for s in schemas) == 2
+    assert [s.kind for s in out.inputs] == ["arg", "arg", "const", "arg"]
+
+    x, n, e = torch.rand(4, 8) + 0.1, torch.arange(5), torch.tensor(1.5)
+    actual = _function(out.ir)(x, n, flag, e)
+    # What eager computes for x.pow(2), x.pow(0.5), n.pow(3), bit for bit.
+    for got, want in zip(actual[:3], (x.pow(2), x.pow(0.5), n.pow(3)), strict=True):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    expected = _function(ir)(x, two, half, n, three, flag, e)
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
 
 
 def test_the_stored_entry_holds_the_rewritten_ir(cache_dir):

@@ -74,14 +74,28 @@ class Block(nn.Module):
         return x + self.fc2(torch.relu(self.fc1(x)))
 
 
+class NormBlock(nn.Module):
+    """LayerNorm, Linear, GELU, Linear and a residual add: a transformer's
+    feed-forward half."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, width)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
 class Mlp(nn.Module):
     """``blocks`` residual blocks of two Linear layers: per block two addmm
     with transposed weights and three captured scalars (alpha, beta, the
     residual add's alpha), as in facts 5, 12 and 13 of docs/design.md."""
 
-    def __init__(self, blocks: int, width: int) -> None:
+    def __init__(self, blocks: int, width: int, block: type[nn.Module] = Block) -> None:
         super().__init__()
-        self.blocks = nn.Sequential(*[Block(width) for _ in range(blocks)])
+        self.blocks = nn.Sequential(*[block(width) for _ in range(blocks)])
 
     def forward(self, x):
         return self.blocks(x)
@@ -120,6 +134,8 @@ def build(name: str, width: int) -> tuple[nn.Module, list[torch.Tensor]]:
         return Mlp(32, width).eval(), [torch.randn(16, width)]
     if name == "mlp128":
         return Mlp(128, width).eval(), [torch.randn(16, width)]
+    if name == "mlp128ln":
+        return Mlp(128, width, NormBlock).eval(), [torch.randn(8, width)]
     if name == "transformer":
         return Transformer(width).eval(), [torch.randn(4, 32, width)]
     raise SystemExit(f"unknown model {name}")

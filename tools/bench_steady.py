@@ -1,0 +1,231 @@
+"""Steady state through torch.compile at a size where compute counts:
+ltc_cache beside eager (and Inductor), per-call times measured in one
+process, interleaved, and a profile of where each spends its time.
+
+    python tools/bench_steady.py [--models gpt2,bert,llama,t5] [--size mid]
+                                 [--threads 1] [--rounds 15] [--inductor] [--profile]
+
+``--size mid`` is hidden 256, 4 layers, 4 heads, feed-forward 1024,
+sequence 128, batch 2; ``--size tiny`` the configurations of the tests (hidden 32, 2
+layers, sequence 8). Inference under ``no_grad`` in ``eval()``; each variant
+is warmed up, then timed in ``--rounds`` rounds of ``--calls`` calls, the
+variants one after another in every round so that a slow spell of a shared
+machine falls on all alike; ratios are of the medians. ``--threads 0``
+keeps torch's default number of threads.
+
+``--profile`` adds, per model, the self CPU time per call of each class of
+op (``torch.profiler``), eager against ltc_cache, and the LTC regions the
+backend cut the graph into: the eager ops between regions are where a
+region boundary costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from markdown_table import table  # noqa: E402
+
+SIZES = {
+    # hidden, layers, heads, feed-forward, sequence, batch
+    "tiny": (32, 2, 2, 64, 8, 2),
+    "mid": (256, 4, 4, 1024, 128, 2),
+}
+VOCAB = 1000
+
+# Op classes of the profile, first match wins (names as the profiler gives them).
+OP_CLASSES = [
+    ("attention", r"scaled_dot_product|_flash_attention|_efficient_attention"),
+    ("matmul", r"^aten::(addmm|mm|bmm|matmul|linear|baddbmm)$"),
+    ("softmax", r"softmax"),
+    ("norm", r"layer_norm|rsqrt|^aten::(pow|mean|var)$"),
+    ("copy", r"^aten::(copy_|clone|contiguous|_to_copy|to|empty|empty_like|empty_strided)$"),
+    ("elementwise", r"^aten::(add|sub|mul|div|neg|gelu|silu|tanh|cos|sin|exp|where|"
+                    r"masked_fill|relu|sigmoid|eq|ne|lt|gt|le|ge|cat)_?$"),
+    ("index/embedding", r"embedding|index|gather|slice|select|arange"),
+    ("view", r"^aten::(view|reshape|_unsafe_view|transpose|permute|t|expand|unsqueeze|"
+             r"squeeze|as_strided|split|split_with_sizes|unbind|narrow|alias|detach)$"),
+]
+
+
+def build(name: str, size: str):
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    hidden, layers, heads, ff, seq, batch = SIZES[size]
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = transformers.GPT2Config(
+            n_layer=layers, n_embd=hidden, n_head=heads, n_inner=ff, vocab_size=VOCAB,
+            n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(config)
+    elif name == "bert":
+        config = transformers.BertConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+            intermediate_size=ff, vocab_size=VOCAB, max_position_embeddings=seq,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        model = transformers.BertModel(config)
+    elif name == "llama":
+        config = transformers.LlamaConfig(
+            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+            num_key_value_heads=heads, intermediate_size=ff, vocab_size=VOCAB,
+            max_position_embeddings=seq)
+        model = transformers.LlamaForCausalLM(config)
+    elif name == "t5":
+        config = transformers.T5Config(num_layers=layers, d_model=hidden,
+                                       d_kv=hidden // heads, num_heads=heads, d_ff=ff,
+                                       vocab_size=VOCAB, dropout_rate=0.0)
+        model = transformers.T5EncoderModel(config)
+    else:
+        raise SystemExit(f"unknown model {name}")
+    return model.eval(), (torch.randint(0, VOCAB, (batch, seq)),)
+
+
+def op_class(name: str) -> str:
+    for label, pattern in OP_CLASSES:
+        if re.search(pattern, name):
+            return label
+    return "other"
+
+
+def profile(fn: Callable[[], object], calls: int) -> dict[str, float]:
+    """Self CPU ms per call by op class; ``total`` is the wall time per call
+    under the profiler, ``untracked`` what no op accounts for (Python, the
+    TorchScript interpreter, Dynamo's guards)."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        total = (time.perf_counter() - start) * 1e3 / calls
+    by_class: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        if event.key.startswith("aten::") or event.key.startswith("prim::"):
+            by_class[op_class(event.key)] += event.self_cpu_time_total / 1e3 / calls
+    by_class["untracked"] = total - sum(by_class.values())
+    by_class["total"] = total
+    return dict(by_class)
+
+
+class _Regions(logging.Handler):
+    """Collects the backend's "N of M aten ops in K LTC regions" lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "LTC regions" in message:
+            self.lines.append(message)
+
+
+def measure(name: str, args: argparse.Namespace) -> dict:
+    import torch
+
+    import ltc_cache
+
+    model, inputs = build(name, args.size)
+    regions = _Regions()
+    logging.getLogger("ltc_cache.dynamo").addHandler(regions)
+    logging.getLogger("ltc_cache.dynamo").setLevel(logging.INFO)
+    variants: dict[str, Callable[[], object]] = {"eager": lambda: model(*inputs)}
+    torch._dynamo.reset()
+    ltc = torch.compile(model, backend="ltc_cache")
+    variants["ltc_cache"] = lambda: ltc(*inputs)
+    if args.inductor:
+        inductor = torch.compile(model, backend="inductor")
+        variants["inductor"] = lambda: inductor(*inputs)
+    times: dict[str, list[float]] = {label: [] for label in variants}
+    with torch.no_grad():
+        want = model(*inputs)[0]
+        got = ltc(*inputs)[0]
+        error = (got - want).abs().max().item()
+        for fn in variants.values():
+            for _ in range(3):
+                fn()
+        for _ in range(args.rounds):
+            for label, fn in variants.items():
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    fn()
+                times[label].append((time.perf_counter() - start) * 1e3 / args.calls)
+        profiles = ({label: profile(variants[label], args.calls) for label in variants}
+                    if args.profile else {})
+    stats = ltc_cache.stats()
+    return {"model": name, "ms": {k: statistics.median(v) for k, v in times.items()},
+            "error": error, "profiles": profiles, "regions": regions.lines,
+            "ltc_share": stats.get("ltc_ops", 0) / max(stats.get("aten_ops", 0), 1)}
+
+
+def report(results: list[dict], args: argparse.Namespace) -> str:
+    hidden, layers, _, _, seq, batch = SIZES[args.size]
+    threads = args.threads or "default"
+    out = [f"### Steady state, {args.size} (hidden {hidden}, {layers} layers, sequence {seq}, "
+           f"batch {batch}), {threads} thread(s), median of {args.rounds} rounds x "
+           f"{args.calls} calls\n"]
+    header = ["model", "eager", "ltc_cache", "ltc / eager"]
+    if args.inductor:
+        header += ["inductor", "ltc / inductor"]
+    header += ["max error", "ops in LTC"]
+    rows = []
+    for r in results:
+        ms = r["ms"]
+        row = [r["model"], f"{ms['eager']:.2f} ms", f"{ms['ltc_cache']:.2f} ms",
+               f"**{ms['ltc_cache'] / ms['eager']:.2f}**"]
+        if args.inductor:
+            row += [f"{ms['inductor']:.2f} ms", f"{ms['ltc_cache'] / ms['inductor']:.2f}"]
+        row += [f"{r['error']:.1e}", f"{r['ltc_share']:.0%}"]
+        rows.append(row)
+    out.append(table([header, *rows]))
+    for r in results:
+        if not r["profiles"]:
+            continue
+        classes = sorted({c for p in r["profiles"].values() for c in p} - {"total"},
+                         key=lambda c: -max(p.get(c, 0.0) for p in r["profiles"].values()))
+        labels = list(r["profiles"])
+        out.append(f"\n{r['model']}: self CPU ms per call by op class (under the profiler)\n")
+        out.append(table([["op class", *labels],
+                          *([c, *(f"{r['profiles'][lab].get(c, 0.0):.2f}" for lab in labels)]
+                            for c in [*classes, "total"])]))
+        for line in r["regions"]:
+            out.append(f"\n- {line}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="gpt2,bert,llama,t5")
+    parser.add_argument("--size", choices=sorted(SIZES), default="mid")
+    parser.add_argument("--threads", type=int, default=1, help="0: torch's default")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--inductor", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench-steady-") as scratch:
+        os.environ["LTC_CACHE_DIR"] = scratch
+        results = [measure(name, args) for name in args.models.split(",")]
+    print(report(results, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
