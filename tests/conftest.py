@@ -81,7 +81,7 @@ def run_child(*args: str, env: dict[str, str] | None = None, timeout: float = 30
 # -- a private redis-server (tests/test_redis.py) ----------------------------------------
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -93,7 +93,7 @@ class RedisServer:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[str] | None = None
 
     @property
@@ -120,7 +120,7 @@ class RedisServer:
                     threading.Thread(target=self.proc.stdout.read, daemon=True).start()
                     return
             self.proc.wait()
-            self.port = _free_port()
+            self.port = free_port()
         raise RuntimeError("redis-server did not start:\n" + "".join(log))
 
     def stop(self) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from conftest import child_env, delta, run_child
+from conftest import child_env, delta, free_port, run_child
 from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
@@ -437,7 +437,7 @@ def test_the_cli_lists_verifies_prunes_and_clears_redis(redis_server, tmp_path, 
 
 
 def test_the_cli_says_when_redis_cannot_be_reached(tmp_path):
-    proc = ltc("--remote", f"redis://127.0.0.1:{_free_port()}/0", "ls")
+    proc = ltc("--remote", f"redis://127.0.0.1:{free_port()}/0", "ls")
     assert proc.returncode == 1 and "redis" in proc.stderr.lower()
     assert len(proc.stderr.strip().splitlines()) == 1
     proc = ltc("--remote", "http://example/0", "ls")

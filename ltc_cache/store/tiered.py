@@ -23,8 +23,8 @@ from typing import TypeVar
 
 from ..diagnostics import counters, warn_once
 from ..errors import LockTimeout
+from ..wire import is_entry_key
 from .base import Store
-from .ledger import is_entry_key
 
 __all__ = ["TieredStore"]
 
