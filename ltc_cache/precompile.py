@@ -678,6 +678,8 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
         return functools.partial(compile, **kwargs)
     if kwargs.get("disable"):
         return model
+    if isinstance(model, CompiledModule) or hasattr(model, "_ltc_programs"):
+        return model  # compiled already
     if isinstance(model, torch.nn.Module):
         fn, owner = _traced_fn(model)
         name = type(model).__name__

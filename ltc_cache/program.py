@@ -48,7 +48,8 @@ from .entry import Entry, new_meta
 from .errors import EntryError, UncacheableGraph
 from .keys import CacheKey, _hash, _key, _tensor_signature
 
-__all__ = ["FORMAT", "VERSION", "ProgramParts", "Unportable", "changed_source", "code_record",
+__all__ = ["FORMAT", "VERSION", "ProgramParts", "Unportable", "changed_source", "check_program",
+           "code_record",
            "describe", "negative_program_entry", "program_entry", "program_key",
            "program_parts", "program_secret", "sign", "spec_text"]
 
@@ -390,6 +391,23 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
         raise EntryError("program: signature mismatch (tampered with, or signed with another "
                          "key)", entry.key)
     return ProgramParts(entry.graph_name, sources, checks, globals_, artifact)
+
+
+def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:
+    """Raise EntryError unless ``entry`` is a well-formed program whose
+    signature holds under this user's key (``ltc-cache verify``); a
+    malformed one fails even where no key is to be had. Never creates the
+    key, never unpickles."""
+    try:
+        secret = shared or _read_key(key_path())
+    except OSError:
+        secret = None
+    if secret is None:
+        program = entry.meta.get("program")
+        if not isinstance(program, dict) or not isinstance(program.get("artifact"), bytes):
+            raise EntryError("program: malformed", entry.key)
+        return
+    program_parts(entry, secret)
 
 
 # --- the signing key -----------------------------------------------------------
