@@ -11,19 +11,22 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "CacheConfig": "config",
     "CompiledGraph": "replay",
+    "CompiledModule": "precompile",
     "EntryError": "errors",
     "GraphCache": "cache",
     "LockTimeout": "errors",
     "LtcBackend": "dynamo",
     "UncacheableGraph": "errors",
     "backend": "dynamo",
+    "compile": "precompile",
     "default_cache": "cache",
     "extract_compiled_graph": "cache",
     "stats": "cache",
 }
 __all__ = [
-    "CacheConfig", "CompiledGraph", "EntryError", "GraphCache", "LockTimeout", "LtcBackend",
-    "UncacheableGraph", "backend", "default_cache", "extract_compiled_graph", "stats",
+    "CacheConfig", "CompiledGraph", "CompiledModule", "EntryError", "GraphCache", "LockTimeout",
+    "LtcBackend", "UncacheableGraph", "backend", "compile", "default_cache",
+    "extract_compiled_graph", "stats",
 ]
 __version__ = "0.1.0"
 
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
     from .config import CacheConfig
     from .dynamo import LtcBackend, backend
     from .errors import EntryError, LockTimeout, UncacheableGraph
+    from .precompile import CompiledModule, compile
     from .replay import CompiledGraph
 
 

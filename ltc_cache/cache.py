@@ -156,11 +156,12 @@ class GraphCache:
         logger.info("hit %s (%s)", key.digest[:12], built[0].graph_name)
         return self._bind(built, model, tensors)
 
-    def lookup_entry(self, key: CacheKey) -> Entry | None:
+    def lookup_entry(self, key: CacheKey, *, local_only: bool = False) -> Entry | None:
         """The entry stored under ``key``, decoded and checked, for entries
-        that hold no graph of their own (a partitioning plan). None on a
-        miss; a bad entry is warned about and dropped, as a graph's is."""
-        store = self.store
+        that hold no graph of their own (a partitioning plan, a program).
+        None on a miss; a bad entry is warned about and dropped, as a
+        graph's is. ``local_only`` leaves the shared tier out."""
+        store = self._tier(local_only)
         if store is None:
             return None
         try:
@@ -175,10 +176,11 @@ class GraphCache:
             self._count("hits", key.digest)
         return entry
 
-    def store_entry(self, entry: Entry, key: CacheKey) -> None:
+    def store_entry(self, entry: Entry, key: CacheKey, *, local_only: bool = False) -> None:
         """Store an entry made outside :meth:`extract_compiled_graph` under
-        ``key`` (unless the cache is read-only)."""
-        store = self.store
+        ``key`` (unless the cache is read-only); ``local_only`` leaves the
+        shared tier out."""
+        store = self._tier(local_only)
         if store is not None:
             self._put(store, entry)
             self._remember_name(store, key, entry.graph_name)
@@ -187,6 +189,10 @@ class GraphCache:
         """Count an event of the backend (an AOTAutograd trace, a plan
         used) here and in the store, as ``ltc-cache stats`` shows it."""
         self._count(event, None)
+
+    def _tier(self, local_only: bool) -> Store | None:
+        store = self.store
+        return store.local if local_only and isinstance(store, TieredStore) else store
 
     def drop_entry(self, key: CacheKey, problem: str) -> None:
         """Warn about and delete an entry found unusable after decoding."""

@@ -268,6 +268,12 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
         _err(f"entry {key[:12]} cannot be read: {exc}")
         return PROBLEMS
     meta = dict(entry.meta)
+    if isinstance(meta.get("program"), dict):  # a pickle: its size here, never its bytes
+        program = dict(meta["program"])
+        artifact = program.pop("artifact", b"")
+        program["artifact_size"] = len(artifact) if isinstance(artifact, bytes) else None
+        program.pop("hmac", None)
+        meta["program"] = program
     inputs = [describe_source(s) for s in entry.inputs]
     outputs = [describe_source(s) for s in entry.outputs]
     updates = [f"output {u.output} -> {describe_source(u.target)}" for u in entry.updates]
@@ -294,12 +300,18 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
                for name, value in sorted(dict(meta.get("key_parts") or {}).items())]
     fields += [(name, str(value)) for name, value in sorted(meta.items())
                if name not in {"graph_name", "kind", "node_count", "created", "torch_version",
-                               "graph_hash", "key_parts", "plan"}]
+                               "graph_hash", "key_parts", "plan", "program"}]
     if isinstance(meta.get("plan"), dict):  # an aten graph: its size here, whole in --json
         plan = meta["plan"]
         fields.append(("Plan", f"{len(plan.get('nodes') or ())} nodes, "
                                f"{len(plan.get('constants') or ())} tensor constants "
                                "(the graph: --json)"))
+    if isinstance(meta.get("program"), dict):  # sources and checks: --json
+        program = meta["program"]
+        fields.append(("Program", f"{len(program.get('sources') or ())} inlined sources, "
+                                  f"{len(program.get('checks') or ())} portable checks, "
+                                  f"{format_size(program.get('artifact_size') or 0)} "
+                                  f"artifact (signed; the rest: --json)"))
     width = max(len(name) for name, _ in fields)
     lines = [f"{name:<{width}}  {value}" for name, value in fields]
     kind = meta.get("kind") or "graph"

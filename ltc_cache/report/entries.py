@@ -74,10 +74,13 @@ class VerifyReport:
 def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None,
            progress: Progress | None = None) -> VerifyReport:
     """Check each entry: readable, checksum (and signature), body decodes,
-    stored under its own key, and its IR (or a plan's graph) parses."""
+    stored under its own key, and its IR (or a plan's graph) parses; a
+    program's signature holds (where this user has the key that signs
+    them; nothing is unpickled)."""
     import torch
 
     from ..plan import plan_graph
+    from ..program import check_program
 
     checked, problems = 0, []
     for key in keys:
@@ -90,6 +93,8 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
                 torch._C.parse_ir(entry.ir)
             if entry.meta.get("kind") == "plan":
                 plan_graph(entry)
+            if entry.meta.get("kind") == "program":
+                check_program(entry, secret, store.directory)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))
         except RuntimeError as exc:  # parse_ir

@@ -1,0 +1,111 @@
+"""A separate process for the ``ltc_cache.compile`` tests: builds a model
+from a module the test wrote (``MODELS_DIR/progmodels.py``), runs it through
+``ltc_cache.compile`` for each requested call, and checks every result (and,
+with --train, every gradient) against eager.
+
+``python tests/program_child.py MODELS_DIR --call 2x16:float32 --call ...``
+prints one JSON line: this process's counters, Dynamo's captured frames,
+the largest errors, and what ltc_cache.precompile logged.
+
+--set SCALE=3.0 rebinds the models module's global ``SCALE`` before the
+last call (a guard that must be seen after a program was loaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import sys
+import warnings
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("models_dir")
+    parser.add_argument("--model", default="build")
+    parser.add_argument("--call", action="append", default=[],
+                        help="SHAPE:DTYPE[:grad], e.g. 2x16:float32 (repeatable)")
+    parser.add_argument("--train", action="store_true", help="forward and backward")
+    parser.add_argument("--set", default=None, help="NAME=FLOAT before the last call")
+    parser.add_argument("--decorator", action="store_true",
+                        help="compile the module's function `fn` with @ltc_cache.compile")
+    options = parser.parse_args(argv)
+    sys.path.insert(0, options.models_dir)
+
+    collect = _Collect()
+    for name in ("ltc_cache.precompile", "ltc_cache.program"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(collect)
+
+    import progmodels
+    import torch
+
+    import ltc_cache
+
+    result: dict = {"max_error": 0.0, "grad_error": 0.0, "outputs": []}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if options.decorator:  # progmodels.fn is @ltc_cache.compile'd
+            compiled = ltc_cache.compile(progmodels.fn)  # already compiled: itself
+            assert compiled is progmodels.fn
+            reference = progmodels.fn.__wrapped__
+            model = None
+        else:
+            model = getattr(progmodels, options.model)()
+            model.train(options.train)
+            eager = copy.deepcopy(model)
+            compiled = ltc_cache.compile(model)
+            reference = eager
+        calls = options.call or ["2x16:float32"]
+        for index, spec in enumerate(calls):
+            if options.set and index == len(calls) - 1:
+                name, value = options.set.split("=")
+                setattr(progmodels, name, float(value))
+            shape, dtype, *flags = spec.split(":")
+            dims = [int(d) for d in shape.split("x")]
+            torch.manual_seed(100 + index)
+            x = torch.randn(dims, dtype=getattr(torch, dtype))
+            if model is not None and model.layers[0].weight.dtype != x.dtype:
+                model.to(x.dtype)
+                reference.to(x.dtype)
+            grad = options.train or "grad" in flags
+            with torch.set_grad_enabled(grad):
+                got = compiled(x)
+                want = reference(x)
+            result["max_error"] = max(result["max_error"], (got - want).abs().max().item())
+            result["outputs"].append(float(got.double().sum()))
+            if options.train:
+                got.pow(2).mean().backward()
+                want.pow(2).mean().backward()
+                errors = [(p.grad - q.grad).abs().max().item() for p, q in
+                          zip(model.parameters(), reference.parameters(), strict=True)]
+                result["grad_error"] = max(result["grad_error"], *errors)
+                model.zero_grad()
+                reference.zero_grad()
+    if model is not None:
+        # The wrapper passes the module through.
+        result["same_state"] = list(compiled.state_dict()) == list(model.state_dict())
+        result["same_parameters"] = all(a is b for a, b in zip(
+            compiled.parameters(), model.parameters(), strict=True))
+    result["stats"] = ltc_cache.stats()
+    result["frames_ok"] = int(torch._dynamo.utils.counters["frames"]["ok"])
+    result["logs"] = collect.lines
+    result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

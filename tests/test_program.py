@@ -1,0 +1,386 @@
+"""``ltc_cache.compile``: whole programs, cold then warm in child processes.
+
+Each test writes a small model module (``progmodels.py``, and ``helper.py``
+whose function the model inlines) into its temp dir, so that it can edit
+them between processes, and runs ``tests/program_child.py`` against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+from conftest import TESTS, child_env
+
+import ltc_cache
+from ltc_cache.entry import decode, encode
+from ltc_cache.store import DiskStore
+from ltc_cache.store.ledger import is_entry_key
+
+MODELS = '''\
+import torch
+import helper
+
+SCALE = 2.0
+
+
+class Net(torch.nn.Module):
+    def __init__(self, width=16, depth=2):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = helper.act(layer(x))
+        return x * SCALE
+
+
+class Broken(Net):
+    def forward(self, x):
+        x = self.layers[0](x)
+        torch._dynamo.graph_break()
+        return helper.act(self.layers[1](x))
+
+
+def build():
+    torch.manual_seed(0)
+    return Net()
+
+
+def deeper():
+    torch.manual_seed(0)
+    return Net(depth=3)
+
+
+def broken():
+    torch.manual_seed(0)
+    return Broken()
+'''
+
+HELPER = '''\
+import torch
+
+
+def act(x):
+    return torch.relu(x)
+'''
+
+SCRIPT = Path(sys.executable).with_name("ltc-cache")
+# A payload that, unpickled, leaves a file behind.
+MARKER = "PAYLOAD_RAN"
+
+
+class Payload:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.fixture
+def models(tmp_path, cache_dir, monkeypatch) -> Path:
+    """The models directory; the per-user signing key under the test's
+    own config directory."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    directory = tmp_path / "models"
+    directory.mkdir()
+    (directory / "progmodels.py").write_text(MODELS)
+    (directory / "helper.py").write_text(HELPER)
+    return directory
+
+
+def run(models: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    proc = subprocess.run([sys.executable, str(TESTS / "program_child.py"), str(models), *args],
+                          capture_output=True, text=True, env=env or child_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_correct(result: dict) -> None:
+    assert result["max_error"] <= 1e-5, result
+    assert result["grad_error"] <= 1e-5, result
+    assert result["stats"]["errors"] == 0, result
+    assert not result["warnings"], result["warnings"]
+
+
+def assert_warm(result: dict, programs: int = 1) -> None:
+    """Loaded: no Dynamo capture, no LTC trace, no program captured."""
+    assert_correct(result)
+    stats = result["stats"]
+    assert result["frames_ok"] == 0, result
+    assert stats.get("program_hits", 0) == programs, result
+    assert stats.get("program_captures", 0) == 0, result
+    assert stats["traces"] == 0, result
+
+
+def assert_captured(result: dict, programs: int = 1) -> None:
+    assert_correct(result)
+    assert result["stats"].get("program_captures", 0) == programs, result
+    assert result["stats"].get("program_fallbacks", 0) == 0, result
+
+
+def program_keys(directory: Path) -> list[str]:
+    store = DiskStore(directory, readonly=True)
+    try:
+        keys = list(store.keys())
+        return [k for k in keys if is_entry_key(k)
+                and decode(store.peek(k)).meta.get("kind") == "program"]
+    finally:
+        store.close()
+
+
+def test_cold_then_warm(models, cache_dir):
+    cold = run(models)
+    assert_captured(cold)
+    assert any("captured and stored program" in line for line in cold["logs"]), cold["logs"]
+    assert cold["same_state"] and cold["same_parameters"]
+
+    warm = run(models)
+    assert_warm(warm)
+    assert warm["stats"]["hits"] > 0 and warm["stats"]["misses"] == 0
+    assert warm["outputs"] == cold["outputs"]
+    assert len(program_keys(cache_dir)) == 1
+
+
+def test_training_cold_then_warm(models, cache_dir):
+    cold = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32")
+    assert_captured(cold)
+    warm = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32")
+    assert_warm(warm)
+    assert warm["outputs"] == cold["outputs"]
+
+
+def test_decorated_function(models, cache_dir):
+    (models / "progmodels.py").write_text(MODELS + '''
+
+import ltc_cache
+
+
+@ltc_cache.compile
+def fn(x):
+    return helper.act(x) * SCALE
+''')
+    # The decorated function compiles itself; the child calls it again
+    # through ltc_cache.compile, which must not nest a second program.
+    cold = run(models, "--decorator")
+    assert cold["max_error"] == 0.0, cold
+    warm = run(models, "--decorator")
+    assert warm["max_error"] == 0.0 and warm["frames_ok"] == 0, warm
+    assert warm["stats"].get("program_hits", 0) >= 1, warm
+
+
+@pytest.mark.slow
+def test_edited_sources_are_never_run_stale(models, cache_dir):
+    assert_captured(run(models))
+
+    # A function Dynamo inlined from another module, edited.
+    (models / "helper.py").write_text(HELPER.replace("torch.relu(x)", "torch.relu(x) * 0.5"))
+    edited = run(models)
+    assert_captured(edited)
+    assert any("is stale" in line and "act" in line for line in edited["logs"]), edited["logs"]
+    assert_warm(run(models))
+
+    # A module global the forward reads (a guard Dynamo saves), edited in
+    # the file: same key, same function sources.
+    (models / "progmodels.py").write_text(MODELS.replace("SCALE = 2.0", "SCALE = 3.0"))
+    rescaled = run(models)
+    assert_captured(rescaled)
+    assert any("does not fit this call" in line for line in rescaled["logs"]), rescaled["logs"]
+    assert_warm(run(models))
+
+
+def test_a_global_rebound_after_loading_is_seen(models, cache_dir):
+    assert_captured(run(models))
+    warm = run(models, "--call", "2x16:float32", "--call", "2x16:float32", "--set", "SCALE=5.0")
+    # The first call loads; after SCALE changes the guard fails and the
+    # program is captured again, with the right result.
+    assert_correct(warm)
+    assert warm["stats"]["program_hits"] == 1 and warm["stats"]["program_captures"] == 1, warm
+
+
+@pytest.mark.slow
+def test_shapes_dtypes_grad_mode_and_structure(models, cache_dir):
+    calls = ["--call", "2x16:float32", "--call", "3x16:float32", "--call", "2x16:float64",
+             "--call", "2x16:float64:grad"]
+    cold = run(models, *calls)
+    assert_captured(cold, programs=4)
+    warm = run(models, *calls)
+    assert_warm(warm, programs=4)
+    assert warm["outputs"] == cold["outputs"]
+    assert len(program_keys(cache_dir)) == 4
+
+    # Another structure (three layers): another key, captured, correct.
+    deeper = run(models, "--model", "deeper")
+    assert_captured(deeper)
+
+
+def _poison(cache_dir: Path, how: str, marker: Path) -> None:
+    """Rewrite the one program entry with a pickle payload in its artifact,
+    the entry's own checksum made valid again."""
+    store = DiskStore(cache_dir)
+    try:
+        (key,) = program_keys(cache_dir)
+        entry = decode(store.get(key))
+        program = dict(entry.meta["program"])
+        program["artifact"] = pickle.dumps(Payload(str(marker)))
+        if how == "unsigned":
+            del program["hmac"]
+        elif how == "other key":
+            from ltc_cache.program import sign
+
+            program["hmac"] = sign(b"x" * 64, key, program["sources"], program["checks"],
+                                   program["globals"], program["artifact"])
+        meta = {**entry.meta, "program": program}
+        store.put(key, encode(type(entry)(entry.key, "", (), (), (), meta)))
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["tampered", "unsigned", "other key"])
+def test_poisoned_program_entries_are_never_unpickled(models, cache_dir, tmp_path, how):
+    assert_captured(run(models))
+    marker = tmp_path / MARKER
+    _poison(cache_dir, how, marker)
+    # Sanity: the payload does run when unpickled.
+    probe = tmp_path / "probe"
+    pickle.loads(pickle.dumps(Payload(str(probe))))
+    assert probe.exists()
+
+    warm = run(models)
+    assert not marker.exists(), "a poisoned program entry was unpickled"
+    assert warm["max_error"] <= 1e-5, warm
+    assert warm["stats"]["program_captures"] == 1, warm  # refused, captured, replaced
+    assert any("program" in w for w in warm["warnings"]), warm
+    assert_warm(run(models))
+    assert not marker.exists()
+
+
+def test_a_graph_break_falls_back_to_torch_compile(models, cache_dir):
+    cold = run(models, "--model", "broken")
+    assert cold["max_error"] <= 1e-5, cold
+    lines = [line for line in cold["logs"] if "torch.compile(backend=" in line]
+    assert len(lines) == 1 and "graph break" in lines[0], cold["logs"]
+    assert cold["stats"]["program_fallbacks"] >= 1, cold
+
+    warm = run(models, "--model", "broken")
+    assert warm["max_error"] <= 1e-5, warm
+    # Remembered: no capture is attempted again while the source is the same.
+    assert warm["stats"].get("program_captures", 0) == 0, warm
+    assert any("remembered" in line for line in warm["logs"]), warm["logs"]
+
+
+@pytest.mark.slow
+def test_export_and_import_carry_programs(models, cache_dir, tmp_path):
+    assert_captured(run(models))
+    bundle = tmp_path / "warm.ltcb"
+    cli = [str(SCRIPT)]
+    subprocess.run([*cli, "--dir", str(cache_dir), "export", str(bundle)], check=True,
+                   capture_output=True)
+    other = tmp_path / "other"
+    subprocess.run([*cli, "--dir", str(other), "import", str(bundle)], check=True,
+                   capture_output=True)
+    warm = run(models, env=child_env(LTC_CACHE_DIR=str(other)))
+    assert_warm(warm)
+
+
+def test_cli_lists_shows_counts_and_prunes_programs(models, cache_dir):
+    assert_captured(run(models))
+    cli = [str(SCRIPT), "--dir", str(cache_dir)]
+    listing = json.loads(subprocess.run([*cli, "ls", "--json", "--filter", "kind=program"],
+                                        check=True, capture_output=True, text=True).stdout)
+    (row,) = listing["entries"]
+    assert row["graph_name"] == "Net.program" and row["node_count"] > 0
+    shown = subprocess.run([*cli, "show", row["key"][:12]], check=True, capture_output=True,
+                           text=True).stdout
+    assert "portable checks" in shown and "Kind" in shown
+    shown_json = json.loads(subprocess.run([*cli, "show", row["key"][:12], "--json"],
+                                           check=True, capture_output=True, text=True).stdout)
+    assert "artifact" not in shown_json["meta"]["program"]
+    assert shown_json["meta"]["program"]["artifact_size"] > 0
+    stats = json.loads(subprocess.run([*cli, "stats", "--json"], check=True,
+                                      capture_output=True, text=True).stdout)
+    assert stats["entries"] >= 2
+    verify = subprocess.run([*cli, "verify"], capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    subprocess.run([*cli, "prune", "--older-than", "0s", "--yes"], check=True,
+                   capture_output=True)
+    assert program_keys(cache_dir) == []
+
+
+def test_private_torch_apis_this_relies_on():
+    """Pins: what ltc_cache.precompile reaches into, by name and shape."""
+    import inspect
+
+    import torch
+    from torch._dynamo import aot_compile, convert_frame, package, source
+    from torch._dynamo.aot_compile_types import SerializableCallable
+    from torch._dynamo.guards import CheckFunctionManager, _get_closure_vars
+    from torch._dynamo.types import GuardFilterEntry
+    from torch.fx._graph_pickler import GraphPickler
+
+    from ltc_cache import precompile
+
+    assert callable(getattr(torch.compile(lambda x: x, backend="eager", fullgraph=True),
+                            "aot_compile", None))
+    fn = aot_compile.AOTCompiledFunction
+    for name in ("serialize", "deserialize", "prepare_f_locals"):
+        assert callable(getattr(fn, name)), name
+    assert {"external_data"} <= set(inspect.signature(fn.serialize).parameters)
+    assert {"f_globals", "external_closure_data"} <= set(
+        inspect.signature(fn.deserialize).parameters)
+    assert {"guard_manager", "runtime_env", "compiled_fn", "backend_id", "source_info"} <= {
+        f.name for f in __import__("dataclasses").fields(aot_compile.CompileArtifacts)}
+    assert {"external_refs", "import_sources", "used_globals"} <= {
+        f.name for f in __import__("dataclasses").fields(convert_frame.GraphRuntimeEnv)}
+    assert callable(package.SourceInfo.add_code)
+    assert callable(convert_frame.get_traced_fn) and callable(source.get_global_source_name)
+    assert "L" not in _get_closure_vars()
+    assert {"name", "has_value", "value", "guard_type", "derived_guard_types", "orig_guard"} <= {
+        f.name for f in __import__("dataclasses").fields(GuardFilterEntry)}
+    # What torch cannot serialise is what the guard filter replaces.
+    assert set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES) <= set(
+        precompile._UNSERIALIZABLE)
+    assert callable(GraphPickler.dumps) and callable(GraphPickler.loads)
+    assert issubclass(precompile.LtcProgramGraph, SerializableCallable)
+
+
+def test_compile_takes_torch_compile_arguments_only():
+    import torch
+
+    with pytest.raises(TypeError, match="ltc_cache backend"):
+        ltc_cache.compile(torch.nn.Linear(2, 2), backend="inductor")
+    module = torch.nn.Linear(2, 2)
+    assert ltc_cache.compile(module, disable=True) is module
+    decorate = ltc_cache.compile(fullgraph=True)
+    compiled = decorate(torch.nn.Linear(2, 2))
+    assert isinstance(compiled, ltc_cache.CompiledModule)
+    assert isinstance(compiled, torch.nn.Module)
+    compiled.eval()
+    assert not compiled._orig_mod.training
+    assert compiled.in_features == 2  # attributes pass through
+    assert list(compiled.state_dict()) == ["weight", "bias"]
+
+
+def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
+    """Everything but the artifact is data a listing reads without torch."""
+    assert_captured(run(models))
+    (key,) = program_keys(cache_dir)
+    store = DiskStore(cache_dir, readonly=True)
+    try:
+        envelope = msgpack.unpackb(store.peek(key), raw=False)
+    finally:
+        store.close()
+    body = msgpack.unpackb(envelope["body"], raw=False)
+    program = body["meta"]["program"]
+    assert body["meta"]["kind"] == "program"
+    assert isinstance(program["artifact"], bytes) and isinstance(program["hmac"], bytes)
+    assert all(len(record) == 5 for record in program["sources"])
+    assert any(record[4] == "act" for record in program["sources"])
