@@ -21,7 +21,7 @@ from conftest import TESTS, child_env
 import ltc_cache
 from ltc_cache.entry import decode, encode
 from ltc_cache.store import DiskStore
-from ltc_cache.store.ledger import is_entry_key
+from ltc_cache.wire import is_entry_key
 
 MODELS = '''\
 import torch
