@@ -7,6 +7,9 @@ passes each captured scalar (``addmm``'s alpha and beta, ``add``'s alpha) as
 a 0-dim tensor graph input that an ``aten::ScalarImplicit`` node unwraps at
 every call. Three small rewrites remove that work:
 
+- :func:`functional_aranges`: ``arange`` into a stored ``out`` tensor (how
+  LTC writes a position index) becomes the ``arange`` that allocates, so
+  that the graph writes no memory and the next rewrite may run;
 - :func:`views_for_copies`: a view copy becomes the view it copies, where no
   op in the graph writes to memory, the view is only read by ops that read
   values (not strides), and no output shares memory or changes layout;
@@ -44,8 +47,8 @@ from .diagnostics import warn_once
 from .extract import Extraction
 from .layout import Source
 
-__all__ = ["VIEW_OF_COPY", "bool_list_constants", "drop_dead_code", "fold_scalars", "linears",
-           "rewrite", "scalar_exponents", "views_for_copies"]
+__all__ = ["VIEW_OF_COPY", "bool_list_constants", "drop_dead_code", "fold_scalars",
+           "functional_aranges", "linears", "rewrite", "scalar_exponents", "views_for_copies"]
 
 logger = logging.getLogger("ltc_cache.rewrite")
 
@@ -132,6 +135,46 @@ def _reads_values_only(node: torch._C.Node) -> bool:
     aliases them nor depends on their strides."""
     op = _op(node)
     return op is not None and op.reads_values_only
+
+
+def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
+    """Replace ``arange.start_out(start, end, step, out)`` whose ``out`` is a
+    stored constant with ``arange.start_step(start, end, step, dtype=,
+    device=)`` of that constant's dtype and device; returns how many.
+
+    LTC lowers ``torch.arange`` (a transformer's position ids) to the ``out=``
+    form over an empty tensor it stores with the entry. That op writes
+    memory, so :func:`views_for_copies` left every graph holding one whole,
+    its weights copied on every call. The allocating form runs the same
+    kernel on a new tensor of the same dtype (``at::arange`` allocates, then
+    calls ``arange_out``): the same values, and no output shares a stored
+    constant's memory any more. The constant goes when nothing else reads it
+    (see :func:`drop_dead_code`).
+    """
+    params = list(graph.inputs())
+    stored = {params[i].unique(): s.ref for i, s in enumerate(inputs)
+              if s.kind == "const" and isinstance(s.ref, torch.Tensor)}
+    replaced = 0
+    for node in list(graph.nodes()):
+        op = _op(node)
+        if op is None or op.name != "aten::arange.start_out":
+            continue
+        start, end, step, out = node.inputs()
+        tensor = stored.get(out.unique())
+        if tensor is None:
+            continue
+        with graph.insert_point_guard(node):
+            none = graph.insertConstant(None)
+            arange = graph.insertNode(graph.create("aten::arange", [
+                start, end, step, graph.insertConstant(tensor.dtype), none,
+                graph.insertConstant(tensor.device), none], 1))
+        made = _op(arange)
+        if made is None or made.name != "aten::arange.start_step":
+            arange.destroy()
+            continue
+        _take_place(node, arange.output())
+        replaced += 1
+    return replaced
 
 
 def views_for_copies(graph: torch._C.Graph) -> int:
@@ -495,6 +538,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         if len(inputs) != len(list(graph.inputs())):
             raise ValueError(f"{len(inputs)} inputs laid out for a graph of "
                              f"{len(list(graph.inputs()))}")
+        aranges = functional_aranges(graph, inputs)
         views = views_for_copies(graph)
         scalars = fold_scalars(graph, inputs)
         bool_lists = bool_list_constants(graph)
@@ -508,7 +552,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         warn_once("rewrite", f"cannot rewrite a traced graph ({type(exc).__name__}: {exc}); "
                   "storing it as traced")
         return extraction
-    logger.debug("rewrote %d view copies, folded %d scalars, rebuilt %d bool lists, "
-                 "made %d linears and %d scalar powers, dropped %d dead nodes/inputs", views,
-                 scalars, bool_lists, products, powers, dead)
+    logger.debug("made %d aranges allocate, rewrote %d view copies, folded %d scalars, "
+                 "rebuilt %d bool lists, made %d linears and %d scalar powers, dropped %d dead "
+                 "nodes/inputs", aranges, views, scalars, bool_lists, products, powers, dead)
     return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))

@@ -193,6 +193,20 @@ class Powers(nn.Module):
         return normed, (x.abs() + 1).pow(0.5), (n > 0).float().pow(3)
 
 
+class Positions(nn.Module):
+    """Position ids from ``arange`` (LTC: into a stored ``out`` tensor),
+    embedded and added before a Linear; the ids returned, scaled."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.pos = nn.Embedding(16, 4)
+
+    def forward(self, x):
+        ids = torch.arange(2, 2 + x.shape[1])
+        return self.fc(x + self.pos(ids)), (ids * 2).float()
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "mlp": (Mlp, [(5, 6)]),
     "weight_view": (WeightView, [(3, 6)]),
@@ -205,6 +219,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "attention": (Attention, [(1, 5, 8)]),
     "linears": (Linears, [(2, 3, 4), (6, 4)]),
     "powers": (Powers, [(2, 3, 8), (4,)]),
+    "positions": (Positions, [(2, 5, 4)]),
 }
 
 
@@ -329,6 +344,14 @@ def test_every_model_matches_eager_cold_and_on_a_hit_in_another_process(cache_di
     assert "aten::mm(" not in products and "aten::addmm(" not in products
     assert products.count("aten::t_copy(") == 1
     # Every power of a captured exponent takes the number, as eager's does.
+    # The position ids allocate, so the graph writes no memory and its
+    # weight is read through a view.
+    positions = results["positions"]["ir"]
+    assert "aten::linear(" in positions and "aten::t_copy(" not in positions
+    assert [n.schema() for n in torch._C.parse_ir(positions).nodes()
+            if n.kind() == "aten::arange"] == [
+        "aten::arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? "
+        "dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor"]
     pow_schemas = [n.schema() for n in torch._C.parse_ir(results["powers"]["ir"]).nodes()
                    if n.kind() == "aten::pow"]
     assert len(pow_schemas) == 3 and all("Scalar exponent" in s for s in pow_schemas)
