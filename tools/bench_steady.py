@@ -165,6 +165,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
                 times[label].append((time.perf_counter() - start) * 1e3 / args.calls)
         profiles = ({label: profile(variants[label], args.calls) for label in variants}
                     if args.profile else {})
+    logging.getLogger("ltc_cache.dynamo").removeHandler(regions)
     stats = ltc_cache.stats()
     return {"model": name, "ms": {k: statistics.median(v) for k, v in times.items()},
             "error": error, "profiles": profiles, "regions": regions.lines,
