@@ -153,9 +153,13 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "workers": [workers[wid] | {"worker": wid} for wid in sorted(workers)],
         "requests": len(answers),
-        # Graphs each worker compiled; on a cold cache a single flight
-        # misses each in one worker, and the others hit what it stored.
-        "graphs": max(w["stats"]["hits"] + w["stats"]["misses"] for w in workers.values()),
+        # Graphs Dynamo handed the backend in each worker (the same in all),
+        # and the cache lookups they made: a graph LTC lowers whole is one
+        # lookup; one that needs partitioning is more (its negative entry,
+        # its plan, its regions). On a cold cache a single flight misses each
+        # entry in one worker, and the others hit what it stored.
+        "graphs": max(w["stats"].get("dynamo_graphs", 0) for w in workers.values()),
+        "lookups": max(w["stats"]["hits"] + w["stats"]["misses"] for w in workers.values()),
         "misses": sum(w["stats"]["misses"] for w in workers.values()),
         "traces": sum(w["stats"]["traces"] for w in workers.values()),
         "wall_s": time.time() - started,
@@ -185,7 +189,8 @@ def print_report(report: dict[str, Any]) -> None:
               f"{w['served']:>6} {s['hits']:>5} {s['misses']:>6} {s['traces']:>6} "
               f"{w['remote_hits']:>6}")
     slowest = max(w["startup_s"] for w in report["workers"])
-    print(f"{report['model']}: {report['graphs']} graph(s) per worker; in all workers "
+    print(f"{report['model']}: {report['graphs']} graph(s) per worker "
+          f"({report['lookups']} cache lookup(s)); in all workers "
           f"{report['misses']} miss(es) and {report['traces']} trace(s); fleet ready in "
           f"{slowest:.2f}s; {report['requests']} requests answered")
     if "max_abs_error" in report:

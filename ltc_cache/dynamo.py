@@ -43,7 +43,8 @@ from .keys import CacheKey, compute_key
 if TYPE_CHECKING:  # partition imports FX's partitioner: only when compiling
     from .partition import OpSupport
 
-__all__ = ["AOT_GRAPHS", "ATEN_OPS", "LTC_OPS", "PLAN_HITS", "LtcBackend", "backend"]
+__all__ = ["AOT_GRAPHS", "ATEN_OPS", "DYNAMO_GRAPHS", "LTC_OPS", "PLAN_HITS", "LtcBackend",
+           "backend"]
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
@@ -55,6 +56,9 @@ ATEN_OPS = "aten_ops"
 LTC_OPS = "ltc_ops"
 AOT_GRAPHS = "aot_graphs"
 PLAN_HITS = "plan_hits"
+# Graphs Dynamo handed the backend: what "graphs" means, as opposed to the
+# cache lookups they make (a plan, a negative entry and a region are three).
+DYNAMO_GRAPHS = "dynamo_graphs"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -262,6 +266,7 @@ class LtcBackend:
             if configured is None:  # one per setting: it keeps what it learned of LTC
                 configured = self._variants[variant] = self._configured(mode, settings)
             return configured(gm, example_inputs)
+        counters.bump(DYNAMO_GRAPHS)
         name = self._name or _model_name(gm)
         training = _needs_grad(example_inputs)
         if _is_dynamic(gm):
