@@ -86,6 +86,7 @@ def test_sizes_outside_the_rule_are_refused(text):
         parse_size(text)
 
 
+@pytest.mark.slow
 def test_a_backend_the_program_initialised_itself_is_used_and_nothing_is_remembered(
         cache_dir):
     first = run_user_script("--extract", "--init-ts")
