@@ -249,7 +249,7 @@ class LtcBackend:
         self._name = name
         self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
             weakref.WeakKeyDictionary())
-        self._variants: dict[tuple[Any, ...], LtcBackend] = {}  # by torch.compile options
+        self._variants: dict[tuple[str | None, str], LtcBackend] = {}  # by torch.compile options
 
     @property
     def cache(self) -> GraphCache:
@@ -261,7 +261,7 @@ class LtcBackend:
         if options or mode or kwargs:
             # torch.compile(..., mode=, options=) hands them to the backend.
             settings = {**(options or {}), **kwargs}
-            variant = (mode, tuple(sorted(settings.items(), key=lambda item: item[0])))
+            variant = (mode, repr(sorted(settings.items(), key=lambda item: item[0])))
             configured = self._variants.get(variant)
             if configured is None:  # one per setting: it keeps what it learned of LTC
                 configured = self._variants[variant] = self._configured(mode, settings)
