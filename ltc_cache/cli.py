@@ -1,7 +1,11 @@
-"""``ltc-cache``: look after a cache directory.
+"""``ltc-cache``: look after a cache directory and the Redis tier under it.
 
-    ltc-cache [--dir DIR] ls | stats | show KEY | prune | clear | verify
-                          | export FILE | import FILE
+    ltc-cache [--dir DIR] [--remote URL | --local] ls | stats | show KEY | prune
+                          | clear | verify | export FILE | import FILE
+
+The tier options work before or after the command. The directory is
+``--dir``, else the library's; Redis is included with ``--remote`` or
+LTC_CACHE_REMOTE (``--remote`` without ``--dir``: Redis alone).
 
 The only module of ltc_cache that prints; what it shows comes from the
 report package. Exit status: 0 fine; 1 problems found (bad entries, rejected

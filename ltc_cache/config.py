@@ -134,8 +134,15 @@ class CacheConfig:
                 _bad_setting(name, text, exc, said)
                 return fallback
 
-        directory = Path(env.get("LTC_CACHE_DIR") or default_cache_dir(env)).expanduser()
         disable = setting("LTC_CACHE_DISABLE", _flag, False, "the cache stays on")
+        try:
+            directory = Path(env.get("LTC_CACHE_DIR") or default_cache_dir(env)).expanduser()
+        except RuntimeError as exc:  # no home directory to put the default in, nor ~ to expand
+            if strict:
+                raise ValueError(f"LTC_CACHE_DIR: {exc}") from None
+            _bad_setting("LTC_CACHE_DIR", env.get("LTC_CACHE_DIR", ""), ValueError(str(exc)),
+                         "the cache is off (LTC_CACHE_DISABLE=1)")
+            directory, disable = Path(), True
         try:
             secret = _secret(env, directory)
         except ValueError as exc:

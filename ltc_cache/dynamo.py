@@ -43,8 +43,8 @@ from .keys import CacheKey, compute_key
 if TYPE_CHECKING:  # partition imports FX's partitioner: only when compiling
     from .partition import OpSupport
 
-__all__ = ["AOT_GRAPHS", "AOT_TRACES", "ATEN_OPS", "LTC_OPS", "PLAN_HITS", "LtcBackend",
-           "backend"]
+__all__ = ["AOT_GRAPHS", "AOT_TRACES", "ATEN_OPS", "DYNAMO_GRAPHS", "LTC_OPS", "PLAN_HITS",
+           "LtcBackend", "backend"]
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
@@ -59,6 +59,9 @@ AOT_GRAPHS = "aot_graphs"
 # ran, and graphs built from a stored plan instead of one.
 AOT_TRACES = "aot_traces"
 PLAN_HITS = "plan_hits"
+# Graphs Dynamo handed the backend: what "graphs" means, as opposed to the
+# cache lookups they make (a plan, a negative entry and a region are three).
+DYNAMO_GRAPHS = "dynamo_graphs"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -249,7 +252,7 @@ class LtcBackend:
         self._name = name
         self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
             weakref.WeakKeyDictionary())
-        self._variants: dict[tuple[Any, ...], LtcBackend] = {}  # by torch.compile options
+        self._variants: dict[tuple[str | None, str], LtcBackend] = {}  # by torch.compile options
 
     @property
     def cache(self) -> GraphCache:
@@ -261,11 +264,12 @@ class LtcBackend:
         if options or mode or kwargs:
             # torch.compile(..., mode=, options=) hands them to the backend.
             settings = {**(options or {}), **kwargs}
-            variant = (mode, tuple(sorted(settings.items(), key=lambda item: item[0])))
+            variant = (mode, repr(sorted(settings.items(), key=lambda item: item[0])))
             configured = self._variants.get(variant)
             if configured is None:  # one per setting: it keeps what it learned of LTC
                 configured = self._variants[variant] = self._configured(mode, settings)
             return configured(gm, example_inputs)
+        counters.bump(DYNAMO_GRAPHS)
         name = self._name or _model_name(gm)
         training = _needs_grad(example_inputs)
         if _is_dynamic(gm):

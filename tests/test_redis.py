@@ -329,7 +329,7 @@ def test_missing_redis_package_is_a_clear_warning(cache_dir, monkeypatch):
         warnings.simplefilter("always")
         key = extract_and_check(cache, "weighted")
     messages = [str(w.message) for w in caught]
-    assert any("pip install 'ltc-cache[redis]'" in m for m in messages), messages
+    assert any("pip install redis" in m for m in messages), messages
     assert delta(before)["errors"] == 1 and delta(before)["stores"] == 1
     assert key in set(DiskStore(cache_dir).keys())  # the local tier still works
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import child_env
 
 from ltc_cache.store import DiskStore
@@ -15,8 +16,8 @@ from ltc_cache.store import DiskStore
 SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
 
 
-def run_serve(*args: str, env: dict[str, str] | None = None) -> dict:
-    proc = subprocess.run([sys.executable, str(SERVE), *args, "--model", "mlp", "--json",
+def run_serve(*args: str, env: dict[str, str] | None = None, model: str = "mlp") -> dict:
+    proc = subprocess.run([sys.executable, str(SERVE), *args, "--model", model, "--json",
                            "--threads", "1"],
                           capture_output=True, text=True, env=env or child_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -42,3 +43,14 @@ def test_cold_fleet_traces_each_graph_once_then_starts_warm(cache_dir):
     assert warm["graphs"] == graphs and warm["misses"] == 0 and warm["traces"] == 0
     assert all(w["stats"]["hits"] == graphs for w in warm["workers"])
     assert warm["max_abs_error"] < 1e-4
+
+
+@pytest.mark.slow
+def test_graphs_are_counted_as_graphs_not_lookups(cache_dir):
+    # Issue 14, item 4: GPT-2 partitions, so a warm worker makes more lookups
+    # (negative entry, plan, region) than a cold one; its graphs are the same.
+    pytest.importorskip("transformers")
+    cold = run_serve("--workers", "1", "--requests", "1", model="gpt2")
+    warm = run_serve("--workers", "1", "--requests", "1", model="gpt2")
+    assert cold["graphs"] == warm["graphs"] >= 1, (cold, warm)
+    assert warm["traces"] == 0 and warm["lookups"] > warm["graphs"], warm

@@ -86,6 +86,7 @@ def test_sizes_outside_the_rule_are_refused(text):
         parse_size(text)
 
 
+@pytest.mark.slow
 def test_a_backend_the_program_initialised_itself_is_used_and_nothing_is_remembered(
         cache_dir):
     first = run_user_script("--extract", "--init-ts")
@@ -164,3 +165,16 @@ def test_torch_compile_options_are_checked_and_a_mode_warns(cache_dir, tmp_path)
     store = DiskStore(named_dir, readonly=True)
     assert "mine.inference" in {e.graph_name for e in scan(store).entries}
     store.close()
+
+
+def test_no_home_directory_turns_the_cache_off_instead_of_failing(monkeypatch):
+    monkeypatch.delenv("HOME", raising=False)
+    import pwd
+
+    # Path.home() falls back to the password database: make that fail too.
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    with pytest.warns(RuntimeWarning, match="LTC_CACHE_DIR.*the cache is off"):
+        config = CacheConfig.from_env({})
+    assert config.disable
+    with pytest.raises(ValueError, match="LTC_CACHE_DIR"):
+        CacheConfig.from_env({}, strict=True)

@@ -4,7 +4,7 @@ Keys live under a prefix (``ltc_cache:entry:<key>``, ``ltc_cache:lock:<key>``),
 so one database can hold other data too. Values are the entry bytes as the
 disk tier holds them: checksum and signature travel inside.
 
-The ``redis`` package is optional (``pip install 'ltc-cache[redis]'``): it is
+The ``redis`` package is optional (``pip install redis``): it is
 imported when a RedisStore is made, never when ltc_cache is.
 
 Failures of the server (refused, reset, timed out) surface as the builtin
@@ -38,7 +38,8 @@ def _import_redis() -> Any:
     except ImportError:
         raise ImportError(
             "LTC_CACHE_REMOTE names a Redis server but the Python package 'redis' is not "
-            "installed; install it with: pip install 'ltc-cache[redis]'"
+            "installed; install it with: pip install redis (in ltc_cache's checkout: "
+            "pip install -e '.[redis]')"
         ) from None
     return redis
 
