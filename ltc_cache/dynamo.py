@@ -216,8 +216,14 @@ class _PerShape:
         def pick(values: Sequence[Any]) -> tuple[Any, ...]:  # the inputs the graph kept
             return tuple(values[i] for i in kept)
 
-        compiled = self._backend._static(gm, list(pick(args)), self._name,
-                                         training=self._training)
+        from torch._guards import TracingContext, tracing
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        # Called at run time, outside Dynamo's tracing context: give
+        # AOTAutograd one, where it leaves the metadata a plan is made from.
+        with tracing(TracingContext(FakeTensorMode())):
+            compiled = self._backend._static(gm, list(pick(args)), self._name,
+                                             training=self._training)
         self._compiled[signature] = found = (compiled, pick)
         return found
 

@@ -143,6 +143,7 @@ def specialize(gm: fx.GraphModule, args: Sequence[Any], *,
         elif _is_item(node) and isinstance(args[position[node.args[0]]], torch.Tensor) \
                 and not isinstance(args[position[node.args[0]]], torch._subclasses.FakeTensor):
             env[node] = args[position[node.args[0]]].item()
+            _bind(bindings, _example(node), env[node])  # what arithmetic on it reads
         elif _folds(node):
             env[node] = _concrete(_example(node), bindings)
         elif node.op == "output":
