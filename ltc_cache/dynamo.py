@@ -210,28 +210,58 @@ class _Region:
 
 class _PerShape:
     """A Dynamo graph with symbolic shapes, compiled for each concrete input
-    layout it is called with (each one is a cache entry of its own)."""
+    layout it is called with (each one is a cache entry of its own), as the
+    static graph of that layout would be (:mod:`ltc_cache.specialize`)."""
 
-    __slots__ = ("_backend", "_compiled", "_gm", "_name", "_training")
+    __slots__ = ("_backend", "_compiled", "_gm", "_name", "_scalars", "_training")
 
     def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
                  training: bool) -> None:
+        from .specialize import scalar_inputs
+
         self._backend = backend
         self._gm = gm
         self._name = name
         self._training = training
-        self._compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._scalars = scalar_inputs(gm)
+        self._compiled: dict[tuple[Any, ...], tuple[Callable[..., Any],
+                                                    Callable[..., Any]]] = {}
 
     def __call__(self, *args: Any) -> Any:
         signature = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor)
                           else a for a in args)
-        compiled = self._compiled.get(signature)
-        if compiled is None:
-            logger.info("%s: compiling for shapes %s", self._name, signature)
-            compiled = self._backend._static(self._gm, list(args), self._name,
+        if self._scalars:  # values the specialized graph holds as constants
+            signature += tuple(args[i].item() for i in self._scalars)
+        found = self._compiled.get(signature)
+        if found is None:
+            found = self._compile(signature, args)
+        compiled, pick = found
+        return compiled(*pick(args))
+
+    def _compile(self, signature: tuple[Any, ...], args: Sequence[Any]
+                 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        from .specialize import Unspecializable, specialize
+
+        logger.info("%s: compiling for shapes %s", self._name, signature)
+        try:
+            gm, kept = specialize(self._gm, args)
+        except Unspecializable as exc:
+            logger.info("%s: compiled as Dynamo made it (%s)", self._name, exc)
+            gm, kept = self._gm, list(range(len(args)))
+
+        def pick(values: Sequence[Any]) -> tuple[Any, ...]:  # the inputs the graph kept
+            return tuple(values[i] for i in kept)
+
+        from torch._guards import TracingContext, tracing
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        # Called at run time, outside Dynamo's tracing context: give
+        # AOTAutograd one, where it leaves the metadata a plan is made from.
+        with tracing(TracingContext(FakeTensorMode())):
+            compiled = self._backend._static(gm, list(pick(args)), self._name,
                                              training=self._training)
-            self._compiled[signature] = compiled
-        return compiled(*args)
+        self._compiled[signature] = found = (compiled, pick)
+        return found
 
 
 class LtcBackend:
@@ -270,10 +300,16 @@ class LtcBackend:
                 configured = self._variants[variant] = self._configured(mode, settings)
             return configured(gm, example_inputs)
         counters.bump(DYNAMO_GRAPHS)
+        from .specialize import Unspecializable, specialize
+
         name = self._name or _model_name(gm)
         training = _needs_grad(example_inputs)
         if _is_dynamic(gm):
             return _PerShape(self, gm, name, training)
+        try:  # the canonical form, which a symbolic graph at this shape shares
+            gm, _ = specialize(gm, example_inputs, drop_unused=False)
+        except Unspecializable as exc:
+            logger.info("%s: compiled as Dynamo made it (%s)", name, exc)
         return self._static(gm, example_inputs, name, training=training)
 
     def _configured(self, mode: str | None, options: dict[str, Any]) -> LtcBackend:

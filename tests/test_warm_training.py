@@ -77,3 +77,42 @@ def test_partitioned_inference_makes_the_same_regions_cold_and_warm(cache_dir):
     assert warm["digest"] == cold["digest"]
     for run in (cold, warm):
         assert run["max_error"] <= 1e-5 and not run["warnings"], run
+
+
+def by_length(run: dict, lengths: str) -> dict[int, float]:
+    return dict(zip((int(n) for n in lengths.split(",")), run["got"], strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_dynamic_true_runs_in_ltc_and_warms_in_any_order(model, cache_dir):
+    """dynamic=True: Dynamo passes the models' float attributes as 0-dim
+    tensors read with .item(), which AOTAutograd cannot trace; they are
+    folded per shape, so the graph runs in LTC regions, not eagerly."""
+    cold = child("dynamic", model, "--lengths", "16,24")
+    warm = child("dynamic", model, "--lengths", "24,16")
+    for run in (cold, warm):
+        assert not run["warnings"] and run["stats"]["errors"] == 0, run
+        assert run["max_error"] <= 1e-4, run
+        assert run["stats"]["ltc_ops"] >= 0.9 * run["stats"]["aten_ops"] > 0, run["stats"]
+    assert cold["aot"] == 2  # one AOTAutograd trace per shape
+    assert warm["aot"] == 0, warm
+    assert (warm["stats"]["traces"], warm["stats"]["misses"]) == (0, 0), warm["stats"]
+    assert by_length(warm, "24,16") == by_length(cold, "16,24")
+
+
+@pytest.mark.slow
+def test_automatic_dynamic_shapes_compile_each_shape_once(cache_dir):
+    """Lengths 16, 24, 16, 12: Dynamo compiles a static graph for 16, then a
+    symbolic one; 16 under the symbolic graph is the static graph's entries
+    (one AOTAutograd trace per distinct shape). A warm process meeting the
+    shapes in another order (static first for 12 this time) traces nothing."""
+    cold = child("automatic", "gpt2", "--lengths", "16,24,16,12")
+    warm = child("automatic", "gpt2", "--lengths", "12,24,16")
+    assert cold["aot"] == 3, cold
+    assert cold["stats"]["plan_hits"] == 1  # 16 again, under the symbolic graph
+    assert warm["aot"] == 0, warm
+    assert (warm["stats"]["traces"], warm["stats"]["misses"]) == (0, 0), warm["stats"]
+    for run in (cold, warm):
+        assert not run["warnings"] and run["max_error"] <= 1e-4, run
+    assert by_length(warm, "12,24,16") == by_length(cold, "16,24,16,12")

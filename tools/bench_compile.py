@@ -2,7 +2,7 @@
 process, per model: backend="ltc_cache" beside backend="inductor" with its
 own caches on (FX graph cache and AOTAutograd cache), in one run.
 
-    python tools/bench_compile.py [--models gpt2,cnn] [--repeats 3] [--markdown]
+    python tools/bench_compile.py [--models gpt2,cnn] [--repeats 3] [--markdown] [--train]
 
 Every measurement is a fresh Python process. "cold" starts with empty cache
 directories, "warm" is the next process over the same directories. The time
@@ -13,6 +13,11 @@ TORCHINDUCTOR_COMPILE_THREADS=1). backend="eager" (Dynamo's capture, no compiler
 floor every torch.compile backend pays. Times are medians over the repeats;
 on a shared machine compare the ratios, measured side by side, rather than
 the seconds.
+
+``--train`` times training instead (default models gpt2, llama, bert): the
+model in ``train()``, one AdamW step from its first call to the end of the
+optimizer step (forward and backward compiled), steady steps after it, and
+the first loss against eager's.
 """
 
 from __future__ import annotations
@@ -29,14 +34,69 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "cnn"]
+TRAIN_MODELS = ["gpt2", "llama", "bert"]
 
 
-def child(model_name: str, backend: str) -> None:
+def train_child(model_name: str, backend: str) -> dict:
+    """One model in train(): the first AdamW step through torch.compile,
+    then steady steps, and the same steps in eager on a copy."""
+    import copy
+
+    import torch
+    from compile_models import MODELS as BUILDERS
+    from compile_models import loss_of
+
+    torch.manual_seed(0)
+    model, args = BUILDERS[model_name]()
+    model.train()
+    reference = copy.deepcopy(model)
+
+    def step(module, optimizer):
+        optimizer.zero_grad()
+        loss = loss_of(module(*args))
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    compiled = torch.compile(model, backend=backend)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cpu = time.process_time()
+    start = time.perf_counter()
+    got = step(compiled, optimizer)
+    first = time.perf_counter() - start
+    first_cpu = time.process_time() - cpu
+    steady = []
+    for _ in range(10):
+        start = time.perf_counter()
+        step(compiled, optimizer)
+        steady.append(time.perf_counter() - start)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    want = step(reference, reference_optimizer)
+    eager = []
+    for _ in range(10):
+        start = time.perf_counter()
+        step(reference, reference_optimizer)
+        eager.append(time.perf_counter() - start)
+    return {
+        "first_s": first,
+        "first_cpu_s": first_cpu,
+        "steady_ms": statistics.median(steady) * 1e3,
+        "eager_ms": statistics.median(eager) * 1e3,
+        "max_error": abs(got - want) / abs(want),  # relative, of the first loss
+    }
+
+
+def child(model_name: str, backend: str, train: bool = False) -> None:
     """Build one model, compile it, time its first call and steady calls."""
     import torch
 
     torch.set_num_threads(1)
     sys.path.insert(0, str(ROOT / "tests"))
+    if train:
+        report = train_child(model_name, backend)
+        _add_ltc_stats(report, backend)
+        print(json.dumps(report))
+        return
     from compile_models import MODELS as BUILDERS
     from compile_models import first_tensor
 
@@ -68,18 +128,27 @@ def child(model_name: str, backend: str) -> None:
         "eager_ms": statistics.median(eager) * 1e3,
         "max_error": (got - want).abs().max().item(),
     }
+    _add_ltc_stats(report, backend)
+    print(json.dumps(report))
+
+
+def _add_ltc_stats(report: dict, backend: str) -> None:
     if backend == "ltc_cache":
         import ltc_cache
 
         stats = ltc_cache.stats()
         report["traces"] = stats["traces"]
         report["hits"] = stats["hits"]
+        report["aot_traces"] = stats.get("aot_traces", 0)
         report["ltc_share"] = stats.get("ltc_ops", 0) / max(stats.get("aten_ops", 0), 1)
-    print(json.dumps(report))
+
+
+TRAIN = False  # --train: every child times training
 
 
 def run_child(model: str, backend: str, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", model, backend],
+    command = [sys.executable, __file__, "--child", model, backend]
+    proc = subprocess.run(command + (["--train"] if TRAIN else []),
                           capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
@@ -138,6 +207,8 @@ def measure(models: list[str], repeats: int) -> list[dict]:
             row["ltc_share"] = median(runs["ltc_cache_warm"], "ltc_share")
             row["ltc_warm_traces"] = max((r.get("traces", 0) for r in runs["ltc_cache_warm"]),
                                          default=None)
+            row["ltc_warm_aot_traces"] = max((r.get("aot_traces", 0)
+                                              for r in runs["ltc_cache_warm"]), default=None)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     return rows
@@ -154,8 +225,9 @@ def _ratio(a: float | None, b: float | None) -> str:
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| model | ltc_cache cold | ltc_cache warm | warm/cold | inductor cold | inductor warm "
-        "| warm/cold | ltc warm / inductor warm | Dynamo alone | ops in LTC |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| warm/cold | ltc warm / inductor warm | Dynamo alone | ops in LTC "
+        "| ltc warm traces (LTC, AOTAutograd) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -165,7 +237,8 @@ def markdown(rows: list[dict]) -> str:
             f"| {_ratio(r['inductor_warm_s'], r['inductor_cold_s'])} "
             f"| {_ratio(r['ltc_cache_warm_s'], r['inductor_warm_s'])} "
             f"| {_s(r['dynamo_only_s'])} "
-            f"| {'-' if r['ltc_share'] is None else format(r['ltc_share'], '.0%')} |")
+            f"| {'-' if r['ltc_share'] is None else format(r['ltc_share'], '.0%')} "
+            f"| {r['ltc_warm_traces']}, {r['ltc_warm_aot_traces']} |")
     lines += [
         "",
         "| model | eager call | ltc_cache steady call | inductor steady call | ltc max error "
@@ -187,15 +260,20 @@ def markdown(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=None, help="comma-separated (default: all; "
+                        "with --train: " + ",".join(TRAIN_MODELS) + ")")
+    parser.add_argument("--train", action="store_true", help="time a first training step")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--markdown", action="store_true", help="print the tables only")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
-        child(*options.child)
+        child(*options.child, train=options.train)
         return
-    rows = measure([m for m in options.models.split(",") if m], options.repeats)
+    global TRAIN
+    TRAIN = options.train
+    models = options.models or ",".join(TRAIN_MODELS if options.train else MODELS)
+    rows = measure([m for m in models.split(",") if m], options.repeats)
     if not options.markdown:
         print(json.dumps(rows, indent=1))
     print(markdown(rows))
