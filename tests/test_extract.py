@@ -175,6 +175,7 @@ def test_entry_of_another_schema_is_a_miss(cache_dir):
     assert decode(store.get(key), expected_key=key).key == key
 
 
+@pytest.mark.slow  # four processes
 def test_four_processes_on_one_cold_key_trace_once(cache_dir):
     cmd = [sys.executable, str(TESTS / "child_extract.py"), "weighted", "--wait"]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -8,9 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import child_env
 
 from ltc_cache.store import DiskStore
+
+# End to end: a fleet of worker processes importing torch (`pytest -m "not slow"` skips it).
+pytestmark = pytest.mark.slow
 
 SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
 
