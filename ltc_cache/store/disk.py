@@ -127,6 +127,8 @@ class DiskStore(Store):
 
     def __new__(cls, directory: Path, *, max_size: int | None = None,
                 readonly: bool = False) -> DiskStore:
+        # Read-only is another store, not a flag every method checks; the
+        # keyword stays, so callers choose with a configuration value.
         if readonly and cls is DiskStore:
             from .readonly import ReadOnlyDiskStore
 
