@@ -290,24 +290,16 @@ class GraphCache:
     @contextlib.contextmanager
     def _single_flight(self, store: Store, key: str) -> Iterator[None]:
         """One process traces a key while the others wait, then load."""
-        if self._readonly:
+        with contextlib.ExitStack() as held:
+            if not self._readonly:
+                try:
+                    held.enter_context(store.lock(key, self.config.lock_timeout))
+                except LockTimeout as exc:
+                    warn_once("lock-timeout", f"{exc}; tracing in this process too")
+                except OSError as exc:
+                    self._error("lock", f"cannot lock in the cache directory ({exc}); "
+                                "tracing without the lock")
             yield
-            return
-        try:
-            lock = store.lock(key, self.config.lock_timeout)
-            lock.__enter__()
-        except LockTimeout as exc:
-            warn_once("lock-timeout", f"{exc}; tracing in this process too")
-            lock = None
-        except OSError as exc:
-            self._error("lock", f"cannot lock in the cache directory ({exc}); "
-                        "tracing without the lock")
-            lock = None
-        try:
-            yield
-        finally:
-            if lock is not None:
-                lock.__exit__(None, None, None)
 
     def _bind(self, built: tuple[Entry, GraphFunction | None], model: fx.GraphModule,
               tensors: Mapping[str, torch.Tensor] | None = None) -> CompiledGraph:

@@ -261,6 +261,7 @@ def test_a_key_prefix_must_be_unique():
         resolve_key(keys, "xyz")
 
 
+@pytest.mark.slow  # prune --stale runs: CLI processes that import torch
 def test_prune_stale_shows_its_plan_asks_and_deletes(cache_copy):
     directory, keys = cache_copy
     stale = put_variant(directory, keys["const_scale"], "stale", torch_version="1.13.0")
@@ -333,6 +334,7 @@ def test_clear_leaves_a_lock_file_a_process_holds(cache_copy):
         assert held.exists()
 
 
+@pytest.mark.slow  # verify runs: CLI processes that import torch
 def test_verify_finds_bad_entries_and_fix_removes_them(cache_copy):
     directory, keys = cache_copy
     store = DiskStore(directory)
@@ -396,6 +398,7 @@ def test_progress_bar_on_a_terminal(filled):
     assert b"verifying [" in drawn and b"4/4" in drawn
 
 
+@pytest.mark.slow  # export, import and verify: three CLI processes that import torch
 def test_export_then_import_warms_a_new_directory(filled, tmp_path):
     directory, keys = filled
     bundle = tmp_path / "warm.ltcb"

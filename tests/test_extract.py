@@ -69,6 +69,7 @@ def test_forced_fallback_is_refused_and_remembered(cache_dir):
     assert [e.meta["kind"] for e in entries] == ["negative"]
 
 
+@pytest.mark.slow  # child processes
 def test_original_cases_refuse_fallback_in_a_child_too(cache_dir):
     report = run_child(*ORIGINAL_CASES)  # cold child fills the cache
     assert report["failures"] == {}
@@ -108,7 +109,12 @@ def test_weights_are_bound_live(cache_dir):
     x = random_inputs(shapes, 3)[0]
     torch.testing.assert_close(compiled(x)[0], gm(x))
 
-    # A process whose model has other weights gets its own weights' results.
+
+@pytest.mark.slow  # two child processes
+def test_a_process_whose_model_has_other_weights_gets_its_own_results(cache_dir):
+    gm, shapes = build("weighted")
+    gm.eval()
+    ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1))
     report = run_child("weighted", "--seed", "7")
     assert report["failures"] == {}
     assert report["stats"]["traces"] == 1  # train mode: another graph than eval
@@ -175,6 +181,7 @@ def test_entry_of_another_schema_is_a_miss(cache_dir):
     assert decode(store.get(key), expected_key=key).key == key
 
 
+@pytest.mark.slow  # four processes
 def test_four_processes_on_one_cold_key_trace_once(cache_dir):
     cmd = [sys.executable, str(TESTS / "child_extract.py"), "weighted", "--wait"]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -15,6 +15,9 @@ import sys
 import pytest
 from conftest import TESTS, child_env
 
+# End to end: real models compiled in fresh processes (`pytest -m "not slow"` skips them).
+pytestmark = pytest.mark.slow
+
 # Models that also train for a few steps (forward and backward graphs).
 TRAINED = {"gpt2", "llama", "cnn"}
 STEPS = 5

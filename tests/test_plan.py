@@ -190,6 +190,7 @@ def test_no_plan_where_aot_autograd_wraps_the_graph(cache_dir, model):
     assert plans(cache_dir) == []
 
 
+@pytest.mark.slow  # the CLI in processes that import torch
 def test_verify_checks_a_plans_graph(cache_dir):
     """``ltc-cache show`` sums a plan up; ``ltc-cache verify`` rebuilds each
     plan's graph: a plan that passes its checksum but names an operator this

@@ -196,6 +196,7 @@ def test_second_machine_hits_remotely_without_tracing(redis_server, cache_dir, t
     assert all(local_b.get(k) == RedisStore(redis_server.url).get(k) for k in keys)
 
 
+@pytest.mark.slow  # several processes
 def test_machines_starting_together_trace_once(redis_server, cache_dir, tmp_path):
     # Every child waits for EOF on one shared pipe: closing it releases them together.
     release, write_end = os.pipe()
@@ -251,6 +252,7 @@ def test_hanging_redis_costs_a_timeout_not_the_model(redis_server, cache_dir):
     assert delta(before)["traces"] == 1 and delta(before)["errors"] == 1
 
 
+@pytest.mark.slow  # two "machines" in child processes
 def test_entry_tampered_in_redis_is_rejected(redis_server, cache_dir, tmp_path):
     key = extract_and_check(GraphCache(CacheConfig(directory=tmp_path / "a",
                                                    remote=redis_server.url)), "weighted")
@@ -277,6 +279,7 @@ def test_entry_tampered_in_redis_is_rejected(redis_server, cache_dir, tmp_path):
         assert decode(data, expected_key=key).key == key
 
 
+@pytest.mark.slow  # two "machines" in child processes
 def test_forged_entry_in_redis_is_rejected_when_entries_are_signed(redis_server, cache_dir,
                                                                    tmp_path):
     secret = b"fleet secret"

@@ -9,9 +9,13 @@ import sys
 import warnings
 from collections import Counter
 
+import pytest
 from reliability_workers import MODELS, WORKERS, decode_all
 
 from ltc_cache.store import DiskStore
+
+# End to end: eight processes at once (`pytest -m "not slow"` skips it).
+pytestmark = pytest.mark.slow
 
 PROCESSES = 8
 OPS = 300

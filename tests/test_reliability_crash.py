@@ -52,6 +52,7 @@ def _kill_delay(rng: random.Random) -> None:
     time.sleep(rng.uniform(0.0, 0.01 if rng.random() < 1 / 3 else 0.15))
 
 
+@pytest.mark.slow  # 50 writers killed
 def test_sigkill_while_storing_loses_nothing(tmp_path):
     directory = tmp_path / "cache"
     rng = random.Random(SEED)

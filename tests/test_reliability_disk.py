@@ -70,6 +70,7 @@ def _clean(report: dict) -> None:
     assert report["failures"] == {} and report["wrong"] == []
 
 
+@pytest.mark.slow  # a real tmpfs, models in child processes
 def test_real_full_disk(mount_namespaces, tmp_path):
     """A 384 KiB tmpfs: the first entries fit, the rest do not. The first
     process stores what fits and warns once; the next one, which cannot
@@ -85,6 +86,7 @@ def test_real_full_disk(mount_namespaces, tmp_path):
     assert second["stats"]["traces"] == len(NAMES) - first["stats"]["stores"]
 
 
+@pytest.mark.slow  # a real bind mount, models in child processes
 def test_real_read_only_mount(mount_namespaces, tmp_path):
     """A cache on a read-only bind mount, written before it was mounted so:
     a process without LTC_CACHE_READONLY warns once and serves it; with it,

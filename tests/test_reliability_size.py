@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import fx
 
@@ -27,6 +28,7 @@ def _chain(nodes: int) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
+@pytest.mark.slow  # a 10,000-node graph traced and parsed
 def test_a_graph_of_ten_thousand_nodes(tmp_path):
     gm = _chain(FX_NODES)
     assert len(gm.graph.nodes) == FX_NODES

@@ -306,6 +306,7 @@ def run_child(names: list[str]) -> dict:
 # ----------------------------------------------------------------- tests
 
 
+@pytest.mark.slow  # every model, and a hit in another process
 def test_every_model_matches_eager_cold_and_on_a_hit_in_another_process(cache_dir):
     results = {name: check_against_eager(name) for name in MODELS}
     assert ltc_cache.stats()["traces"] == len(MODELS)

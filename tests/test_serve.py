@@ -13,6 +13,9 @@ from conftest import child_env
 
 from ltc_cache.store import DiskStore
 
+# End to end: a fleet of worker processes importing torch (`pytest -m "not slow"` skips it).
+pytestmark = pytest.mark.slow
+
 SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
 
 

@@ -105,22 +105,6 @@ class CacheReport:
     scanned_at: float
     internal_keys: tuple[str, ...] = ()  # what `clear` deletes besides the entries
 
-    @property
-    def size(self) -> int:
-        return sum(e.size for e in self.entries)
-
-    @property
-    def size_str(self) -> str:
-        return format_size(self.size)
-
-    @property
-    def hits(self) -> int:
-        return sum(e.hits for e in self.entries)
-
-    @property
-    def warnings(self) -> tuple[EntryInfo, ...]:
-        return tuple(e for e in self.entries if e.problem)
-
 
 def _summary(store: DiskStore, key: str) -> dict[str, Any] | None:
     """The listing fields of an entry stored without a ledger summary, read

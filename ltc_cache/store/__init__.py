@@ -1,12 +1,14 @@
 """Byte-level storage tiers behind one small interface.
 
-Features are added by wrapping a store, not by flags on it.
+Features are added by wrapping a store, not by flags on it; a directory read
+without writing is a store of its own (ReadOnlyDiskStore).
 """
 
 from .base import Store
 from .disk import DiskStore
 from .memory import MemoryStore
+from .readonly import ReadOnlyDiskStore
 from .redis import RedisStore  # imports the optional redis package only when made
 from .tiered import TieredStore
 
-__all__ = ["DiskStore", "MemoryStore", "RedisStore", "Store", "TieredStore"]
+__all__ = ["DiskStore", "MemoryStore", "ReadOnlyDiskStore", "RedisStore", "Store", "TieredStore"]

@@ -26,7 +26,6 @@ from ..errors import EntryError, LockTimeout
 from ..wire import MAX_ENTRY_BYTES, is_entry_key
 from .base import Store
 from .ledger import LEDGER_NAME, Ledger
-from .readonly import ReadOnlyIndex
 from .safety import (
     UnsafeDirectory,
     check_private_dir,
@@ -40,7 +39,7 @@ from .safety import (
 if TYPE_CHECKING:
     import filelock
 
-__all__ = ["DiskStore", "ensure_private_dir"]
+__all__ = ["DiskStore", "StoredRow"]
 
 logger = logging.getLogger("ltc_cache.store.disk")
 
@@ -116,40 +115,39 @@ class BytesOnlyDisk(diskcache.Disk):
         return read_value_file(self._directory, filename, MAX_ENTRY_BYTES)
 
 
-def ensure_private_dir(path: Path) -> None:
-    """Create ``path`` (and parents; ``path`` itself mode 0700), and refuse
-    one that another user could write into (UnsafeDirectory)."""
-    check_private_dir(path, create=True)
-
-
 class DiskStore(Store):
     """Entries in ``directory``; see the module docstring for its layout.
 
     A directory another user could write into is refused (UnsafeDirectory,
     a PermissionError): its entries are code this process would run.
-    ``readonly`` serves the entries of an existing directory and writes
-    nothing to it, not even access times or lock files (ReadOnlyIndex).
+    ``readonly=True`` makes a ReadOnlyDiskStore instead (store/readonly.py),
+    which serves the entries of an existing directory and writes nothing to
+    it, not even access times or lock files.
     A damaged SQLite index is replaced by an empty one; reads that find it
     damaged raise EntryError, which the cache treats as a miss.
     """
 
+    readonly = False
+
+    def __new__(cls, directory: Path, *, max_size: int | None = None,
+                readonly: bool = False) -> DiskStore:
+        # Read-only is another store, not a flag every method checks; the
+        # keyword stays, so callers choose with a configuration value.
+        if readonly and cls is DiskStore:
+            from .readonly import ReadOnlyDiskStore
+
+            cls = ReadOnlyDiskStore
+        return super().__new__(cls)
+
     def __init__(self, directory: Path, *, max_size: int | None = None,
                  readonly: bool = False) -> None:
         self.directory = Path(directory)
-        self.readonly = readonly
         self._locks = self.directory / "locks"
         self._entries = self.directory / "entries"
         self._max_size = max_size
         self._limit_noted = False
         self._swap = threading.Lock()
-        check_private_dir(self.directory, create=not readonly, allow_root=readonly)
-        if readonly:
-            check_private_dir(self._entries, create=False, allow_root=True, nested=True)
-            self._refuse_linked_index()
-            self.cache = None
-            self._disk = BytesOnlyDisk(str(self._entries))
-            self._index = ReadOnlyIndex(self._entries)
-            return
+        check_private_dir(self.directory, create=True)
         for sub in (self._entries, self._locks):
             check_private_dir(sub, create=True, nested=True)
         self._refuse_linked_index()
@@ -222,9 +220,6 @@ class DiskStore(Store):
                              "replaced it with an empty one") from None
 
     def get(self, key: str) -> bytes | None:
-        if self.readonly:
-            return self._index.fetch(
-                key, lambda mode, filename, value: self._disk.fetch(mode, filename, value, False))
         return self._guarded(self._get, key)
 
     def _get(self, cache: diskcache.Cache, key: str) -> bytes | None:
@@ -243,8 +238,6 @@ class DiskStore(Store):
         return self.peek(key)
 
     def put(self, key: str, value: bytes) -> None:
-        if self.readonly:
-            raise PermissionError(f"{self} is read-only")
         value = bytes(value)
         try:
             self._guarded(self._set, key, value)
@@ -268,21 +261,14 @@ class DiskStore(Store):
         disk.take_written()
 
     def delete(self, key: str) -> bool:
-        if self.readonly:
-            raise PermissionError(f"{self} is read-only")
         return self._guarded(lambda cache, k: cache.delete(k, retry=False), key)
 
     def keys(self) -> Iterator[str]:
-        if self.readonly:
-            return self._index.keys()
         # Keys another program pickled come back as None (BytesOnlyDisk.get).
         return (k for k in self._current().iterkeys() if isinstance(k, str))
 
     @contextlib.contextmanager
-    def lock(self, key: str, timeout: float) -> Iterator[filelock.BaseFileLock | None]:
-        if self.readonly:  # no lock files: nothing is traced into this directory
-            yield None
-            return
+    def lock(self, key: str, timeout: float) -> Iterator[filelock.BaseFileLock]:
         # Imported here: a process that only reads (a warm start) never
         # locks, and filelock's ~20 modules cost ~0.5 MiB (BENCHMARKS.md).
         import filelock
@@ -298,10 +284,10 @@ class DiskStore(Store):
             lock.release()
 
     def close(self) -> None:
-        if self.readonly:
-            self._index.close()
-        else:
-            self.cache.close()
+        self.cache.close()
+        self._close_ledger()
+
+    def _close_ledger(self) -> None:
         if "ledger" in self.__dict__:  # opened
             self.ledger.close()
 
@@ -317,15 +303,18 @@ class DiskStore(Store):
         return Ledger(self.directory / LEDGER_NAME)
 
     def record(self, event: str, key: str | None) -> None:
-        if not self.readonly:  # a read-only directory is not written, counters included
-            self.ledger.record(event, key)  # one small transaction; never raises
+        self.ledger.record(event, key)  # one small transaction; never raises
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
-        """A read-only query on diskcache's index table."""
-        if self.readonly:
-            with self._index._lock:
-                return self._index._connect().execute(sql, params).fetchall()
+        """A query that reads diskcache's index table (``Cache``), through
+        diskcache's own connection: its private ``_sql``, and its table
+        layout, which is why pyproject pins the diskcache versions tested
+        (tests/test_diskcache_layout.py fails when either changes)."""
         return self._guarded(lambda cache: cache._sql(sql, params).fetchall())
+
+    def _value_disk(self) -> BytesOnlyDisk:
+        """What reads a value file this store's index names."""
+        return self._current().disk
 
     def rows(self) -> list[StoredRow]:
         """Every stored value from diskcache's index, without reading values."""
@@ -339,8 +328,7 @@ class DiskStore(Store):
                            (key,))
         if not rows:
             return None
-        disk = self._disk if self.readonly else self._current().disk
-        return disk.fetch(*rows[0], False)
+        return self._value_disk().fetch(*rows[0], False)
 
     def discard(self, keys: Iterable[str]) -> list[str]:
         """Delete ``keys`` and their ledger records; returns those that were there."""

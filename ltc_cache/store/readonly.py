@@ -1,14 +1,17 @@
-"""Reading a diskcache directory without writing a byte to it.
+"""Reading a cache directory without writing a byte to it.
 
 ``diskcache.Cache`` cannot serve a read-only directory: opening one writes
 its settings, and with the least-recently-used policy every ``get``
 updates the entry's access time. ``LTC_CACHE_READONLY`` (and a cache on a
 read-only mount) instead reads diskcache's index table directly through a
-read-only SQLite connection.
+read-only SQLite connection (:class:`ReadOnlyIndex`), and the store over it
+(:class:`ReadOnlyDiskStore`) refuses writes, takes no locks and records no
+counters.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -16,7 +19,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["ReadOnlyIndex"]
+from .disk import BytesOnlyDisk, DiskStore
+from .safety import check_private_dir
+
+__all__ = ["ReadOnlyDiskStore", "ReadOnlyIndex"]
 
 # diskcache's database file inside its directory (diskcache.core.DBNAME).
 _DBNAME = "cache.db"
@@ -56,24 +62,25 @@ class ReadOnlyIndex:
         self._con, self._pid = con, os.getpid()
         return con
 
+    def query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """The rows of a query on the index."""
+        with self._lock:
+            return self._connect().execute(sql, params).fetchall()
+
     def fetch(self, key: str, load: Callable[[int, str | None, object], bytes]) -> bytes | None:
         """The value of ``key`` (``load(mode, filename, value)`` reads it),
         None if absent or expired."""
-        with self._lock:
-            row = self._connect().execute(
-                "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
-                " AND (expire_time IS NULL OR expire_time > ?)", (key, time.time())).fetchone()
-        if row is None:
+        rows = self.query("SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
+                          " AND (expire_time IS NULL OR expire_time > ?)", (key, time.time()))
+        if not rows:
             return None
         try:
-            return load(*row)
+            return load(*rows[0])
         except FileNotFoundError:  # removed by a writer since the row was read
             return None
 
     def keys(self) -> Iterator[str]:
-        with self._lock:
-            rows = self._connect().execute(
-                "SELECT key FROM Cache WHERE raw = 1 ORDER BY rowid").fetchall()
+        rows = self.query("SELECT key FROM Cache WHERE raw = 1 ORDER BY rowid")
         return (key for (key,) in rows if isinstance(key, str))
 
     def close(self) -> None:
@@ -81,3 +88,56 @@ class ReadOnlyIndex:
             if self._con is not None and self._pid == os.getpid():
                 self._con.close()
             self._con = None
+
+
+class ReadOnlyDiskStore(DiskStore):
+    """The entries of an existing cache directory, served without writing to
+    it: not even access times, lock files or counters. ``DiskStore(directory,
+    readonly=True)`` makes one.
+
+    The directory may belong to root (a cache baked into an image), unlike a
+    writable one. ``put`` and ``delete`` raise PermissionError; ``lock``
+    holds nothing, since nothing is traced into this directory.
+    """
+
+    readonly = True
+
+    def __init__(self, directory: Path, *, max_size: int | None = None,
+                 readonly: bool = True) -> None:
+        self.directory = Path(directory)
+        self._entries = self.directory / "entries"
+        self._max_size = max_size
+        check_private_dir(self.directory, create=False, allow_root=True)
+        check_private_dir(self._entries, create=False, allow_root=True, nested=True)
+        self._refuse_linked_index()
+        self._disk = BytesOnlyDisk(str(self._entries))
+        self._index = ReadOnlyIndex(self._entries)
+
+    def get(self, key: str) -> bytes | None:
+        return self._index.fetch(
+            key, lambda mode, filename, value: self._disk.fetch(mode, filename, value, False))
+
+    def put(self, key: str, value: bytes) -> None:
+        raise PermissionError(f"{self} is read-only")
+
+    def delete(self, key: str) -> bool:
+        raise PermissionError(f"{self} is read-only")
+
+    def keys(self) -> Iterator[str]:
+        return self._index.keys()
+
+    def lock(self, key: str, timeout: float) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def record(self, event: str, key: str | None) -> None:
+        """Nothing: a read-only directory is not written, counters included."""
+
+    def close(self) -> None:
+        self._index.close()
+        self._close_ledger()
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        return self._index.query(sql, params)
+
+    def _value_disk(self) -> BytesOnlyDisk:
+        return self._disk

@@ -132,28 +132,25 @@ class TieredStore(Store):
     @contextlib.contextmanager
     def lock(self, key: str, timeout: float) -> Iterator[object]:
         with self.local.lock(key, timeout) as held:
-            remote = None
-            if time.monotonic() >= self._down_until:
-                remote = self.remote.lock(key, timeout)
-                try:
-                    remote.__enter__()
-                except LockTimeout as exc:
-                    # Another machine is slow or stuck: trace here too. The
-                    # local lock still keeps this machine's processes in line.
-                    warn_once("remote-lock-timeout", f"{exc} in the remote cache; "
-                              "tracing on this machine too")
-                    remote = None
-                except OSError as exc:
-                    remote = None
-                    self._went_down("lock", exc)
+            with contextlib.ExitStack() as taking:
+                if time.monotonic() >= self._down_until:
+                    try:
+                        taking.enter_context(self.remote.lock(key, timeout))
+                    except LockTimeout as exc:
+                        # Another machine is slow or stuck: trace here too. The
+                        # local lock still keeps this machine's processes in line.
+                        warn_once("remote-lock-timeout", f"{exc} in the remote cache; "
+                                  "tracing on this machine too")
+                    except OSError as exc:
+                        self._went_down("lock", exc)
+                remote = taking.pop_all()  # released below, quietly
             try:
                 yield held
             finally:
-                if remote is not None:
-                    try:
-                        remote.__exit__(None, None, None)
-                    except OSError as exc:  # it expires on its own
-                        logger.debug("cannot release the remote lock of %s (%s)", key[:12], exc)
+                try:
+                    remote.close()
+                except OSError as exc:  # it expires on its own
+                    logger.debug("cannot release the remote lock of %s (%s)", key[:12], exc)
 
     def record(self, event: str, key: str | None) -> None:
         self.local.record(event, key)
