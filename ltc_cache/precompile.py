@@ -61,7 +61,8 @@ from .program import (
     program_secret,
 )
 
-__all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "CompiledModule", "compile"]
+__all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "PROGRAM_LOOKUPS",
+           "CompiledModule", "compile"]
 
 logger = logging.getLogger("ltc_cache.precompile")
 
@@ -69,6 +70,7 @@ logger = logging.getLogger("ltc_cache.precompile")
 PROGRAM_HITS = "program_hits"  # programs loaded from the cache
 PROGRAM_CAPTURES = "program_captures"  # programs captured (and stored)
 PROGRAM_FALLBACKS = "program_fallbacks"  # calls routed to torch.compile
+PROGRAM_LOOKUPS = "program_lookups"  # program (or negative program) entries found
 
 # torch.compile's arguments besides the backend.
 _COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "mode", "options", "disable"})
@@ -478,6 +480,8 @@ class _Programs:
         # Programs from the shared tier only where the fleet shares a key.
         local_only = cache.config.secret is None
         entry = cache.lookup_entry(key, local_only=local_only)
+        if entry is not None:  # a cache hit; counted apart from the LTC graphs' too
+            counters.bump(PROGRAM_LOOKUPS)
         program = None
         if entry is not None and entry.meta.get("kind") == "negative":
             changed = changed_source(entry.meta.get("program_sources") or [])
