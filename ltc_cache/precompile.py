@@ -31,7 +31,6 @@ captured again (and stored again); a function Dynamo cannot capture whole
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import functools
@@ -256,9 +255,11 @@ class _Checks:
         for check in checks:
             try:
                 expr, kind, expected = check
-                ast.parse(expr, mode="eval")
-            except (TypeError, ValueError, SyntaxError):
+            except (TypeError, ValueError):
                 raise EntryError(f"program: malformed check {check!r:.80}") from None
+            # One expression a line (they are compiled together, once).
+            if not isinstance(expr, str) or "\n" in expr or "\r" in expr:
+                raise EntryError(f"program: malformed check {check!r:.80}")
             if kind not in ("same", "eq", "type", "len"):
                 raise EntryError(f"program: unknown check kind {kind!r}")
             parsed.append((expr, kind, expected))
@@ -271,11 +272,20 @@ class _Checks:
         """Compare every check on this call; None where all hold (and the
         per-call function is built), else the first that does not."""
         closure = _guard_closure_vars()
-        scope = {**closure, "__builtins__": builtins, "L": f_locals, "G": f_globals}
+        # Every value in one compiled function (one compile, not one a check).
+        getters = "".join(f"    try:\n        _out.append(({expr},))\n"
+                          f"    except Exception as _e:\n        _out.append(_e)\n"
+                          for expr, _, _ in self._checks)
+        namespace = {**closure, "__builtins__": builtins}
+        exec(builtins.compile(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n",
+                              "<ltc_cache program checks>", "exec"), namespace)
+        values = namespace["_values"](f_locals, f_globals)
         objects, lines = [], []
-        for expr, kind, expected in self._checks:
+        for (expr, kind, expected), got in zip(self._checks, values, strict=True):
             try:
-                value = eval(expr, scope)
+                if isinstance(got, Exception):
+                    raise got
+                (value,) = got
                 if kind == "len":
                     ok = len(value) == expected
                 else:
@@ -643,6 +653,8 @@ class CompiledModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "_modules" or name.startswith("__"):  # half-built (copy, pickle)
+                raise
             return getattr(self._modules["_orig_mod"], name)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:

@@ -155,6 +155,10 @@ def test_training_cold_then_warm(models, cache_dir):
     warm = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32")
     assert_warm(warm)
     assert warm["outputs"] == cold["outputs"]
+    # Through LTC, not eagerly: the backend's AOTAutograd path runs outside
+    # the AOTAutograd-cache settings aot_compile forces.
+    for result in (cold, warm):
+        assert result["stats"]["ltc_ops"] > 0 and result["stats"]["aot_graphs"] > 0, result
 
 
 def test_decorated_function(models, cache_dir):
@@ -508,3 +512,27 @@ def test_objects_are_described_by_what_they_are():
     assert describe(A) != describe(B)  # a class constant counts
     with pytest.raises(Unportable):
         describe(object())
+
+
+def test_the_graph_keeps_what_aotautograd_reads_through_serialisation(dynamo_reset):
+    """torch's graph pickler drops each placeholder's ``_dynamo_source``;
+    AOTAutograd asserts on it for a Dynamo graph (training)."""
+    import torch
+
+    from ltc_cache.precompile import LtcProgramGraph
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = torch.nn.Linear(4, 4)
+    torch.compile(model, backend=keep, fullgraph=True)(torch.randn(2, 4))
+    (gm,) = graphs
+    sources = [n._dynamo_source for n in gm.graph.find_nodes(op="placeholder")]
+    assert all(s is not None for s in sources)
+    data = LtcProgramGraph.serialize_compile_artifacts(LtcProgramGraph(gm, "Linear"))
+    loaded = LtcProgramGraph.deserialize_compile_artifacts(data)
+    assert [n._dynamo_source for n in loaded.gm.graph.find_nodes(op="placeholder")] == sources
+    assert loaded.gm.code == gm.code  # the same graph: the same LTC cache keys
