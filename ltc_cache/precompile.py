@@ -501,7 +501,7 @@ class _Programs:
                 return None
             logger.info("%s: %s; trying to capture a program again", self._name, changed)
         elif entry is not None:
-            program = self._load(entry, key, secret, cache, full, kwargs)
+            program = self._load(entry, key, secret, cache, full, kwargs, local_only)
         if program is None:
             program = self._capture(key, secret, cache, layout, full, kwargs, local_only)
             if program is None:
@@ -512,11 +512,13 @@ class _Programs:
         return program
 
     def _load(self, entry: Any, key: CacheKey, secret: bytes, cache: GraphCache,
-              full: tuple[Any, ...], kwargs: dict[str, Any]) -> _Loaded | None:
+              full: tuple[Any, ...], kwargs: dict[str, Any],
+              local_only: bool) -> _Loaded | None:
         try:
             parts = program_parts(entry, secret)
         except EntryError as exc:
-            cache.drop_entry(key, f"program {key.digest[:12]} ({self._name}): {exc}")
+            cache.drop_entry(key, f"program {key.digest[:12]} ({self._name}): {exc}",
+                             local_only=local_only)
             return None
         changed = changed_source(parts.sources)
         if changed is not None:
@@ -681,10 +683,11 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
 
     Takes a module (returns a :class:`CompiledModule`) or a function
     (returns a function), and works as a decorator, with or without
-    arguments. ``kwargs`` are ``torch.compile``'s (``fullgraph``,
-    ``dynamic``, ``mode``, ``options``, ``disable``), used where a call
-    goes through ``torch.compile``: a function Dynamo cannot capture whole
-    (a graph break), ``dynamic=True``, or a program that cannot be saved.
+    arguments; any other callable goes to ``torch.compile`` as it is.
+    ``kwargs`` are ``torch.compile``'s (``fullgraph``, ``dynamic``,
+    ``mode``, ``options``, ``disable``), used where a call goes through
+    ``torch.compile``: a function Dynamo cannot capture whole (a graph
+    break), ``dynamic=True``, or a program that cannot be saved.
     """
     unknown = set(kwargs) - _COMPILE_KWARGS
     if unknown:
@@ -710,5 +713,10 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
 
         compiled._ltc_programs = programs  # type: ignore[attr-defined]
         return compiled
-    raise TypeError(f"ltc_cache.compile takes a module or a function, not "
-                    f"{type(model).__name__}")
+    # Bound methods, callable objects: what torch.compile takes, compiled as
+    # it does (no program: Dynamo captures in every process).
+    logger.info("ltc_cache.compile: a %s is compiled with torch.compile(backend=\"ltc_cache\")",
+                type(model).__name__)
+    from .dynamo import backend
+
+    return torch.compile(model, backend=backend, **kwargs)

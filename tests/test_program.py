@@ -536,3 +536,18 @@ def test_the_graph_keeps_what_aotautograd_reads_through_serialisation(dynamo_res
     loaded = LtcProgramGraph.deserialize_compile_artifacts(data)
     assert [n._dynamo_source for n in loaded.gm.graph.find_nodes(op="placeholder")] == sources
     assert loaded.gm.code == gm.code  # the same graph: the same LTC cache keys
+
+
+@pytest.mark.slow
+def test_programs_are_evicted_like_any_entry(models, cache_dir):
+    """Under LTC_CACHE_MAX_SIZE a program is an entry like the others: the
+    least recently used go, and an evicted program is captured again."""
+    env = child_env(LTC_CACHE_MAX_SIZE="2KB")
+    cold = run(models, env=env)
+    assert_captured(cold)
+    assert program_keys(cache_dir) == []  # evicted by the graph entries stored after it
+    stats = json.loads(subprocess.run([str(SCRIPT), "--dir", str(cache_dir), "stats", "--json"],
+                                      check=True, capture_output=True, text=True).stdout)
+    assert stats["counters"]["evictions"] >= 1
+    again = run(models, env=env)
+    assert_captured(again)
