@@ -1,10 +1,13 @@
-"""Cold start, then warm start, of a cached LTC graph in two fresh processes.
+"""Cold start, then warm start, of a model compiled with ltc_cache in two
+fresh processes.
 
     python examples/demo.py [--blocks 128] [--dir DIR]
 
-Each process builds the same 128-block MLP, asks ltc_cache for its compiled
-graph and runs it once. The first process traces with LTC and stores the
-entry; the second rebuilds the callable from the entry without tracing.
+Each process builds the same 128-block MLP, compiles it with
+``ltc_cache.compile`` (a drop-in for ``torch.compile(model,
+backend="ltc_cache")``) and runs it once. The first process captures the
+program with Dynamo, traces its graph with LTC and stores both; the second
+loads them: no Dynamo capture, no trace.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 
 def child(blocks: int) -> None:
     import torch
-    from torch import fx, nn
+    from torch import nn
 
     import ltc_cache
 
@@ -28,12 +31,12 @@ def child(blocks: int) -> None:
     layers = []
     for _ in range(blocks):
         layers += [nn.Linear(64, 64), nn.ReLU()]
-    model = fx.symbolic_trace(nn.Sequential(*layers))
+    model = nn.Sequential(*layers).eval()
     x = torch.randn(8, 64)
     with torch.no_grad():
         start = time.perf_counter()
-        compiled = ltc_cache.extract_compiled_graph(model, [x], name=f"mlp{blocks}")
-        out = compiled(x)[0]
+        compiled = ltc_cache.compile(model)
+        out = compiled(x)
         first_result = time.perf_counter() - start
         error = (out - model(x)).abs().max().item()
     print(json.dumps({"seconds": first_result, "max_error": error, **ltc_cache.stats()}))
@@ -61,8 +64,10 @@ def main() -> None:
             if proc.returncode != 0:
                 sys.exit(f"{label} run failed:\n{proc.stderr}")
             runs[label] = report = json.loads(proc.stdout.strip().splitlines()[-1])
+            program = ("program loaded" if report.get("program_hits")
+                       else "program captured")
             print(f"{label:5s} start: {report['seconds'] * 1000:8.1f} ms to first result "
-                  f"(traces={report['traces']} hits={report['hits']} "
+                  f"({program}; traces={report['traces']} hits={report['hits']} "
                   f"stores={report['stores']}, max error vs eager {report['max_error']:.1e})")
         ratio = runs["warm"]["seconds"] / runs["cold"]["seconds"]
         print(f"warm / cold = {ratio:.2f}")

@@ -194,10 +194,12 @@ class GraphCache:
         store = self.store
         return store.local if local_only and isinstance(store, TieredStore) else store
 
-    def drop_entry(self, key: CacheKey, problem: str) -> None:
-        """Warn about and delete an entry found unusable after decoding."""
-        if self.store is not None:
-            self._corrupt(self.store, key.digest, problem)
+    def drop_entry(self, key: CacheKey, problem: str, *, local_only: bool = False) -> None:
+        """Warn about and delete an entry found unusable after decoding
+        (``local_only``: from the tier it was read from, not the shared one)."""
+        store = self._tier(local_only)
+        if store is not None:
+            self._corrupt(store, key.digest, problem)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None) -> tuple[Entry, GraphFunction | None]:

@@ -31,7 +31,6 @@ captured again (and stored again); a function Dynamo cannot capture whole
 
 from __future__ import annotations
 
-import ast
 import builtins
 import contextlib
 import functools
@@ -61,7 +60,8 @@ from .program import (
     program_secret,
 )
 
-__all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "CompiledModule", "compile"]
+__all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "PROGRAM_LOOKUPS",
+           "CompiledModule", "compile"]
 
 logger = logging.getLogger("ltc_cache.precompile")
 
@@ -69,6 +69,7 @@ logger = logging.getLogger("ltc_cache.precompile")
 PROGRAM_HITS = "program_hits"  # programs loaded from the cache
 PROGRAM_CAPTURES = "program_captures"  # programs captured (and stored)
 PROGRAM_FALLBACKS = "program_fallbacks"  # calls routed to torch.compile
+PROGRAM_LOOKUPS = "program_lookups"  # program (or negative program) entries found
 
 # torch.compile's arguments besides the backend.
 _COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "mode", "options", "disable"})
@@ -254,9 +255,11 @@ class _Checks:
         for check in checks:
             try:
                 expr, kind, expected = check
-                ast.parse(expr, mode="eval")
-            except (TypeError, ValueError, SyntaxError):
+            except (TypeError, ValueError):
                 raise EntryError(f"program: malformed check {check!r:.80}") from None
+            # One expression a line (they are compiled together, once).
+            if not isinstance(expr, str) or "\n" in expr or "\r" in expr:
+                raise EntryError(f"program: malformed check {check!r:.80}")
             if kind not in ("same", "eq", "type", "len"):
                 raise EntryError(f"program: unknown check kind {kind!r}")
             parsed.append((expr, kind, expected))
@@ -269,11 +272,20 @@ class _Checks:
         """Compare every check on this call; None where all hold (and the
         per-call function is built), else the first that does not."""
         closure = _guard_closure_vars()
-        scope = {**closure, "__builtins__": builtins, "L": f_locals, "G": f_globals}
+        # Every value in one compiled function (one compile, not one a check).
+        getters = "".join(f"    try:\n        _out.append(({expr},))\n"
+                          f"    except Exception as _e:\n        _out.append(_e)\n"
+                          for expr, _, _ in self._checks)
+        namespace = {**closure, "__builtins__": builtins}
+        exec(builtins.compile(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n",
+                              "<ltc_cache program checks>", "exec"), namespace)
+        values = namespace["_values"](f_locals, f_globals)
         objects, lines = [], []
-        for expr, kind, expected in self._checks:
+        for (expr, kind, expected), got in zip(self._checks, values, strict=True):
             try:
-                value = eval(expr, scope)
+                if isinstance(got, Exception):
+                    raise got
+                (value,) = got
                 if kind == "len":
                     ok = len(value) == expected
                 else:
@@ -478,6 +490,8 @@ class _Programs:
         # Programs from the shared tier only where the fleet shares a key.
         local_only = cache.config.secret is None
         entry = cache.lookup_entry(key, local_only=local_only)
+        if entry is not None:  # a cache hit; counted apart from the LTC graphs' too
+            counters.bump(PROGRAM_LOOKUPS)
         program = None
         if entry is not None and entry.meta.get("kind") == "negative":
             changed = changed_source(entry.meta.get("program_sources") or [])
@@ -487,7 +501,7 @@ class _Programs:
                 return None
             logger.info("%s: %s; trying to capture a program again", self._name, changed)
         elif entry is not None:
-            program = self._load(entry, key, secret, cache, full, kwargs)
+            program = self._load(entry, key, secret, cache, full, kwargs, local_only)
         if program is None:
             program = self._capture(key, secret, cache, layout, full, kwargs, local_only)
             if program is None:
@@ -498,11 +512,13 @@ class _Programs:
         return program
 
     def _load(self, entry: Any, key: CacheKey, secret: bytes, cache: GraphCache,
-              full: tuple[Any, ...], kwargs: dict[str, Any]) -> _Loaded | None:
+              full: tuple[Any, ...], kwargs: dict[str, Any],
+              local_only: bool) -> _Loaded | None:
         try:
             parts = program_parts(entry, secret)
         except EntryError as exc:
-            cache.drop_entry(key, f"program {key.digest[:12]} ({self._name}): {exc}")
+            cache.drop_entry(key, f"program {key.digest[:12]} ({self._name}): {exc}",
+                             local_only=local_only)
             return None
         changed = changed_source(parts.sources)
         if changed is not None:
@@ -639,6 +655,8 @@ class CompiledModule(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "_modules" or name.startswith("__"):  # half-built (copy, pickle)
+                raise
             return getattr(self._modules["_orig_mod"], name)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
@@ -665,10 +683,11 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
 
     Takes a module (returns a :class:`CompiledModule`) or a function
     (returns a function), and works as a decorator, with or without
-    arguments. ``kwargs`` are ``torch.compile``'s (``fullgraph``,
-    ``dynamic``, ``mode``, ``options``, ``disable``), used where a call
-    goes through ``torch.compile``: a function Dynamo cannot capture whole
-    (a graph break), ``dynamic=True``, or a program that cannot be saved.
+    arguments; any other callable goes to ``torch.compile`` as it is.
+    ``kwargs`` are ``torch.compile``'s (``fullgraph``, ``dynamic``,
+    ``mode``, ``options``, ``disable``), used where a call goes through
+    ``torch.compile``: a function Dynamo cannot capture whole (a graph
+    break), ``dynamic=True``, or a program that cannot be saved.
     """
     unknown = set(kwargs) - _COMPILE_KWARGS
     if unknown:
@@ -694,5 +713,10 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
 
         compiled._ltc_programs = programs  # type: ignore[attr-defined]
         return compiled
-    raise TypeError(f"ltc_cache.compile takes a module or a function, not "
-                    f"{type(model).__name__}")
+    # Bound methods, callable objects: what torch.compile takes, compiled as
+    # it does (no program: Dynamo captures in every process).
+    logger.info("ltc_cache.compile: a %s is compiled with torch.compile(backend=\"ltc_cache\")",
+                type(model).__name__)
+    from .dynamo import backend
+
+    return torch.compile(model, backend=backend, **kwargs)

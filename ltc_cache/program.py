@@ -24,7 +24,6 @@ Nothing here imports Dynamo; :mod:`ltc_cache.precompile` drives it.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import hashlib
@@ -434,10 +433,9 @@ def program_secret(shared: bytes | None, cache_dir: Path, *,
     if shared:
         return shared
     path = key_path(environ)
-    with contextlib.suppress(OSError):
-        if path.resolve().is_relative_to(Path(cache_dir).resolve()):
-            raise PermissionError(f"the program key {path} would be inside the cache "
-                                  f"directory {cache_dir}")
+    if path.resolve().is_relative_to(Path(cache_dir).resolve()):
+        raise PermissionError(f"the program key {path} would be inside the cache "
+                              f"directory {cache_dir}")
     try:
         return _read_key(path)
     except FileNotFoundError:

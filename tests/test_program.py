@@ -155,6 +155,10 @@ def test_training_cold_then_warm(models, cache_dir):
     warm = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32")
     assert_warm(warm)
     assert warm["outputs"] == cold["outputs"]
+    # Through LTC, not eagerly: the backend's AOTAutograd path runs outside
+    # the AOTAutograd-cache settings aot_compile forces.
+    for result in (cold, warm):
+        assert result["stats"]["ltc_ops"] > 0 and result["stats"]["aot_graphs"] > 0, result
 
 
 def test_decorated_function(models, cache_dir):
@@ -384,3 +388,166 @@ def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
     assert isinstance(program["artifact"], bytes) and isinstance(program["hmac"], bytes)
     assert all(len(record) == 5 for record in program["sources"])
     assert any(record[4] == "act" for record in program["sources"])
+
+
+# -- in-process: the parts of ltc_cache.program -------------------------------------
+
+
+def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch):
+    from ltc_cache.program import key_path, program_secret
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    cache = tmp_path / "cache"
+    first = program_secret(None, cache)
+    path = key_path()
+    assert path.is_relative_to(tmp_path / "config") and not path.is_relative_to(cache)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert program_secret(None, cache) == first and len(first) >= 32
+    assert program_secret(b"shared", cache) == b"shared"  # LTC_CACHE_SECRET wins
+    path.chmod(0o640)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        program_secret(None, cache)
+    path.chmod(0o600)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(cache))
+    with pytest.raises(PermissionError, match="inside the cache directory"):
+        program_secret(None, cache)
+
+
+def test_program_signatures_bind_every_part_and_the_key(tmp_path):
+    from ltc_cache.entry import Entry
+    from ltc_cache.errors import EntryError
+    from ltc_cache.keys import _key
+    from ltc_cache.program import program_entry, program_parts
+
+    key = _key({"a": "1" * 64})
+    entry = program_entry(key, "m.program", sources=[["f", 1, 2, "d", "q"]], checks=[],
+                          globals_=["SCALE"], artifact=b"pickle", secret=b"k" * 32,
+                          node_count=3)
+    assert program_parts(entry, b"k" * 32).artifact == b"pickle"
+    with pytest.raises(EntryError, match="signature mismatch"):
+        program_parts(entry, b"j" * 32)
+    for field, value in [("artifact", b"other"), ("sources", []), ("checks", [["x", "eq", 1]]),
+                         ("globals", [])]:
+        program = {**entry.meta["program"], field: value}
+        changed = Entry(entry.key, "", (), (), (), {**entry.meta, "program": program})
+        with pytest.raises(EntryError, match="signature mismatch"):
+            program_parts(changed, b"k" * 32)
+    moved = Entry("f" * 64, "", (), (), (), entry.meta)
+    with pytest.raises(EntryError, match="signature mismatch"):
+        program_parts(moved, b"k" * 32)
+    unsigned = {**entry.meta["program"]}
+    del unsigned["hmac"]
+    with pytest.raises(EntryError, match="unsigned"):
+        program_parts(Entry(entry.key, "", (), (), (), {**entry.meta, "program": unsigned}),
+                      b"k" * 32)
+
+
+def test_sources_are_compared_line_for_line(tmp_path):
+    import importlib.util
+    import linecache
+
+    from ltc_cache.program import Unportable, changed_source, code_record
+
+    path = tmp_path / "mod_src.py"
+    path.write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x\n")
+    spec = importlib.util.spec_from_file_location("mod_src", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    record = code_record(module.f.__code__)
+    assert record[:3] == [str(path), 1, 3] and record[4] == "f"
+    assert changed_source([record]) is None
+    path.write_text("def f(x):\n    return x + 2\n\n\ndef g(x):\n    return x\n")
+    linecache.checkcache(str(path))
+    assert "f" in changed_source([record])
+    assert code_record(compile("1", "<frozen thing>", "eval")) is None
+    with pytest.raises(Unportable):
+        code_record(compile("1", "<nowhere>", "eval"))
+
+
+def test_objects_are_described_by_what_they_are():
+    import enum
+    import operator
+
+    import torch
+
+    from ltc_cache.program import Unportable, describe
+
+    def make(k):
+        def inner(x):
+            return x * k
+        return inner
+
+    assert describe(make(2)) == describe(make(2))
+    assert describe(make(2)) != describe(make(3))  # the closure counts
+
+    def other(x):
+        return x + 1
+
+    def other2(x):
+        return x + 2
+
+    assert describe(other) != describe(other2)
+    assert describe(torch) == ["module", "torch"]
+    assert describe(operator.index) == describe(operator.index)
+    assert describe(torch.relu)[0] == "builtin"
+
+    class Color(enum.Enum):
+        RED = 1
+
+    assert describe(Color.RED) == ["enum", describe(Color.RED)[1], "RED"]
+
+    class A:
+        SCALE = 2
+
+        def f(self):
+            return 1
+
+    class B:
+        SCALE = 3
+
+        def f(self):
+            return 1
+
+    B.__qualname__ = A.__qualname__
+    assert describe(A) != describe(B)  # a class constant counts
+    with pytest.raises(Unportable):
+        describe(object())
+
+
+def test_the_graph_keeps_what_aotautograd_reads_through_serialisation(dynamo_reset):
+    """torch's graph pickler drops each placeholder's ``_dynamo_source``;
+    AOTAutograd asserts on it for a Dynamo graph (training)."""
+    import torch
+
+    from ltc_cache.precompile import LtcProgramGraph
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = torch.nn.Linear(4, 4)
+    torch.compile(model, backend=keep, fullgraph=True)(torch.randn(2, 4))
+    (gm,) = graphs
+    sources = [n._dynamo_source for n in gm.graph.find_nodes(op="placeholder")]
+    assert all(s is not None for s in sources)
+    data = LtcProgramGraph.serialize_compile_artifacts(LtcProgramGraph(gm, "Linear"))
+    loaded = LtcProgramGraph.deserialize_compile_artifacts(data)
+    assert [n._dynamo_source for n in loaded.gm.graph.find_nodes(op="placeholder")] == sources
+    assert loaded.gm.code == gm.code  # the same graph: the same LTC cache keys
+
+
+@pytest.mark.slow
+def test_programs_are_evicted_like_any_entry(models, cache_dir):
+    """Under LTC_CACHE_MAX_SIZE a program is an entry like the others: the
+    least recently used go, and an evicted program is captured again."""
+    env = child_env(LTC_CACHE_MAX_SIZE="2KB")
+    cold = run(models, env=env)
+    assert_captured(cold)
+    assert program_keys(cache_dir) == []  # evicted by the graph entries stored after it
+    stats = json.loads(subprocess.run([str(SCRIPT), "--dir", str(cache_dir), "stats", "--json"],
+                                      check=True, capture_output=True, text=True).stdout)
+    assert stats["counters"]["evictions"] >= 1
+    again = run(models, env=env)
+    assert_captured(again)

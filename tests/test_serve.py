@@ -19,9 +19,10 @@ pytestmark = pytest.mark.slow
 SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
 
 
-def run_serve(*args: str, env: dict[str, str] | None = None, model: str = "mlp") -> dict:
+def run_serve(*args: str, env: dict[str, str] | None = None, model: str = "mlp",
+              compile_with: str = "torch") -> dict:
     proc = subprocess.run([sys.executable, str(SERVE), *args, "--model", model, "--json",
-                           "--threads", "1"],
+                           "--threads", "1", "--compile", compile_with],
                           capture_output=True, text=True, env=env or child_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -57,3 +58,18 @@ def test_graphs_are_counted_as_graphs_not_lookups(cache_dir):
     warm = run_serve("--workers", "1", "--requests", "1", model="gpt2")
     assert cold["graphs"] == warm["graphs"] >= 1, (cold, warm)
     assert warm["traces"] == 0 and warm["lookups"] > warm["graphs"], warm
+
+
+def test_fleet_through_ltc_cache_compile_starts_without_capture(cache_dir, tmp_path,
+                                                                 monkeypatch):
+    """examples/serve.py's default: ltc_cache.compile. A cold fleet captures
+    and traces; a warm worker loads the program: no Dynamo capture, no trace."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    cold = run_serve("--workers", "2", "--requests", "4", "--check", model="mlp1",
+                     compile_with="ltc_cache", env=child_env())
+    assert cold["max_abs_error"] < 1e-4 and cold["traces"] == cold["graphs"] == 1
+    warm = run_serve("--workers", "1", "--requests", "2", "--check", model="mlp1",
+                     compile_with="ltc_cache", env=child_env())
+    (worker,) = warm["workers"]
+    assert worker["stats"]["program_hits"] == 1 and worker["frames_captured"] == 0, worker
+    assert warm["traces"] == 0 and warm["misses"] == 0 and warm["max_abs_error"] < 1e-4
