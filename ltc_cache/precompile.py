@@ -139,7 +139,8 @@ class LtcProgramGraph(SerializableCallable):
             node._dynamo_source = source
         if state["param_name_to_source"] is not None:
             gm._param_name_to_source = state["param_name_to_source"]
-        gm.recompile()
+        # (The pickler's GraphModule has recompiled its code already: the
+        # same code, so the same LTC cache keys; pinned by a test.)
         return cls(gm, str(state["name"]))
 
     def __call__(self, *args: Any) -> Any:
