@@ -77,6 +77,7 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
     stored under its own key, and its IR (or a plan's graph) parses."""
     import torch
 
+    from ..joint import joint_graphs
     from ..plan import plan_graph
 
     checked, problems = 0, []
@@ -88,7 +89,9 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
             entry = decode_entry(data, key, secret)
             if entry.ir:
                 torch._C.parse_ir(entry.ir)
-            if entry.meta.get("kind") == "plan":
+            if entry.meta.get("kind") == "plan" and "joint" in entry.meta:
+                joint_graphs(entry)  # a training plan: both graphs and their layout
+            elif entry.meta.get("kind") == "plan":
                 plan_graph(entry)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))
