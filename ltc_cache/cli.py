@@ -304,12 +304,20 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
                for name, value in sorted(dict(meta.get("key_parts") or {}).items())]
     fields += [(name, str(value)) for name, value in sorted(meta.items())
                if name not in {"graph_name", "kind", "node_count", "created", "torch_version",
-                               "graph_hash", "key_parts", "plan", "program"}]
-    if isinstance(meta.get("plan"), dict):  # an aten graph: its size here, whole in --json
-        plan = meta["plan"]
-        fields.append(("Plan", f"{len(plan.get('nodes') or ())} nodes, "
-                               f"{len(plan.get('constants') or ())} tensor constants "
-                               "(the graph: --json)"))
+                               "graph_hash", "key_parts", "plan", "backward", "joint",
+                               "program"}]
+    # Aten graphs: their sizes here, whole in --json.
+    for label, name in (("Plan", "plan"), ("Backward", "backward")):
+        if isinstance(meta.get(name), dict):
+            graph = meta[name]
+            fields.append((label, f"{len(graph.get('nodes') or ())} nodes, "
+                                  f"{len(graph.get('constants') or ())} tensor constants "
+                                  "(the graph: --json)"))
+    if isinstance(meta.get("joint"), dict):  # a training plan's layout
+        joint = meta["joint"]
+        fields.append(("Joint", f"{joint.get('outputs')} outputs, "
+                                f"{joint.get('saved')} + {joint.get('saved_unchecked')} "
+                                f"saved tensors, {len(joint.get('tangents') or ())} tangents"))
     if isinstance(meta.get("program"), dict):  # sources and checks: --json
         program = meta["program"]
         fields.append(("Program", f"{len(program.get('sources') or ())} inlined sources, "

@@ -79,6 +79,7 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
     them; nothing is unpickled)."""
     import torch
 
+    from ..joint import joint_graphs
     from ..plan import plan_graph
     from ..program import check_program
 
@@ -91,7 +92,9 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
             entry = decode_entry(data, key, secret)
             if entry.ir:
                 torch._C.parse_ir(entry.ir)
-            if entry.meta.get("kind") == "plan":
+            if entry.meta.get("kind") == "plan" and "joint" in entry.meta:
+                joint_graphs(entry)  # a training plan: both graphs and their layout
+            elif entry.meta.get("kind") == "plan":
                 plan_graph(entry)
             if entry.meta.get("kind") == "program":
                 check_program(entry, secret, store.directory)
