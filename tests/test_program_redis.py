@@ -9,7 +9,6 @@ import pytest
 from conftest import child_env
 from test_program import MARKER, Payload, assert_captured, assert_warm, run
 from test_program import models as models
-from test_redis import redis_server as redis_server
 
 from ltc_cache.entry import decode, encode
 from ltc_cache.store import RedisStore
