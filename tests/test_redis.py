@@ -361,7 +361,7 @@ def test_a_remote_url_of_another_scheme_is_refused_clearly(cache_dir):
     assert isinstance(cache.store, DiskStore)
 
 
-def test_internal_records_come_from_redis_too(redis_server, tmp_path, caplog, fresh_counters):
+def test_internal_records_come_from_redis_too(redis_server, tmp_path, caplog):
     # A machine warmed from Redis must not probe ops again (issue 14, item 8).
     from ltc_cache.partition import OpSupport, _encode_record, support_record_key
 
@@ -396,7 +396,7 @@ def ltc(*args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
                           env=environ, timeout=300)
 
 
-def test_the_cli_lists_verifies_prunes_and_clears_redis(redis_server, tmp_path, fresh_counters):
+def test_the_cli_lists_verifies_prunes_and_clears_redis(redis_server, tmp_path):
     url = redis_server.url
     machine = GraphCache(CacheConfig(directory=tmp_path / "a", remote=url))
     keys = {extract_and_check(machine, case) for case in ("weighted", "addcmul")}

@@ -297,8 +297,12 @@ def test_unusable_secret_file_is_refused_clearly(tmp_path, problem):
     else:
         env["LTC_CACHE_SECRET_FILE"] = str(tmp_path / "absent")
         expected = "cannot read it"
+    # ltc-cache reads the configuration strictly: a usage error that says why.
     with pytest.raises(ValueError, match=expected):
-        CacheConfig.from_env(env)
+        CacheConfig.from_env(env, strict=True)
+    # The library never runs unsigned in its place: the cache is off.
+    config = CacheConfig.from_env(env)
+    assert config.disable and config.secret is None
 
 
 # -- bounded decoding ----------------------------------------------------------
