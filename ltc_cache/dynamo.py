@@ -12,14 +12,17 @@ Two paths, chosen per Dynamo graph:
   :func:`ltc_cache.partition.decompositions`; each forward, backward or
   inference graph is split into the regions LTC lowers and an eager rest
   (:mod:`ltc_cache.partition`), and each region is extracted through the
-  cache on its first real call (the compilers get FakeTensors, fact 6 in docs/design.md).
-  AOTAutograd's inference graph is stored as a plan (:mod:`ltc_cache.plan`),
-  so a warm inference start partitions it without running AOTAutograd.
+  cache on its first real call (the compilers get FakeTensors, fact 6 in
+  docs/design.md). AOTAutograd's graphs are stored as a plan
+  (:mod:`ltc_cache.plan`; for training the forward and backward graphs,
+  :mod:`ltc_cache.joint`), so a warm start partitions them without running
+  AOTAutograd.
 
 A region that cannot be extracted runs eagerly with one warning; the cache
 remembers it, so no later process traces it again. Graphs with symbolic
 shapes (Dynamo's automatic dynamic shapes) are compiled once per concrete
-shape, since an LTC graph is traced for one.
+shape, since an LTC graph is traced for one, in the canonical form a static
+graph of that shape has too (:mod:`ltc_cache.specialize`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ __all__ = ["STAT_LABELS", "STAT_NAMES", "StatsReport", "collect_stats"]
 # Besides the cache's own events: the torch.compile backend's AOTAutograd
 # traces, and the graphs it built from a stored plan instead of one.
 STAT_NAMES = (*COUNTER_NAMES, "evictions", "aot_traces", "plan_hits")
-STAT_LABELS = {"aot_traces": "AOTAutograd traces", "plan_hits": "Plan hits"}
+STAT_LABELS = {"aot_traces": "AOT traces", "plan_hits": "Plan hits"}
 
 
 @dataclass(frozen=True)
