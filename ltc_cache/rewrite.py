@@ -151,9 +151,7 @@ def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
     constant's memory any more. The constant goes when nothing else reads it
     (see :func:`drop_dead_code`).
     """
-    params = list(graph.inputs())
-    stored = {params[i].unique(): s.ref for i, s in enumerate(inputs)
-              if s.kind == "const" and isinstance(s.ref, torch.Tensor)}
+    stored = _stored_constants(graph, inputs)
     replaced = 0
     for node in list(graph.nodes()):
         op = _op(node)
@@ -165,15 +163,9 @@ def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
             continue
         with graph.insert_point_guard(node):
             none = graph.insertConstant(None)
-            arange = graph.insertNode(graph.create("aten::arange", [
-                start, end, step, graph.insertConstant(tensor.dtype), none,
-                graph.insertConstant(tensor.device), none], 1))
-        made = _op(arange)
-        if made is None or made.name != "aten::arange.start_step":
-            arange.destroy()
-            continue
-        _take_place(node, arange.output())
-        replaced += 1
+            args = [start, end, step, graph.insertConstant(tensor.dtype), none,
+                    graph.insertConstant(tensor.device), none]
+        replaced += _swap_in(graph, node, "aten::arange", args, "aten::arange.start_step")
     return replaced
 
 
@@ -284,6 +276,29 @@ def _take_place(node: torch._C.Node, value: torch._C.Value) -> None:
     node.destroy()
 
 
+def _swap_in(graph: torch._C.Graph, node: torch._C.Node, kind: str,
+             inputs: list[torch._C.Value], overload: str) -> bool:
+    """Put a ``kind`` node reading ``inputs`` in ``node``'s place if it
+    resolves to ``overload``; whether it did (else the graph is as it was,
+    but for constants made for it, which :func:`drop_dead_code` removes)."""
+    with graph.insert_point_guard(node):
+        new = graph.insertNode(graph.create(kind, inputs, 1))
+    made = _op(new)
+    if made is None or made.name != overload:
+        new.destroy()
+        return False
+    _take_place(node, new.output())
+    return True
+
+
+def _stored_constants(graph: torch._C.Graph, inputs: list[Source]) -> dict[int, torch.Tensor]:
+    """The tensors stored with the entry, by the ``unique()`` of the graph
+    input they are bound to."""
+    params = list(graph.inputs())
+    return {params[i].unique(): s.ref for i, s in enumerate(inputs)
+            if s.kind == "const" and isinstance(s.ref, torch.Tensor)}
+
+
 # Ops that unwrap a one-element tensor into a number, and which dtypes each
 # accepts.
 _UNWRAP: dict[str, Callable[[torch.dtype], bool]] = {
@@ -308,9 +323,7 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
     text carries it exactly (finite values print with 17 significant
     digits); complex and non-finite values stay.
     """
-    params = list(graph.inputs())
-    stored = {params[i].unique(): s.ref for i, s in enumerate(inputs)
-              if s.kind == "const" and isinstance(s.ref, torch.Tensor) and s.ref.dim() == 0}
+    stored = {k: t for k, t in _stored_constants(graph, inputs).items() if t.dim() == 0}
     folded = 0
     resolved: dict[tuple[Any, ...], str] = {}
     for node in list(graph.nodes()):
@@ -350,9 +363,7 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
     eager's own (the tensor-exponent kernel differs from it by up to an ulp).
     Integer and floating exponents only.
     """
-    params = list(graph.inputs())
-    stored = {params[i].unique(): s.ref for i, s in enumerate(inputs)
-              if s.kind == "const" and isinstance(s.ref, torch.Tensor) and s.ref.dim() == 0}
+    stored = {k: t for k, t in _stored_constants(graph, inputs).items() if t.dim() == 0}
     replaced = 0
     for node in list(graph.nodes()):
         op = _op(node)
@@ -369,14 +380,9 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
         if value is None:
             continue
         with graph.insert_point_guard(node):
-            power = graph.insertNode(graph.create("aten::pow",
-                                                  [base, graph.insertConstant(value)], 1))
-        made = _op(power)
-        if made is None or made.name != "aten::pow.Tensor_Scalar":
-            power.destroy()
-            continue
-        _take_place(node, power.output())
-        replaced += 1
+            exponent_value = graph.insertConstant(value)
+        replaced += _swap_in(graph, node, "aten::pow", [base, exponent_value],
+                             "aten::pow.Tensor_Scalar")
     return replaced
 
 
@@ -487,17 +493,12 @@ def linears(graph: torch._C.Graph) -> int:
         transpose = _op(weight_t.node())
         if transpose is None or transpose.name != "aten::t":
             continue
-        with graph.insert_point_guard(node):
-            if bias is None:
+        if bias is None:
+            with graph.insert_point_guard(node):
                 bias = graph.insertConstant(None)
-            linear = graph.insertNode(graph.create("aten::linear",
-                                                   [x, weight_t.node().inputsAt(0), bias], 1))
-        made = _op(linear)
-        if made is None or made.name != "aten::linear":  # not expected: all are tensors
-            linear.destroy()
-            continue
-        _take_place(node, linear.output())
-        replaced += 1
+        # Always resolves (all are tensors); checked like the other swaps.
+        replaced += _swap_in(graph, node, "aten::linear",
+                             [x, weight_t.node().inputsAt(0), bias], "aten::linear")
     return replaced
 
 
