@@ -330,13 +330,7 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
         accepts = _UNWRAP.get(node.kind())
         if accepts is None:
             continue
-        source = node.inputsAt(0)
-        tensor = stored.get(source.unique())
-        if tensor is None:
-            tensor = _tensor_constant(source)
-        if tensor is None or tensor.numel() != 1 or not accepts(tensor.dtype):
-            continue
-        value = _scalar_value(tensor)
+        value = _number_of(node.inputsAt(0), stored, accepts)
         if value is None:
             continue
         with graph.insert_point_guard(node):
@@ -370,13 +364,7 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
         if op is None or op.name != "aten::pow.Tensor_Tensor":
             continue
         base, exponent = node.inputs()
-        tensor = stored.get(exponent.unique())
-        if tensor is None:
-            tensor = _tensor_constant(exponent)
-        if tensor is None or tensor.numel() != 1 or tensor.dtype == torch.bool \
-                or tensor.dtype.is_complex:
-            continue
-        value = _scalar_value(tensor)
+        value = _number_of(exponent, stored, _real_dtype)
         if value is None:
             continue
         with graph.insert_point_guard(node):
@@ -423,6 +411,23 @@ def _tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
         return None
     constant = value.toIValue()
     return constant if isinstance(constant, torch.Tensor) else None
+
+
+def _real_dtype(dtype: torch.dtype) -> bool:
+    return dtype != torch.bool and not dtype.is_complex
+
+
+def _number_of(value: torch._C.Value, stored: dict[int, torch.Tensor],
+               accepts: Callable[[torch.dtype], bool]) -> bool | int | float | None:
+    """The number a one-element tensor holds, where ``value`` is a stored
+    0-dim constant or a tensor constant in the IR of a dtype ``accepts``;
+    else None (and for a non-finite or complex number)."""
+    tensor = stored.get(value.unique())
+    if tensor is None:
+        tensor = _tensor_constant(value)
+    if tensor is None or tensor.numel() != 1 or not accepts(tensor.dtype):
+        return None
+    return _scalar_value(tensor)
 
 
 def _scalar_value(t: torch.Tensor) -> bool | int | float | None:
