@@ -6,26 +6,11 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch import nn
+from child_compile import Net, Net2
 
 from ltc_cache import CacheConfig
 from ltc_cache.report import scan
 from ltc_cache.store import DiskStore
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class Net2(Net):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.fc1(x)))
 
 
 def names(directory) -> list[str]:
