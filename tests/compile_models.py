@@ -127,7 +127,11 @@ def loss_of(out) -> torch.Tensor:
 
 
 def train(model, args, steps: int) -> list[float]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    return train_steps(model, args, steps, torch.optim.SGD(model.parameters(), lr=0.05))
+
+
+def train_steps(model, args, steps: int, optimizer) -> list[float]:
+    """``steps`` optimizer steps on the model's loss; the losses."""
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()

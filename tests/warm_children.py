@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compile_models import MODELS, VOCAB, first_tensor, loss_of
+from compile_models import MODELS, VOCAB, first_tensor, loss_of, train_steps
 
 AOT = {"traces": 0}
 
@@ -54,17 +54,6 @@ def count_aot_traces() -> None:
 
 def digest(values: list[float]) -> str:
     return hashlib.sha256(json.dumps(values).encode()).hexdigest()[:16]
-
-
-def train_steps(model, args, steps: int, optimizer) -> list[float]:
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = loss_of(model(*args))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
 
 
 def session(model, args) -> list[float]:
