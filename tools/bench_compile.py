@@ -214,12 +214,12 @@ def measure(models: list[str], repeats: int) -> list[dict]:
     return rows
 
 
-def _s(value: float | None) -> str:
+def seconds(value: float | None) -> str:
     return "failed" if value is None else f"{value:.2f} s"
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+def ratio(a: float | None, b: float | None, suffix: str = "") -> str:
+    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}{suffix}"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -231,12 +231,12 @@ def markdown(rows: list[dict]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {_s(r['ltc_cache_cold_s'])} | {_s(r['ltc_cache_warm_s'])} "
-            f"| {_ratio(r['ltc_cache_warm_s'], r['ltc_cache_cold_s'])} "
-            f"| {_s(r['inductor_cold_s'])} | {_s(r['inductor_warm_s'])} "
-            f"| {_ratio(r['inductor_warm_s'], r['inductor_cold_s'])} "
-            f"| {_ratio(r['ltc_cache_warm_s'], r['inductor_warm_s'])} "
-            f"| {_s(r['dynamo_only_s'])} "
+            f"| {r['model']} | {seconds(r['ltc_cache_cold_s'])} | {seconds(r['ltc_cache_warm_s'])} "
+            f"| {ratio(r['ltc_cache_warm_s'], r['ltc_cache_cold_s'])} "
+            f"| {seconds(r['inductor_cold_s'])} | {seconds(r['inductor_warm_s'])} "
+            f"| {ratio(r['inductor_warm_s'], r['inductor_cold_s'])} "
+            f"| {ratio(r['ltc_cache_warm_s'], r['inductor_warm_s'])} "
+            f"| {seconds(r['dynamo_only_s'])} "
             f"| {'-' if r['ltc_share'] is None else format(r['ltc_share'], '.0%')} "
             f"| {r['ltc_warm_traces']}, {r['ltc_warm_aot_traces']} |")
     lines += [

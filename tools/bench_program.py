@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_compile import median, ratio, seconds  # tools/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "mlp128"]
@@ -117,11 +118,6 @@ def cold_and_warm(model: str, mode: str, train: bool, scratch: Path) -> tuple[di
     return run_child(model, mode, train, env), run_child(model, mode, train, env)
 
 
-def median(runs: list[dict], field: str) -> float | None:
-    values = [r[field] for r in runs if field in r]
-    return statistics.median(values) if values else None
-
-
 def measure(models: list[str], repeats: int, train: bool) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-program-") as scratch:
@@ -150,14 +146,6 @@ def measure(models: list[str], repeats: int, train: bool) -> list[dict]:
     return rows
 
 
-def _s(value: float | None) -> str:
-    return "failed" if value is None else f"{value:.2f} s"
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
-
-
 def markdown(rows: list[dict]) -> str:
     lines = [
         "| model | program cold | **program warm** | ltc_cache warm | inductor warm "
@@ -173,10 +161,10 @@ def markdown(rows: list[dict]) -> str:
         worst = max((e for e in errors if e is not None), default=None)
         lines.append(
             f"| {r['model']}{' (train step)' if r['train'] else ''} "
-            f"| {_s(r.get('program_cold_s'))} | **{_s(r.get('program_warm_s'))}** "
-            f"| {_s(r.get('ltc_cache_warm_s'))} | {_s(r.get('inductor_warm_s'))} "
-            f"| {_ratio(r.get('program_warm_s'), r.get('inductor_warm_s'))} "
-            f"| {_ratio(r.get('program_warm_s'), r.get('ltc_cache_warm_s'))} "
+            f"| {seconds(r.get('program_cold_s'))} | **{seconds(r.get('program_warm_s'))}** "
+            f"| {seconds(r.get('ltc_cache_warm_s'))} | {seconds(r.get('inductor_warm_s'))} "
+            f"| {ratio(r.get('program_warm_s'), r.get('inductor_warm_s'), 'x')} "
+            f"| {ratio(r.get('program_warm_s'), r.get('ltc_cache_warm_s'), 'x')} "
             f"| {rss} MB | {r.get('program_warm_frames')}, {r.get('program_warm_traces')}, "
             f"{r.get('program_warm_hits')} "
             f"| {'-' if worst is None else f'{worst:.1e}'} |")
