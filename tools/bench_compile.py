@@ -150,6 +150,11 @@ def run_child(model: str, backend: str, env: dict[str, str]) -> dict:
     command = [sys.executable, __file__, "--child", model, backend]
     proc = subprocess.run(command + (["--train"] if TRAIN else []),
                           capture_output=True, text=True, env=env, timeout=1800)
+    return child_result(proc)
+
+
+def child_result(proc: subprocess.CompletedProcess[str]) -> dict:
+    """A child's JSON report, or why it failed."""
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         return {"failed": tail[0][:200]}
@@ -157,10 +162,17 @@ def run_child(model: str, backend: str, env: dict[str, str]) -> dict:
 
 
 def cold_and_warm(model: str, backend: str, scratch: Path) -> tuple[dict, dict]:
-    directory = Path(tempfile.mkdtemp(prefix=f"{backend}-", dir=scratch))
+    env = child_env(Path(tempfile.mkdtemp(prefix=f"{backend}-", dir=scratch)))
+    return run_child(model, backend, env), run_child(model, backend, env)
+
+
+def child_env(directory: Path) -> dict[str, str]:
+    """The environment of a measured process: its caches (ltc_cache's, the
+    program signing key's, Inductor's) in ``directory``, one thread."""
     env = dict(os.environ)
     env.update({
         "LTC_CACHE_DIR": str(directory / "ltc"),
+        "XDG_CONFIG_HOME": str(directory / "config"),
         "TORCHINDUCTOR_CACHE_DIR": str(directory / "inductor"),
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
@@ -171,7 +183,7 @@ def cold_and_warm(model: str, backend: str, scratch: Path) -> tuple[dict, dict]:
     })
     for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE"):
         env.pop(name, None)
-    return run_child(model, backend, env), run_child(model, backend, env)
+    return env
 
 
 def median(runs: list[dict], field: str) -> float | None:

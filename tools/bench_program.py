@@ -26,7 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_compile import median, ratio, seconds  # tools/ is sys.path[0]
+from bench_compile import (  # tools/ is sys.path[0]
+    child_env,
+    child_result,
+    median,
+    ratio,
+    seconds,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "mlp128"]
@@ -95,26 +101,11 @@ def child(model_name: str, mode: str, train: bool) -> None:
 def run_child(model: str, mode: str, train: bool, env: dict[str, str]) -> dict:
     args = [sys.executable, __file__, "--child", model, mode, *(["--train"] if train else [])]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        return {"failed": tail[0][:200]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_result(proc)
 
 
 def cold_and_warm(model: str, mode: str, train: bool, scratch: Path) -> tuple[dict, dict]:
-    directory = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=scratch))
-    env = dict(os.environ)
-    env.update({
-        "LTC_CACHE_DIR": str(directory / "ltc"),
-        "XDG_CONFIG_HOME": str(directory / "config"),  # the program signing key
-        "TORCHINDUCTOR_CACHE_DIR": str(directory / "inductor"),
-        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        "OMP_NUM_THREADS": "1",
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-    })
-    for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE"):
-        env.pop(name, None)
+    env = child_env(Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=scratch)))
     return run_child(model, mode, train, env), run_child(model, mode, train, env)
 
 
