@@ -32,6 +32,7 @@ import re
 import sys
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # partition imports FX's partitioner: only when compiling
     from .partition import OpSupport
 
 __all__ = ["AOT_GRAPHS", "AOT_TRACES", "ATEN_OPS", "DYNAMO_GRAPHS", "LTC_OPS", "PLAN_HITS",
-           "LtcBackend", "backend"]
+           "LtcBackend", "backend", "run_time_tracing"]
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
@@ -135,6 +136,17 @@ def _is_symbolic(value: Any) -> bool:
 def _is_dynamic(gm: fx.GraphModule) -> bool:
     return any(_is_symbolic(node.meta.get("example_value", node.meta.get("val")))
                for node in gm.graph.nodes if node.op == "placeholder")
+
+
+def run_time_tracing() -> AbstractContextManager[Any]:
+    """What Dynamo gives a backend, for one compiling at run time (on a
+    graph's first real call, outside Dynamo): a tracing context with a fake
+    mode of its own, where AOTAutograd leaves the metadata a plan is made
+    from (static shapes: the graph is compiled for one input layout)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return tracing(TracingContext(FakeTensorMode()))
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:
@@ -255,12 +267,7 @@ class _PerShape:
         def pick(values: Sequence[Any]) -> tuple[Any, ...]:  # the inputs the graph kept
             return tuple(values[i] for i in kept)
 
-        from torch._guards import TracingContext, tracing
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        # Called at run time, outside Dynamo's tracing context: give
-        # AOTAutograd one, where it leaves the metadata a plan is made from.
-        with tracing(TracingContext(FakeTensorMode())):
+        with run_time_tracing():
             compiled = self._backend._static(gm, list(pick(args)), self._name,
                                              training=self._training)
         self._compiled[signature] = found = (compiled, pick)

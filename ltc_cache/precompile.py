@@ -150,16 +150,10 @@ class LtcProgramGraph(SerializableCallable):
         return call(*args)
 
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
-        from torch._guards import TracingContext, tracing
-        from torch._subclasses import FakeTensorMode
+        from .dynamo import LtcBackend, run_time_tracing
 
-        from .dynamo import LtcBackend
-
-        # What Dynamo gives a backend: real inputs, and a tracing context
-        # whose fake mode AOTAutograd uses (static shapes: a program is for
-        # one input layout). Its inference metadata is what lets the
-        # backend store a partitioning plan.
-        with tracing(TracingContext(FakeTensorMode())):
+        # Real inputs, as Dynamo gives them, and its tracing context.
+        with run_time_tracing():
             return LtcBackend(name=self.name)(self.gm, list(args))
 
 
