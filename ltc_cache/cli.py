@@ -309,10 +309,7 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     # Aten graphs: their sizes here, whole in --json.
     for label, name in (("Plan", "plan"), ("Backward", "backward")):
         if isinstance(meta.get(name), dict):
-            graph = meta[name]
-            fields.append((label, f"{len(graph.get('nodes') or ())} nodes, "
-                                  f"{len(graph.get('constants') or ())} tensor constants "
-                                  "(the graph: --json)"))
+            fields.append((label, _partitioned_summary(meta[name])))
     if isinstance(meta.get("joint"), dict):  # a training plan's layout
         joint = meta["joint"]
         fields.append(("Joint", f"{joint.get('outputs')} outputs, "
@@ -343,13 +340,25 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     return OK
 
 
+def _partitioned_summary(wire: dict[str, Any]) -> str:
+    """A partitioned graph of a plan in a line (its nodes: --json)."""
+    graphs = [wire.get("graph")] + [r[1] for r in wire.get("regions") or ()
+                                    if isinstance(r, list) and len(r) == 3]
+    graphs = [g for g in graphs if isinstance(g, dict)]
+    nodes = sum(len(g.get("nodes") or ()) for g in graphs)
+    constants = sum(len(g.get("constants") or ()) for g in graphs)
+    return (f"{nodes} nodes in {len(graphs) - 1} LTC regions and the eager rest, "
+            f"{constants} tensor constants (the graphs: --json)")
+
+
 _KINDS = {
     "negative": "A negative entry: LTC could not extract this graph (Reason above), so no "
                 "process tries again;\nthe torch.compile backend partitions it or runs it "
                 "eagerly. It holds no inputs, outputs or IR.",
-    "plan": "A plan: AOTAutograd's inference graph as data (Plan above), which a warm process "
-            "partitions\ninstead of running AOTAutograd; its LTC regions are entries of their "
-            "own. The graph: --json.",
+    "plan": "A plan: AOTAutograd's graphs, split into LTC regions and an eager rest, as data "
+            "(Plan above),\nwhich a warm process runs instead of running AOTAutograd and "
+            "partitioning; its LTC regions'\ncompiled graphs are entries of their own. "
+            "The graphs: --json.",
 }
 
 

@@ -9,7 +9,7 @@ Two paths, chosen per Dynamo graph:
   is remembered as a negative entry and takes the second path, in this
   process and every later one.
 - Otherwise (training, or inference that needs partitioning): AOTAutograd with
-  :func:`ltc_cache.partition.decompositions`; each forward, backward or
+  :func:`ltc_cache.decompose.decompositions`; each forward, backward or
   inference graph is split into the regions LTC lowers and an eager rest
   (:mod:`ltc_cache.partition`), and each region is extracted through the
   cache on its first real call (the compilers get FakeTensors, fact 6 in
@@ -41,11 +41,13 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .cache import GraphCache, default_cache
 from .diagnostics import counters, warn_once
-from .errors import EntryError, UncacheableGraph
+from .errors import EntryError, UncacheableGraph, first_line
 from .keys import CacheKey, compute_key
+from .nodes import is_symbolic, node_value
 
-if TYPE_CHECKING:  # partition imports FX's partitioner: only when compiling
-    from .partition import OpSupport
+if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
+    from .partition import Partitioned
+    from .support import OpSupport
 
 __all__ = ["AOT_GRAPHS", "AOT_TRACES", "ATEN_OPS", "DYNAMO_GRAPHS", "LTC_OPS", "PLAN_HITS",
            "LtcBackend", "backend", "run_time_tracing"]
@@ -66,11 +68,6 @@ PLAN_HITS = "plan_hits"
 # Graphs Dynamo handed the backend: what "graphs" means, as opposed to the
 # cache lookups they make (a plan, a negative entry and a region are three).
 DYNAMO_GRAPHS = "dynamo_graphs"
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 def _model_name(gm: fx.GraphModule) -> str:
@@ -126,16 +123,9 @@ def _compiled_module() -> torch.nn.Module | None:
     return None
 
 
-def _is_symbolic(value: Any) -> bool:
-    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
-        return True
-    return isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt)
-                                                   for d in value.shape)
-
-
 def _is_dynamic(gm: fx.GraphModule) -> bool:
-    return any(_is_symbolic(node.meta.get("example_value", node.meta.get("val")))
-               for node in gm.graph.nodes if node.op == "placeholder")
+    return any(is_symbolic(node_value(node)) for node in gm.graph.nodes
+               if node.op == "placeholder")
 
 
 def run_time_tracing() -> AbstractContextManager[Any]:
@@ -178,7 +168,7 @@ class _Guarded:
         except RuntimeError as exc:
             logger.debug("%s: first replay failed", self._name, exc_info=True)
             warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
-                      f"({_first_line(exc)}); running it eagerly")
+                      f"({first_line(exc)}); running it eagerly")
             counters.bump("errors")
             self._call = self._fallback
             return self._fallback(*args)
@@ -216,7 +206,7 @@ class _Region:
             logger.debug("%s: extraction failed", self._name, exc_info=True)
             warn_once(f"eager-region:{self._name}",
                       f"{self._name}: LTC cannot extract this region; it runs eagerly "
-                      f"({_first_line(exc)})")
+                      f"({first_line(exc)})")
             self._call = self._module
             return self._module(*args)
         self._call = _Guarded(compiled, self._module, self._name, as_tuple=True, ops=self._ops)
@@ -359,7 +349,7 @@ class LtcBackend:
             # The graph is the user's code: eager always computes it.
             logger.debug("%s: compiling failed", name, exc_info=True)
             warn_once(f"backend:{name}", f"{name}: cannot compile this graph "
-                      f"({type(exc).__name__}: {_first_line(exc)}); it runs eagerly")
+                      f"({type(exc).__name__}: {first_line(exc)}); it runs eagerly")
             counters.bump("errors")
             return gm.forward
 
@@ -371,7 +361,7 @@ class LtcBackend:
         except RuntimeError as exc:
             # Expected for most real models (an op LTC cannot lower); the
             # cache remembers it and the next process partitions at once.
-            logger.info("%s: not lowered whole (%s); partitioning", name, _first_line(exc))
+            logger.info("%s: not lowered whole (%s); partitioning", name, first_line(exc))
             return None
         # Everything runs in LTC; counted as the aten ops of the stored IR.
         ops = compiled.entry.ir.count("aten::")
@@ -395,9 +385,9 @@ class LtcBackend:
             except EntryError as exc:
                 cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
             else:
-                logger.info("%s: partitioning the stored plan %s", name, key.digest[:12])
+                logger.info("%s: the stored plan %s", name, key.digest[:12])
                 cache.record(PLAN_HITS)
-                module = self._partitioned(planned, f"{name}.inference", cache)
+                module = self._with_regions(planned, f"{name}.inference", cache)
                 return _Guarded(module.forward, gm.forward, f"{name}.plan", as_tuple=False,
                                 ops=0)
         return self._aot(gm, example_inputs, name, cache, plan=key)
@@ -421,25 +411,25 @@ class LtcBackend:
             except EntryError as exc:
                 cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
             else:
-                logger.info("%s: partitioning the stored training plan %s", name,
-                            key.digest[:12])
+                logger.info("%s: the stored training plan %s", name, key.digest[:12])
                 cache.record(PLAN_HITS)
-                joint = JointFunction(self._partitioned(forward, f"{name}.forward", cache),
-                                      self._partitioned(backward, f"{name}.backward", cache),
+                joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
+                                      self._with_regions(backward, f"{name}.backward", cache),
                                       layout)
                 return _Guarded(joint, gm.forward, f"{name}.plan", as_tuple=False, ops=0)
         return self._aot(gm, example_inputs, name, cache, plan=key)
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
              cache: GraphCache, *, plan: CacheKey | None = None) -> Callable[..., Any]:
-        """Through AOTAutograd. With ``plan``, its graphs are stored under
-        that key (an inference plan; a training plan once the backward graph
-        is made), and what is partitioned is each graph as the plan rebuilds
-        it, so that a warm process makes the same regions."""
+        """Through AOTAutograd. Each graph it makes is partitioned; with
+        ``plan``, the partitioned graphs are stored under that key (an
+        inference plan; a training plan once the backward graph is made), and
+        what runs is each as the plan rebuilds it, so that a warm process
+        runs the same regions."""
         from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
-        from .partition import decompositions
+        from .decompose import decompositions
 
         pending: dict[str, Any] = {}  # a forward graph waiting for its backward
 
@@ -448,11 +438,11 @@ class LtcBackend:
                 counters.bump(AOT_GRAPHS)
                 if kind != "backward":  # one AOTAutograd trace made it (and its backward)
                     cache.record(AOT_TRACES)
+                parted = self._partition(graph, cache)
                 if plan is not None:
-                    graph = self._planned(graph, kind, example_inputs, f"{name}.{kind}", cache,
-                                          plan, pending)
-                module = self._partitioned(graph, f"{name}.{kind}", cache)
-                return make_boxed_func(module.forward)
+                    parted = self._planned(parted, kind, example_inputs, f"{name}.{kind}", cache,
+                                           plan, pending)
+                return make_boxed_func(self._with_regions(parted, f"{name}.{kind}", cache).forward)
             return compile_graph
 
         aot = aot_autograd(
@@ -463,22 +453,29 @@ class LtcBackend:
         )
         return aot(gm, example_inputs)
 
-    def _planned(self, graph: fx.GraphModule, kind: str, example_inputs: Sequence[Any],
+    def _planned(self, parted: Partitioned, kind: str, example_inputs: Sequence[Any],
                  name: str, cache: GraphCache, key: CacheKey,
-                 pending: dict[str, Any]) -> fx.GraphModule:
-        """Store ``graph`` in its plan (a forward waits in ``pending`` for
-        its backward) and return it as the plan rebuilds it; ``graph`` itself
-        where no plan can hold it."""
+                 pending: dict[str, Any]) -> Partitioned:
+        """Store ``parted`` in its plan (a forward waits in ``pending`` for
+        its backward) and return it as the plan rebuilds it; ``parted``
+        itself where no plan can hold it."""
         from torch._guards import TracingContext
 
-        from .joint import joint_meta, trainable
-        from .plan import PlanError, graph_from_wire, graph_to_wire, plan_entry, runs_bare
+        from .joint import joint_layout, trainable
+        from .plan import (
+            PlanError,
+            partitioned_from_wire,
+            partitioned_to_wire,
+            plan_entry,
+            runs_bare,
+        )
 
         metadata = None
+        graph = parted.module
         if kind == "backward":
             forward = pending.pop("forward", None)
             if forward is None:  # its forward has no plan
-                return graph
+                return parted
         else:
             context = TracingContext.try_get()
             metadata = context.fw_metadata if context is not None else None
@@ -487,31 +484,32 @@ class LtcBackend:
             if metadata is None or placeholders != len(example_inputs) \
                     or not fits(metadata, example_inputs):
                 logger.info("%s: no plan stored (AOTAutograd wraps this graph)", name)
-                return graph
+                return parted
         try:
             with _disable_current_modes():  # the constants are real tensors
-                wire = graph_to_wire(graph)
-                rebuilt = graph_from_wire(wire)
+                wire = partitioned_to_wire(parted)
+                rebuilt = partitioned_from_wire(wire)
                 if kind == "forward":
                     pending["forward"] = (wire, rebuilt, metadata)
                     return rebuilt
                 if kind == "backward":
-                    forward_wire, forward_graph, metadata = forward
-                    extra = joint_meta(forward_graph, rebuilt, metadata)
-                    entry = plan_entry(forward_wire, key, f"{name.rsplit('.', 1)[0]}.training.plan",
-                                       **extra)
+                    forward_wire, forward_parted, metadata = forward
+                    layout = joint_layout(forward_parted.module, rebuilt.module, metadata)
+                    entry = plan_entry(forward_wire, key,
+                                       f"{name.rsplit('.', 1)[0]}.training.plan",
+                                       backward=wire, joint=layout.to_wire())
                 else:
                     entry = plan_entry(wire, key, f"{name}.plan")
         except (PlanError, EntryError) as exc:
             logger.info("%s: no plan stored (%s)", name, exc)
-            return graph
+            return parted
         cache.store_entry(entry, key)
         return rebuilt
 
     def op_support(self, cache: GraphCache | None = None) -> OpSupport:
         """What LTC lowers, as learned and remembered in ``cache`` (default:
         :attr:`cache`)."""
-        from .partition import OpSupport
+        from .support import OpSupport
 
         cache = cache or self.cache
         support = self._support.get(cache)
@@ -521,10 +519,15 @@ class LtcBackend:
             self._support[cache] = support
         return support
 
-    def _partitioned(self, gm: fx.GraphModule, name: str, cache: GraphCache) -> fx.GraphModule:
+    def _partition(self, gm: fx.GraphModule, cache: GraphCache) -> Partitioned:
         from .partition import partition
 
-        parted = partition(gm, self.op_support(cache))
+        return partition(gm, self.op_support(cache))
+
+    def _with_regions(self, parted: Partitioned, name: str, cache: GraphCache
+                      ) -> fx.GraphModule:
+        """``parted``'s module, each region replaced by a :class:`_Region`
+        that extracts it through the cache on its first call."""
         counters.bump(ATEN_OPS, parted.total_ops)
         for index, region in enumerate(parted.regions):
             submodule = parted.module.get_submodule(region)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["EntryError", "LockTimeout", "LtcUnavailable", "UncacheableGraph", "is_graph_failure"]
+__all__ = ["EntryError", "LockTimeout", "LtcUnavailable", "UncacheableGraph", "first_line",
+           "is_graph_failure"]
 
 
 class EntryError(ValueError):
@@ -54,3 +55,10 @@ def is_graph_failure(exc: BaseException) -> bool:
         return False
     message = str(exc).lower()
     return not any(text in message for text in _PROCESS_MESSAGES)
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first non-blank line of ``exc``'s message (LTC's and Dynamo's run
+    to pages), at most ``limit`` characters; its type where it has none."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:limit] if lines else type(exc).__name__

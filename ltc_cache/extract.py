@@ -31,7 +31,7 @@ from .errors import LtcUnavailable
 from .keys import module_tensors
 from .layout import Source, Update
 
-__all__ = ["Extraction", "normalize_ir", "trace"]
+__all__ = ["Extraction", "init_lazy_backend", "normalize_ir", "trace"]
 
 logger = logging.getLogger("ltc_cache.extract")
 
@@ -71,7 +71,7 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     Raises RuntimeError naming the ops that fell back to eager: a graph with
     fallbacks has holes LTC filled with eager values and cannot be replayed.
     """
-    _init_lazy_backend()
+    init_lazy_backend()
     # A new GraphModule over a copy of the graph shares the weights, so
     # forcing factory calls onto the lazy device copies no tensor.
     lazy_model = fx.GraphModule(model, copy.deepcopy(model.graph))
@@ -140,7 +140,7 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
 _init_lock = threading.Lock()
 
 
-def _init_lazy_backend() -> None:
+def init_lazy_backend() -> None:
     """Initialise LTC's TorchScript backend once per process, unless someone
     else did: a program may call ``torch._lazy.ts_backend.init()`` itself
     (as LTC's own users do), and a second init raises. A failure here says

@@ -27,9 +27,10 @@ from torch import fx
 
 from .entry import Entry
 from .errors import EntryError
-from .plan import PlanError, graph_from_wire, graph_to_wire, runs_bare
+from .partition import Partitioned
+from .plan import PlanError, partitioned_from_wire, runs_bare
 
-__all__ = ["JointFunction", "JointLayout", "joint_graphs", "joint_meta", "trainable"]
+__all__ = ["JointFunction", "JointLayout", "joint_graphs", "joint_layout", "trainable"]
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,10 @@ def _check(forward: fx.GraphModule, backward: fx.GraphModule, layout: JointLayou
         raise EntryError("plan: backward outputs do not match the forward inputs")
 
 
-def joint_meta(forward: fx.GraphModule, backward: fx.GraphModule,
-               metadata: Any) -> dict[str, Any]:
-    """What a training plan stores beside its forward graph (``plan``): the
-    backward graph and the layout. Raises :class:`PlanError` for graphs a
+def joint_layout(forward: fx.GraphModule, backward: fx.GraphModule,
+                 metadata: Any) -> JointLayout:
+    """The layout a training plan stores beside its forward graph (``plan``)
+    and backward graph (``backward``). Raises :class:`PlanError` for graphs a
     plan cannot hold."""
     outputs = metadata.num_outputs
     unchecked = metadata.num_tensors_saved_with_no_vc_check or 0
@@ -137,16 +138,16 @@ def joint_meta(forward: fx.GraphModule, backward: fx.GraphModule,
         _check(forward, backward, layout)
     except EntryError as exc:
         raise PlanError(str(exc)) from None
-    return {"backward": graph_to_wire(backward), "joint": layout.to_wire()}
+    return layout
 
 
-def joint_graphs(entry: Entry) -> tuple[fx.GraphModule, fx.GraphModule, JointLayout]:
-    """The forward and backward graphs and the layout of a training plan;
-    raises EntryError for a bad one."""
-    forward = graph_from_wire(entry.meta.get("plan"))
-    backward = graph_from_wire(entry.meta.get("backward"))
+def joint_graphs(entry: Entry) -> tuple[Partitioned, Partitioned, JointLayout]:
+    """The partitioned forward and backward graphs and the layout of a
+    training plan; raises EntryError for a bad one."""
+    forward = partitioned_from_wire(entry.meta.get("plan"))
+    backward = partitioned_from_wire(entry.meta.get("backward"))
     layout = JointLayout.from_wire(entry.meta.get("joint"))
-    _check(forward, backward, layout)
+    _check(forward.module, backward.module, layout)
     return forward, backward, layout
 
 

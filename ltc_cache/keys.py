@@ -7,9 +7,11 @@ told apart part by part (:func:`differing_parts`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,8 @@ from torch import fx
 from .errors import UncacheableGraph
 from .wire import SCHEMA_VERSION
 
-__all__ = ["CacheKey", "compute_key", "derived_key", "differing_parts", "module_tensors"]
+__all__ = ["CacheKey", "code_digest", "compute_key", "derived_key", "differing_parts",
+           "module_tensors"]
 
 logger = logging.getLogger("ltc_cache.keys")
 
@@ -172,6 +175,20 @@ def derived_key(key: CacheKey, **texts: str) -> CacheKey:
     """``key`` with more parts, each hashed from its text: the key of
     something made from the graph ``key`` names (a partitioning plan)."""
     return _key({**key.parts, **{name: _hash([text]) for name, text in texts.items()}})
+
+
+@functools.lru_cache(maxsize=4096)
+def code_digest(code: types.CodeType) -> str:
+    """What a code object computes, not where it sits (no file, line or
+    name, so the digest is the same on every machine): bytecode, names,
+    constants (nested code by its digest), argument layout."""
+    consts = [(code_digest(c) if isinstance(c, types.CodeType) else f"{type(c).__name__}:{c!r}")
+              for c in code.co_consts]
+    parts = [code.co_code.hex(), repr(code.co_names), repr(code.co_varnames),
+             repr(code.co_freevars), repr(code.co_cellvars), repr(consts),
+             f"{code.co_argcount},{code.co_posonlyargcount},{code.co_kwonlyargcount}",
+             str(code.co_flags)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def _key(parts: dict[str, str]) -> CacheKey:

@@ -1,5 +1,6 @@
 """Partitioning plans: the aten graph AOTAutograd made of an inference graph,
-stored so that a warm start does not run AOTAutograd again.
+split into LTC regions and an eager rest, stored so that a warm start runs
+neither AOTAutograd nor the partitioner again.
 
 A Dynamo graph that LTC cannot lower whole is decomposed by AOTAutograd and
 partitioned (:mod:`ltc_cache.dynamo`). On a warm start its LTC regions are
@@ -13,19 +14,25 @@ decompositions.
 A plan is kept only where AOTAutograd's runtime wrapper adds nothing to the
 graph's own call: no input mutated, no output that aliases an input or
 another output, no tensor subclass, no effect tokens or RNG state
-(:func:`runs_bare`). The graph is stored as data, never as code: each node's
-op, name, target and arguments, a target resolved only to a registered
-operator overload or ``operator.getitem``, and the tensor constants it reads
-by value. What FX reads beside that, the dtype, shape and stride of each
-node's value, comes back as meta tensors.
+(:func:`runs_bare`). It holds the partitioned graph
+(:class:`ltc_cache.partition.Partitioned`): the parent graph, which calls
+each region as a submodule, and each region's graph. Both are stored as
+data, never as code: each node's op, name, target and arguments, a target
+resolved only to a registered operator overload, ``operator.getitem`` or a
+region of the plan, and the tensor constants it reads by value. What FX
+reads beside that, the dtype, shape and stride of each node's value, comes
+back as meta tensors. Node names are kept, so the regions rebuilt in a warm
+process have the code, and so the cache keys, of those the cold process
+stored.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import operator
+import types
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,13 +40,15 @@ from torch import fx
 
 from .entry import Entry, new_meta, tensor_from_wire, tensor_to_wire
 from .errors import EntryError
-from .keys import CacheKey, derived_key
+from .keys import CacheKey, code_digest, derived_key
+from .nodes import is_symbolic
+from .partition import REGION_PREFIX, Partitioned
 
-__all__ = ["FORMAT", "PlanError", "graph_from_wire", "graph_to_wire", "plan_entry", "plan_graph",
-           "plan_key", "runs_bare"]
+__all__ = ["FORMAT", "PlanError", "graph_from_wire", "graph_to_wire", "partitioned_from_wire",
+           "partitioned_to_wire", "plan_entry", "plan_graph", "plan_key", "runs_bare"]
 
 FORMAT = "ltc_cache.plan"
-_VERSION = 1
+_VERSION = 2  # 2: the partitioned graph, not AOTAutograd's graph before partitioning
 _BUILTINS = {"operator.getitem": operator.getitem}
 _ENUMS = {
     "dtype": torch.dtype,
@@ -54,33 +63,49 @@ class PlanError(ValueError):
 
 
 def plan_key(key: CacheKey, *, training: bool = False) -> CacheKey:
-    """The plan's key: the whole graph's key, plus the decompositions it was
-    made with (the source of :mod:`ltc_cache.partition`, so that any change
-    there makes a new plan rather than a stale one), plus whether it is a
-    training plan (forward and backward, :mod:`ltc_cache.joint`)."""
-    from . import partition
-
-    source = Path(partition.__file__).read_bytes()
+    """The plan's key: the whole graph's key, plus the code that decides
+    what a plan holds (:func:`_deciding_code`), plus whether it is a training
+    plan (forward and backward, :mod:`ltc_cache.joint`)."""
     kind = "training" if training else "inference"
-    return derived_key(key, plan=f"{FORMAT}:{_VERSION}:{kind}:"
-                                 f"{hashlib.sha256(source).hexdigest()}")
+    return derived_key(key, plan=f"{FORMAT}:{_VERSION}:{kind}:{_deciding_code()}")
 
 
-def plan_entry(graph: fx.GraphModule | dict[str, Any], key: CacheKey, graph_name: str,
+@functools.lru_cache(maxsize=1)
+def _deciding_code() -> str:
+    """A digest of the code that makes a plan's content, beside the graph
+    and the torch build the whole graph's key covers: ltc_cache's
+    decompositions (what AOTAutograd makes), the partitioner, and the rules
+    of what may go into a region. By bytecode, so that a changed comment or
+    log line keeps every stored plan, while a changed rule makes new ones."""
+    from . import decompose, partition, support
+
+    functions = [value for module in (decompose, partition) for value in vars(module).values()
+                 if isinstance(value, types.FunctionType)
+                 and value.__module__ == module.__name__]
+    functions += [support.op_signature, support._static_rules, support.OpSupport.why_not]
+    digest = hashlib.sha256()
+    for function in sorted(functions, key=lambda f: f.__qualname__):
+        digest.update(f"{function.__qualname__}={code_digest(function.__code__)}\0".encode())
+    return digest.hexdigest()
+
+
+def plan_entry(parted: Partitioned | dict[str, Any], key: CacheKey, graph_name: str,
                **extra: Any) -> Entry:
-    """The entry of kind ``plan`` that holds ``graph`` (or its
-    :func:`graph_to_wire` form), and ``extra`` meta data (a training plan's
-    backward graph); raises :class:`PlanError` for a graph a plan cannot hold."""
-    wire = graph if isinstance(graph, dict) else graph_to_wire(graph)
-    meta = new_meta(graph_name=graph_name, node_count=len(wire["nodes"]), graph_hash="",
-                    key_parts=key.parts)
+    """The entry of kind ``plan`` that holds ``parted`` (or its
+    :func:`partitioned_to_wire` form), and ``extra`` meta data (a training
+    plan's backward graph); raises :class:`PlanError` for a graph a plan
+    cannot hold."""
+    wire = parted if isinstance(parted, dict) else partitioned_to_wire(parted)
+    nodes = len(wire["graph"]["nodes"]) + sum(len(r[1]["nodes"]) for r in wire["regions"])
+    meta = new_meta(graph_name=graph_name, node_count=nodes, graph_hash="", key_parts=key.parts)
     meta.update(kind="plan", plan=wire, **extra)
     return Entry(key.digest, "", (), (), (), meta)
 
 
-def plan_graph(entry: Entry) -> fx.GraphModule:
-    """The graph a plan entry holds; raises EntryError for a bad one."""
-    return graph_from_wire(entry.meta.get("plan"))
+def plan_graph(entry: Entry) -> Partitioned:
+    """The partitioned graph a plan entry holds; raises EntryError for a
+    bad one."""
+    return partitioned_from_wire(entry.meta.get("plan"))
 
 
 def runs_bare(metadata: Any, example_inputs: Sequence[Any]) -> bool:
@@ -104,8 +129,9 @@ def runs_bare(metadata: Any, example_inputs: Sequence[Any]) -> bool:
 # --- to the wire ---------------------------------------------------------------
 
 
-def _target_to_wire(node: fx.Node) -> str:
-    if node.op in ("placeholder", "output", "get_attr"):
+def _target_to_wire(node: fx.Node, regions: Sequence[str]) -> str:
+    if node.op in ("placeholder", "output", "get_attr") \
+            or (node.op == "call_module" and node.target in regions):
         return str(node.target)
     if node.op == "call_function":
         if isinstance(node.target, torch._ops.OpOverload):
@@ -134,7 +160,7 @@ def _value_to_wire(value: Any) -> Any:
 
 def _val_to_wire(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        if any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride())):
+        if is_symbolic(value):
             raise PlanError("a symbolic shape")
         return {"tensor": [str(value.dtype).removeprefix("torch."), list(value.shape),
                            list(value.stride())]}
@@ -145,9 +171,9 @@ def _val_to_wire(value: Any) -> Any:
     raise PlanError(f"a value of type {type(value).__name__}")
 
 
-def graph_to_wire(gm: fx.GraphModule) -> dict[str, Any]:
-    """``gm`` as msgpack-able data; raises :class:`PlanError` for a graph a
-    plan cannot hold."""
+def graph_to_wire(gm: fx.GraphModule, regions: Sequence[str] = ()) -> dict[str, Any]:
+    """``gm`` as msgpack-able data, with calls of the submodules named in
+    ``regions``; raises :class:`PlanError` for a graph a plan cannot hold."""
     nodes, constants = [], {}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
@@ -156,18 +182,33 @@ def graph_to_wire(gm: fx.GraphModule) -> dict[str, Any]:
                 raise PlanError(f"get_attr {node.target} is not a tensor of the graph module")
             constants[node.target] = tensor_to_wire(value)
         kwargs = [[name, _value_to_wire(value)] for name, value in node.kwargs.items()]
-        nodes.append([node.op, node.name, _target_to_wire(node), _value_to_wire(node.args),
+        nodes.append([node.op, node.name, _target_to_wire(node, regions), _value_to_wire(node.args),
                       kwargs, _val_to_wire(node.meta.get("val"))])
     return {"format": FORMAT, "version": _VERSION, "training": gm.training, "nodes": nodes,
             "constants": constants}
 
 
+def partitioned_to_wire(parted: Partitioned) -> dict[str, Any]:
+    """``parted`` as msgpack-able data: the parent graph, each region's
+    graph and the op counts; raises :class:`PlanError` for a graph a plan
+    cannot hold."""
+    return {
+        "graph": graph_to_wire(parted.module, parted.regions),
+        "regions": [[name, graph_to_wire(parted.module.get_submodule(name)),
+                     parted.region_ops[name]] for name in parted.regions],
+        "total_ops": parted.total_ops,
+        "eager_ops": dict(parted.eager_ops),
+    }
+
+
 # --- from the wire -------------------------------------------------------------
 
 
-def _target_from_wire(op: str, target: Any) -> Any:
+def _target_from_wire(op: str, target: Any, submodules: Mapping[str, Any]) -> Any:
     if not isinstance(target, str):
         raise EntryError(f"plan: {op} target is not a string")
+    if op == "call_module" and target not in submodules:
+        raise EntryError(f"plan: a call of {target!r}, which is not a region of the plan")
     if op != "call_function":
         return target
     if target in _BUILTINS:
@@ -221,10 +262,12 @@ def _val_from_wire(obj: Any) -> Any:
     raise EntryError(f"plan: unknown value {obj!r:.80}")
 
 
-def graph_from_wire(obj: Any) -> fx.GraphModule:
+def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None = None
+                    ) -> fx.GraphModule:
     """The graph module :func:`graph_to_wire` wrote, with the same node names
-    (so the regions partitioned from it have the same keys); raises
-    EntryError for anything else."""
+    (so the regions rebuilt with it have the same keys) and ``submodules``
+    for its region calls; raises EntryError for anything else."""
+    submodules = submodules or {}
     if not isinstance(obj, dict) or obj.get("format") != FORMAT \
             or obj.get("version") != _VERSION:
         raise EntryError("not a plan of this ltc_cache")
@@ -236,13 +279,15 @@ def graph_from_wire(obj: Any) -> fx.GraphModule:
         if not isinstance(name, str) or not name.isidentifier():
             raise EntryError(f"plan: constant name {name!r}")
         root.register_buffer(name, tensor_from_wire(wire))
+    for name, module in submodules.items():
+        root.add_module(name, module)
     graph = fx.Graph()
     nodes: dict[str, fx.Node] = {}
     try:
         for op, name, target, args, kwargs, val in obj["nodes"]:
-            if op not in ("placeholder", "call_function", "get_attr", "output"):
+            if op not in ("placeholder", "call_function", "call_module", "get_attr", "output"):
                 raise EntryError(f"plan: node kind {op!r}")
-            node = graph.create_node(op, _target_from_wire(op, target),
+            node = graph.create_node(op, _target_from_wire(op, target, submodules),
                                      _value_from_wire(args, nodes),
                                      {k: _value_from_wire(v, nodes) for k, v in kwargs},
                                      name=name)
@@ -259,3 +304,26 @@ def graph_from_wire(obj: Any) -> fx.GraphModule:
         raise EntryError(f"plan: malformed graph ({type(exc).__name__}: {exc})") from None
     gm.train(bool(obj.get("training")))
     return gm
+
+
+def partitioned_from_wire(obj: Any) -> Partitioned:
+    """The partitioned graph :func:`partitioned_to_wire` wrote; raises
+    EntryError for anything else."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("regions"), list) \
+            or not isinstance(obj.get("eager_ops"), dict):
+        raise EntryError("not a plan of this ltc_cache")
+    regions: dict[str, fx.GraphModule] = {}
+    region_ops: dict[str, int] = {}
+    for item in obj["regions"]:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                and item[0] == f"{REGION_PREFIX}{len(regions)}" and isinstance(item[2], int)):
+            raise EntryError(f"plan: malformed region {item!r:.80}")
+        name, wire, ops = item
+        regions[name] = graph_from_wire(wire)
+        region_ops[name] = ops
+    module = graph_from_wire(obj.get("graph"), regions)
+    total, eager = obj.get("total_ops"), obj["eager_ops"]
+    if not isinstance(total, int) or not all(isinstance(k, str) and isinstance(v, int)
+                                             for k, v in eager.items()):
+        raise EntryError("plan: malformed op counts")
+    return Partitioned(module, tuple(regions), region_ops, total, eager)

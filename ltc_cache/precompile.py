@@ -45,7 +45,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 
 from .cache import GraphCache, default_cache
 from .diagnostics import counters, warn_once
-from .errors import EntryError, UncacheableGraph
+from .errors import EntryError, UncacheableGraph, first_line
 from .keys import CacheKey
 from .program import (
     Unportable,
@@ -79,11 +79,6 @@ _MAX_PROGRAMS = 8
 _BUILTINS_DICT = re.compile(r"G\['(__builtins_dict___\d+)'\]")
 _UNSERIALIZABLE = ("DICT_VERSION", "NN_MODULE", "ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH",
                    "MODULE_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE")
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 # --- the backend's serializable callable ---------------------------------------
@@ -290,7 +285,7 @@ class _Checks:
                 else:
                     ok = describe(type(value) if kind == "type" else value) == expected
             except Exception as exc:
-                return f"{expr}: {type(exc).__name__}: {_first_line(exc)}"
+                return f"{expr}: {type(exc).__name__}: {first_line(exc)}"
             if not ok:
                 return f"{expr} is not what the program was made with"
             if kind == "same":
@@ -528,7 +523,7 @@ class _Programs:
             program = self._materialise(parts.artifact, parts.checks, parts.globals)
         except Exception as exc:
             logger.info("%s: program %s does not load (%s: %s); capturing again", self._name,
-                        key.digest[:12], type(exc).__name__, _first_line(exc))
+                        key.digest[:12], type(exc).__name__, first_line(exc))
             return None
         why = program.resolve(program.bind(full, kwargs))
         if why is not None:
@@ -569,7 +564,7 @@ class _Programs:
                 why = f"its program cannot be saved ({guard_filter.unportable})"
             else:
                 kind = "graph break" if isinstance(exc, Unsupported) else type(exc).__name__
-                why = f"not captured as one graph ({kind}: {_first_line(exc)})"
+                why = f"not captured as one graph ({kind}: {first_line(exc)})"
             return self._unportable(key, cache, layout, why, own_sources, local_only)
         try:
             if guard_filter.unportable:
@@ -594,7 +589,7 @@ class _Programs:
                                  f"for: {why}")
         except Exception as exc:
             reason = str(exc) if isinstance(exc, Unportable) else \
-                f"{type(exc).__name__}: {_first_line(exc)}"
+                f"{type(exc).__name__}: {first_line(exc)}"
             return self._unportable(key, cache, layout, f"its program cannot be saved "
                                     f"({reason})", own_sources, local_only)
         graph = artifact._artifacts.compiled_fn

@@ -45,7 +45,7 @@ import torch
 
 from .entry import Entry, new_meta
 from .errors import EntryError, UncacheableGraph
-from .keys import CacheKey, _hash, _key, _tensor_signature
+from .keys import CacheKey, _hash, _key, _tensor_signature, code_digest
 
 __all__ = ["FORMAT", "VERSION", "ProgramParts", "Unportable", "changed_source", "check_program",
            "code_record",
@@ -177,14 +177,9 @@ def changed_source(records: Sequence[Any]) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def _code_digest(code: types.CodeType) -> str:
-    """What a code object computes, not where it sits: bytecode, names,
-    constants (nested code by its digest), argument layout."""
-    consts = [(_code_digest(c) if isinstance(c, types.CodeType) else f"{type(c).__name__}:{c!r}")
-              for c in code.co_consts]
-    parts = [code.co_code.hex(), repr(code.co_names), repr(code.co_varnames),
-             repr(code.co_freevars), repr(code.co_cellvars), repr(consts),
-             f"{code.co_argcount},{code.co_posonlyargcount},{code.co_kwonlyargcount}",
-             str(code.co_flags), code.co_qualname, code.co_filename]
+    """What a code object computes (:func:`ltc_cache.keys.code_digest`) and
+    which function it is (qualified name and file)."""
+    parts = [code_digest(code), code.co_qualname, code.co_filename]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "NAMES_PREFIX",
     "RECORD_PREFIX",
     "SCHEMA_VERSION",
+    "SUPPORT_RECORD_FORMAT",
     "is_entry_key",
     "pack_envelope",
     "read_envelope",
@@ -57,6 +58,8 @@ MAX_ENTRY_BYTES = 1 << 30
 RECORD_PREFIX = "ltc_cache:"
 NAMES_PREFIX = RECORD_PREFIX + "names:"  # + graph name: names.py
 NAMES_FORMAT = "ltc_cache.names"
+# The op-support record (support.py).
+SUPPORT_RECORD_FORMAT = "ltc_cache.op-support"
 # An exported bundle of entries (store/bundle.py).
 BUNDLE_FORMAT = "ltc_cache.bundle"
 

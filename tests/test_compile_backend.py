@@ -17,7 +17,7 @@ import torch
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.entry import decode
-from ltc_cache.partition import OpSupport, support_record_key
+from ltc_cache.support import OpSupport, support_record_key
 
 torch.manual_seed(0)
 
@@ -211,7 +211,7 @@ def test_a_corrupt_op_support_record_is_probed_again(cache_dir, caplog):
     model = WithSign().eval()
     x = torch.randn(4, 16)
     backend = fresh_backend()
-    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ltc_cache.partition"):
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="ltc_cache.support"):
         torch.testing.assert_close(torch.compile(model, backend=backend)(x), model(x),
                                    atol=1e-6, rtol=1e-6)
     assert "unreadable" in caplog.text

@@ -16,10 +16,17 @@ from torch._dynamo.backends.common import aot_autograd
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
+from ltc_cache.decompose import decompositions
 from ltc_cache.entry import Entry, decode, encode
 from ltc_cache.errors import EntryError
-from ltc_cache.partition import decompositions
-from ltc_cache.plan import graph_from_wire, graph_to_wire
+from ltc_cache.partition import partition
+from ltc_cache.plan import (
+    graph_from_wire,
+    graph_to_wire,
+    partitioned_from_wire,
+    partitioned_to_wire,
+)
+from ltc_cache.support import OpSupport
 from ltc_cache.wire import is_entry_key
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
@@ -152,14 +159,60 @@ def plans(directory) -> list[tuple[str, Entry]]:
     return found
 
 
-def test_a_warm_start_partitions_the_plan_without_aot_autograd(cache_dir):
+def test_a_warm_start_runs_the_plan_without_aot_autograd_or_partitioning(cache_dir,
+                                                                          monkeypatch):
     torch.manual_seed(0)
     model, x = Mixed().eval(), torch.randn(3, 4)
     cold = compile_and_check(model, x)
     assert cold["aot_graphs"] == 1 and cold["plan_hits"] == 0
-    assert len(plans(cache_dir)) == 1
+    [(_, entry)] = plans(cache_dir)
+    assert len(entry.meta["plan"]["regions"]) >= 1  # stored partitioned
+
+    import ltc_cache.partition
+
+    def no_partitioning(*args, **kwargs):
+        raise AssertionError("a warm start partitioned")
+
+    monkeypatch.setattr(ltc_cache.partition, "partition", no_partitioning)
     warm = compile_and_check(model, x)
     assert warm == {"aot_graphs": 0, "plan_hits": 1, "traces": 0, "errors": 0}
+
+
+def test_a_partitioned_plan_rebuilds_its_regions_node_for_node(cache_dir):
+    """Parent and regions come back with the same code (so the regions have
+    the keys the cold process stored them under) and compute the same."""
+    torch.manual_seed(0)
+    model, x = Mixed().eval(), torch.randn(3, 4)
+    gm, inputs = inference_graph(model, x)
+    with torch.no_grad():
+        want = gm(*inputs)
+    parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
+    assert parted.regions and parted.eager_ops  # Mixed has an op LTC does not lower
+    rebuilt = partitioned_from_wire(round_trip(partitioned_to_wire(parted)))
+    assert rebuilt.module.code == parted.module.code
+    for name in parted.regions:
+        assert rebuilt.module.get_submodule(name).code == parted.module.get_submodule(name).code
+    assert (rebuilt.regions, rebuilt.region_ops, rebuilt.total_ops, rebuilt.eager_ops) == \
+        (parted.regions, parted.region_ops, parted.total_ops, parted.eager_ops)
+    with torch.no_grad():
+        for got, expected in zip(rebuilt.module(*inputs), want, strict=True):
+            torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("how", ["region out of order", "call of a non-region", "op counts"])
+def test_a_bad_partitioned_plan_is_an_entry_error(cache_dir, how):
+    gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
+    parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
+    wire = round_trip(partitioned_to_wire(parted))
+    if how == "region out of order":
+        wire["regions"][0][0] = "ltc_region_7"
+    elif how == "call of a non-region":
+        call = next(n for n in wire["graph"]["nodes"] if n[0] == "call_module")
+        call[2] = "some_module"
+    else:
+        wire["eager_ops"] = {"aten.sin.default": "many"}
+    with pytest.raises(EntryError):
+        partitioned_from_wire(wire)
 
 
 def test_a_corrupt_plan_is_replaced_and_the_model_still_runs(cache_dir):
@@ -167,14 +220,15 @@ def test_a_corrupt_plan_is_replaced_and_the_model_still_runs(cache_dir):
     model, x = Mixed().eval(), torch.randn(3, 4)
     compile_and_check(model, x)
     [(key, entry)] = plans(cache_dir)
-    meta = dict(entry.meta, plan=dict(entry.meta["plan"], nodes="junk"))
+    plan = entry.meta["plan"]
+    meta = dict(entry.meta, plan=dict(plan, graph=dict(plan["graph"], nodes="junk")))
     GraphCache(CacheConfig.from_env()).store.put(key, encode(Entry(key, "", (), (), (), meta)))
 
     with pytest.warns(RuntimeWarning, match="malformed graph"):
         again = compile_and_check(model, x)
     assert again["aot_graphs"] == 1 and again["plan_hits"] == 0 and again["errors"] == 1
     [(_, replaced)] = plans(cache_dir)
-    graph_from_wire(replaced.meta["plan"])  # a good plan again
+    partitioned_from_wire(replaced.meta["plan"])  # a good plan again
     assert compile_and_check(model, x)["plan_hits"] == 1
 
 
@@ -206,12 +260,14 @@ def test_verify_checks_a_plans_graph(cache_dir):
     shown = subprocess.run([str(script), "--dir", str(cache_dir), "show", key[:12]],
                            capture_output=True, text=True, timeout=300)
     # A summary of the graph, not a dump of its nodes.
-    nodes = len(entry.meta["plan"]["nodes"])
-    assert "Plan " in shown.stdout and f"{nodes} nodes, 1 tensor constants" in shown.stdout
+    plan = entry.meta["plan"]
+    nodes = len(plan["graph"]["nodes"]) + sum(len(r[1]["nodes"]) for r in plan["regions"])
+    assert "Plan " in shown.stdout
+    assert f"{nodes} nodes in {len(plan['regions'])} LTC regions" in shown.stdout
     assert "placeholder" not in shown.stdout
 
-    plan = entry.meta["plan"]
-    call = next(n for n in plan["nodes"] if n[0] == "call_function")
+    region = plan["regions"][0][1]
+    call = next(n for n in region["nodes"] if n[0] == "call_function")
     call[2] = "aten.no_such_op.default"
     store = GraphCache(CacheConfig.from_env()).store
     store.put(key, encode(Entry(key, "", (), (), (), dict(entry.meta, plan=plan))))
