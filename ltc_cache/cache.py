@@ -216,7 +216,6 @@ class GraphCache:
             graph_hash=extraction.graph_hash,
             key_parts=key.parts if key else {},
         )
-        meta["kind"] = "graph"
         entry = Entry(key.digest if key else "", extraction.ir, extraction.inputs,
                       extraction.outputs, extraction.updates, meta)
         built = (entry, function)
@@ -244,11 +243,11 @@ class GraphCache:
             return self._corrupt(store, key, str(exc))
         except RuntimeError as exc:  # the stored IR does not parse
             return self._corrupt(store, key, f"entry {key[:12]}: IR does not parse ({exc})")
-        if entry.meta.get("kind") == "negative" \
-                and not is_graph_failure(RuntimeError(str(entry.meta.get("reason", "")))):
+        if entry.kind == "negative" \
+                and not is_graph_failure(RuntimeError(str(entry.payload.get("reason", "")))):
             # Stored before such failures were told apart: it remembers what
             # the process was, not what the graph is. Dropped, traced again.
-            logger.info("dropping negative entry %s: %s", key[:12], entry.meta.get("reason"))
+            logger.info("dropping negative entry %s: %s", key[:12], entry.payload.get("reason"))
             if not self._readonly:
                 with contextlib.suppress(Exception):
                     store.delete(key)
@@ -279,8 +278,9 @@ class GraphCache:
         """Store a negative entry: no later process traces this graph again."""
         meta = new_meta(graph_name=graph_name, node_count=0, graph_hash="",
                         key_parts=key.parts)
-        meta.update(kind="negative", reason=str(exc)[:_REASON_CHARS] or type(exc).__name__)
-        self._put(store, Entry(key.digest, "", (), (), (), meta))
+        reason = str(exc)[:_REASON_CHARS] or type(exc).__name__
+        self._put(store, Entry(key.digest, "", (), (), (), meta, kind="negative",
+                               payload={"reason": reason}))
         self._remember_name(store, key, graph_name)
 
     def _remember_name(self, store: Store, key: CacheKey, graph_name: str) -> None:
@@ -306,9 +306,9 @@ class GraphCache:
     def _bind(self, built: tuple[Entry, GraphFunction | None], model: fx.GraphModule,
               tensors: Mapping[str, torch.Tensor] | None = None) -> CompiledGraph:
         entry, function = built
-        if entry.meta.get("kind") == "negative":
+        if entry.kind == "negative":
             counters.bump("negative_hits")
-            raise RuntimeError(f"{entry.meta.get('reason', 'LTC cannot extract this graph')} "
+            raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
         return CompiledGraph(entry, function, model, tensors=tensors)
 

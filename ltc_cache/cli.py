@@ -271,27 +271,25 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     except EntryError as exc:
         _err(f"entry {key[:12]} cannot be read: {exc}")
         return PROBLEMS
-    meta = dict(entry.meta)
-    if isinstance(meta.get("program"), dict):  # a pickle: its size here, never its bytes
-        program = dict(meta["program"])
-        artifact = program.pop("artifact", b"")
-        program["artifact_size"] = len(artifact) if isinstance(artifact, bytes) else None
-        program.pop("hmac", None)
-        meta["program"] = program
+    meta, payload = dict(entry.meta), dict(entry.payload)
+    if entry.kind == "program":  # a pickle: its size here, never its bytes
+        artifact = payload.pop("artifact", b"")
+        payload["artifact_size"] = len(artifact) if isinstance(artifact, bytes) else None
+        payload.pop("hmac", None)
     inputs = [describe_source(s) for s in entry.inputs]
     outputs = [describe_source(s) for s in entry.outputs]
     updates = [f"output {u.output} -> {describe_source(u.target)}" for u in entry.updates]
     if args.json:
         _json({
             **info.as_dict(),
-            "meta": meta, "inputs": inputs, "outputs": outputs, "updates": updates,
-            **({} if args.no_ir else {"ir": entry.ir}),
+            "meta": meta, "payload": payload, "inputs": inputs, "outputs": outputs,
+            "updates": updates, **({} if args.no_ir else {"ir": entry.ir}),
         })
         return OK
     fields = [
         ("Key", key),
         ("Name", entry.graph_name),
-        ("Kind", str(meta.get("kind", "graph"))),
+        ("Kind", entry.kind),
         ("Ops", str(meta.get("node_count", "?"))),
         ("Size", info.size_str),
         ("Created", f"{_stamp(entry.created)} ({info.created_str})"),
@@ -303,28 +301,12 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     fields += [(f"Key part {name}", value[:16])
                for name, value in sorted(dict(meta.get("key_parts") or {}).items())]
     fields += [(name, str(value)) for name, value in sorted(meta.items())
-               if name not in {"graph_name", "kind", "node_count", "created", "torch_version",
-                               "graph_hash", "key_parts", "plan", "backward", "joint",
-                               "program"}]
-    # Aten graphs: their sizes here, whole in --json.
-    for label, name in (("Plan", "plan"), ("Backward", "backward")):
-        if isinstance(meta.get(name), dict):
-            fields.append((label, _partitioned_summary(meta[name])))
-    if isinstance(meta.get("joint"), dict):  # a training plan's layout
-        joint = meta["joint"]
-        fields.append(("Joint", f"{joint.get('outputs')} outputs, "
-                                f"{joint.get('saved')} + {joint.get('saved_unchecked')} "
-                                f"saved tensors, {len(joint.get('tangents') or ())} tangents"))
-    if isinstance(meta.get("program"), dict):  # sources and checks: --json
-        program = meta["program"]
-        fields.append(("Program", f"{len(program.get('sources') or ())} inlined sources, "
-                                  f"{len(program.get('checks') or ())} portable checks, "
-                                  f"{format_size(program.get('artifact_size') or 0)} "
-                                  f"artifact (signed; the rest: --json)"))
+               if name not in {"graph_name", "node_count", "created", "torch_version",
+                               "graph_hash", "key_parts"}]
+    fields += _payload_fields(entry.kind, payload)
     width = max(len(name) for name, _ in fields)
     lines = [f"{name:<{width}}  {value}" for name, value in fields]
-    kind = meta.get("kind") or "graph"
-    if kind == "graph":
+    if entry.kind == "graph":
         lines += ["", f"Inputs ({len(inputs)}), in graph parameter order:"]
         lines += [f"  %p{i:<4} {text}" for i, text in enumerate(inputs)]
         lines += ["", f"Outputs ({len(outputs)}):"]
@@ -335,9 +317,30 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
             lines += ["", "IR:", *(f"  {line}" for line in (entry.ir or "(empty)").splitlines())]
     else:
         # Neither holds a replayable graph: no inputs, outputs or IR to show.
-        lines += ["", _KINDS.get(kind, f"An entry of kind {kind!r}: it holds no graph to replay.")]
+        lines += ["", _KINDS[entry.kind]]
     _out("\n".join(lines))
     return OK
+
+
+def _payload_fields(kind: str, payload: dict[str, Any]) -> list[tuple[str, str]]:
+    """What an entry of ``kind`` other than a graph holds, a line each (the
+    whole of it: --json)."""
+    if kind == "negative":
+        return [("Reason", str(payload.get("reason", "?")))]
+    if kind == "program":
+        return [("Program", f"{len(payload.get('sources') or ())} inlined sources, "
+                            f"{len(payload.get('checks') or ())} portable checks, "
+                            f"{format_size(payload.get('artifact_size') or 0)} "
+                            f"artifact (signed; the rest: --json)")]
+    fields = [(label, _partitioned_summary(payload[name]))
+              for label, name in (("Plan", "plan"), ("Backward", "backward"))
+              if isinstance(payload.get(name), dict)]
+    joint = payload.get("joint")
+    if isinstance(joint, dict):  # a training plan's layout
+        fields.append(("Joint", f"{joint.get('outputs')} outputs, "
+                                f"{joint.get('saved')} + {joint.get('saved_unchecked')} "
+                                f"saved tensors, {len(joint.get('tangents') or ())} tangents"))
+    return fields
 
 
 def _partitioned_summary(wire: dict[str, Any]) -> str:
@@ -352,13 +355,16 @@ def _partitioned_summary(wire: dict[str, Any]) -> str:
 
 
 _KINDS = {
-    "negative": "A negative entry: LTC could not extract this graph (Reason above), so no "
-                "process tries again;\nthe torch.compile backend partitions it or runs it "
-                "eagerly. It holds no inputs, outputs or IR.",
+    "negative": "A negative entry: this graph (or program) could not be compiled (Reason above), "
+                "so no process\ntries again; the graph is partitioned or runs eagerly, the "
+                "program runs through torch.compile.\nIt holds no inputs, outputs or IR.",
     "plan": "A plan: AOTAutograd's graphs, split into LTC regions and an eager rest, as data "
             "(Plan above),\nwhich a warm process runs instead of running AOTAutograd and "
             "partitioning; its LTC regions'\ncompiled graphs are entries of their own. "
             "The graphs: --json.",
+    "program": "A program: what Dynamo captured of a function (ltc_cache.compile), signed, "
+               "which a warm process\nloads instead of capturing; its graphs and plan are "
+               "entries of their own.",
 }
 
 

@@ -21,7 +21,7 @@ import torch
 
 from .errors import EntryError
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
-from .wire import pack_envelope, read_envelope, unpack
+from .wire import KINDS, pack_envelope, read_envelope, unpack
 
 __all__ = ["Entry", "check_layout", "decode", "encode", "tensor_from_wire", "tensor_to_wire"]
 
@@ -29,7 +29,11 @@ __all__ = ["Entry", "check_layout", "decode", "encode", "tensor_from_wire", "ten
 @dataclass(frozen=True)
 class Entry:
     """What a new process needs to rebuild a compiled graph, and what
-    ``ltc-cache ls`` shows about it."""
+    ``ltc-cache ls`` shows about it.
+
+    ``kind`` says what it holds (``wire.KINDS``): a ``graph`` has its IR and
+    layout; the other kinds have none, and what they hold is ``payload``
+    (a negative entry's ``reason``, a plan's graphs, a program's parts)."""
 
     key: str
     ir: str
@@ -38,6 +42,8 @@ class Entry:
     updates: tuple[Update, ...]
     # graph_name, node_count, created, torch_version, graph_hash, key_parts …
     meta: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "graph"
+    payload: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def graph_name(self) -> str:
@@ -125,6 +131,8 @@ def encode(entry: Entry, *, secret: bytes | None = None) -> bytes:
         "outputs": [_source_to_wire(s) for s in entry.outputs],
         "updates": [[u.output, _source_to_wire(u.target)] for u in entry.updates],
         "meta": dict(entry.meta),
+        "kind": entry.kind,
+        "payload": dict(entry.payload),
     }, use_bin_type=True)
     return pack_envelope(body, secret=secret)
 
@@ -144,14 +152,18 @@ def decode(data: bytes, expected_key: str | None = None, *,
             updates=tuple(Update(int(o), _source_from_wire(t, frozenset({"arg", "attr"})))
                           for o, t in obj["updates"]),
             meta=obj["meta"],
+            kind=obj["kind"],
+            payload=obj["payload"],
         )
     except EntryError:
         raise
     except Exception as exc:  # the body has the wrong shape
         raise EntryError(f"malformed body ({type(exc).__name__}: {exc})") from None
     if not isinstance(entry.key, str) or not isinstance(entry.ir, str) \
-            or not isinstance(entry.meta, dict):
+            or not isinstance(entry.meta, dict) or not isinstance(entry.payload, dict):
         raise EntryError("malformed body (field types)")
+    if entry.kind not in KINDS:
+        raise EntryError(f"unknown entry kind {entry.kind!r}")
     if expected_key is not None and entry.key != expected_key:
         raise EntryError(f"stored under {expected_key[:12]} but is {entry.key[:12]}")
     return entry

@@ -144,9 +144,9 @@ def joint_layout(forward: fx.GraphModule, backward: fx.GraphModule,
 def joint_graphs(entry: Entry) -> tuple[Partitioned, Partitioned, JointLayout]:
     """The partitioned forward and backward graphs and the layout of a
     training plan; raises EntryError for a bad one."""
-    forward = partitioned_from_wire(entry.meta.get("plan"))
-    backward = partitioned_from_wire(entry.meta.get("backward"))
-    layout = JointLayout.from_wire(entry.meta.get("joint"))
+    forward = partitioned_from_wire(entry.payload.get("plan"))
+    backward = partitioned_from_wire(entry.payload.get("backward"))
+    layout = JointLayout.from_wire(entry.payload.get("joint"))
     _check(forward.module, backward.module, layout)
     return forward, backward, layout
 

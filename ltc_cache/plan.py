@@ -91,21 +91,20 @@ def _deciding_code() -> str:
 
 def plan_entry(parted: Partitioned | dict[str, Any], key: CacheKey, graph_name: str,
                **extra: Any) -> Entry:
-    """The entry of kind ``plan`` that holds ``parted`` (or its
-    :func:`partitioned_to_wire` form), and ``extra`` meta data (a training
-    plan's backward graph); raises :class:`PlanError` for a graph a plan
-    cannot hold."""
+    """The entry of kind ``plan`` whose payload holds ``parted`` (or its
+    :func:`partitioned_to_wire` form) as ``plan``, and ``extra`` (a training
+    plan's backward graph and layout); raises :class:`PlanError` for a
+    graph a plan cannot hold."""
     wire = parted if isinstance(parted, dict) else partitioned_to_wire(parted)
     nodes = len(wire["graph"]["nodes"]) + sum(len(r[1]["nodes"]) for r in wire["regions"])
     meta = new_meta(graph_name=graph_name, node_count=nodes, graph_hash="", key_parts=key.parts)
-    meta.update(kind="plan", plan=wire, **extra)
-    return Entry(key.digest, "", (), (), (), meta)
+    return Entry(key.digest, "", (), (), (), meta, kind="plan", payload={"plan": wire, **extra})
 
 
 def plan_graph(entry: Entry) -> Partitioned:
     """The partitioned graph a plan entry holds; raises EntryError for a
     bad one."""
-    return partitioned_from_wire(entry.meta.get("plan"))
+    return partitioned_from_wire(entry.payload.get("plan"))
 
 
 def runs_bare(metadata: Any, example_inputs: Sequence[Any]) -> bool:

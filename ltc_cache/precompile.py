@@ -487,8 +487,8 @@ class _Programs:
         if entry is not None:  # a cache hit; counted apart from the LTC graphs' too
             counters.bump(PROGRAM_LOOKUPS)
         program = None
-        if entry is not None and entry.meta.get("kind") == "negative":
-            changed = changed_source(entry.meta.get("program_sources") or [])
+        if entry is not None and entry.kind == "negative":
+            changed = changed_source(entry.payload.get("program_sources") or [])
             if changed is None:
                 self._to_torch_compile(layout, f"{entry.meta.get('reason')} (remembered in "
                                        f"entry {key.digest[:12]})")

@@ -339,19 +339,18 @@ def sign(secret: bytes, key: str, sources: Any, checks: Any, globals_: Any,
 def program_entry(key: CacheKey, name: str, *, sources: list[Any], checks: list[Any],
                   globals_: list[str], artifact: bytes, secret: bytes,
                   node_count: int) -> Entry:
-    """The entry of kind ``program``: ``sources`` (:func:`code_record`),
-    ``checks`` (:func:`portable_check`), ``globals_`` (module globals the
-    guards read, refreshed before each check), the pickled ``artifact``,
-    and their signature."""
+    """The entry of kind ``program``, whose payload holds ``sources``
+    (:func:`code_record`), ``checks`` (:func:`portable_check`), ``globals_``
+    (module globals the guards read, refreshed before each check), the
+    pickled ``artifact``, and their signature."""
     meta = new_meta(graph_name=name, node_count=node_count, graph_hash="",
                     key_parts=key.parts)
-    meta.update(kind="program", program={
+    return Entry(key.digest, "", (), (), (), meta, kind="program", payload={
         "format": FORMAT, "version": VERSION, "sources": sources, "checks": checks,
         "globals": globals_, "artifact": artifact,
         "hmac": sign(secret, key.digest, sources, checks, globals_, artifact),
         "python": platform.python_version(),
     })
-    return Entry(key.digest, "", (), (), (), meta)
 
 
 def negative_program_entry(key: CacheKey, name: str, reason: str,
@@ -360,15 +359,15 @@ def negative_program_entry(key: CacheKey, name: str, reason: str,
     saved): remembered, so a warm start goes straight to ``torch.compile``
     until ``sources`` (the compiled function's own) change."""
     meta = new_meta(graph_name=name, node_count=0, graph_hash="", key_parts=key.parts)
-    meta.update(kind="negative", reason=reason[:2000], program_sources=sources)
-    return Entry(key.digest, "", (), (), (), meta)
+    return Entry(key.digest, "", (), (), (), meta, kind="negative",
+                 payload={"reason": reason[:2000], "program_sources": sources})
 
 
 def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
     """The parts of a program entry whose signature holds; raises
     EntryError for anything else. Nothing is unpickled here."""
-    program = entry.meta.get("program")
-    if not isinstance(program, dict) or program.get("format") != FORMAT \
+    program = entry.payload
+    if entry.kind != "program" or program.get("format") != FORMAT \
             or program.get("version") != VERSION:
         raise EntryError("not a program of this ltc_cache", entry.key)
     sources, checks = program.get("sources"), program.get("checks")
@@ -397,8 +396,7 @@ def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:
     except OSError:
         secret = None
     if secret is None:
-        program = entry.meta.get("program")
-        if not isinstance(program, dict) or not isinstance(program.get("artifact"), bytes):
+        if entry.kind != "program" or not isinstance(entry.payload.get("artifact"), bytes):
             raise EntryError("program: malformed", entry.key)
         return
     program_parts(entry, secret)

@@ -31,6 +31,7 @@ from .errors import EntryError
 __all__ = [
     "BUNDLE_FORMAT",
     "FORMAT",
+    "KINDS",
     "MAX_ENTRY_BYTES",
     "NAMES_FORMAT",
     "NAMES_PREFIX",
@@ -49,7 +50,15 @@ __all__ = [
 # An entry's envelope, and the layout version of its body: an entry of
 # another schema is never decoded (the key hashes the schema too).
 FORMAT = "ltc_cache.entry"
-SCHEMA_VERSION = 1
+# 2: an entry's kind and its payload are fields of their own (1 kept them in
+# its meta). A new schema makes new keys (keys.py hashes it): entries of the
+# old one are never decoded, only misses, and ``ltc-cache prune --stale``
+# removes them.
+SCHEMA_VERSION = 2
+# What an entry holds: a replayable graph (IR and layout), a negative entry
+# (why LTC could not extract the graph, or why a program is not kept), a
+# partitioning plan (plan.py, joint.py), a whole program (program.py).
+KINDS = ("graph", "negative", "plan", "program")
 # No entry is decoded, and no stored value read, past this many bytes; no
 # entry we write comes near it.
 MAX_ENTRY_BYTES = 1 << 30
@@ -136,7 +145,7 @@ def summarise(data: bytes) -> dict[str, Any]:
         meta = body["meta"]
         return {
             "graph_name": str(meta.get("graph_name", "?")),
-            "kind": meta.get("kind"),
+            "kind": body.get("kind", meta.get("kind")),  # schema 1: in meta
             "node_count": int(meta.get("node_count", 0)),
             "inputs": dict(Counter(str(source[0]) for source in body.get("inputs") or ())),
             "created": float(meta.get("created", 0.0)),

@@ -99,10 +99,10 @@ def put_negative(directory: Path, like: str, tag: str) -> str:
     store = DiskStore(directory)
     entry = decode(store.get(like), expected_key=like)
     key = hashlib.sha256(tag.encode()).hexdigest()
-    meta = {**entry.meta, "graph_name": tag, "node_count": 0, "kind": "negative",
-            "reason": "aten::where.self has no LTC lowering"}
-    store.put(key, encode(dataclasses.replace(entry, key=key, ir="", inputs=(), outputs=(),
-                                              updates=(), meta=meta)))
+    meta = {**entry.meta, "graph_name": tag, "node_count": 0}
+    store.put(key, encode(dataclasses.replace(
+        entry, key=key, ir="", inputs=(), outputs=(), updates=(), meta=meta, kind="negative",
+        payload={"reason": "aten::where.self has no LTC lowering"})))
     store.close()
     return key
 

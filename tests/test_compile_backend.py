@@ -94,7 +94,7 @@ def test_inference_extracts_the_whole_graph_without_aot(cache_dir):
     assert stats["traces"] == 1 and stats["misses"] == 1
     assert stats["ltc_ops"] == stats["aten_ops"] > 0
     [entry] = entries(cache_dir).values()
-    assert entry.meta["kind"] == "graph"
+    assert entry.kind == "graph"
     assert entry.graph_name == "MLP.inference"
 
     # Weights are live: new weights, new results, no new trace.
@@ -151,13 +151,13 @@ def test_unsupported_op_runs_eagerly_between_regions(cache_dir, recwarn):
         torch.testing.assert_close(got, model(x), atol=1e-6, rtol=1e-6)
     stats = ltc_cache.stats()
     assert 0 < stats["ltc_ops"] < stats["aten_ops"]
-    kinds = sorted((e.graph_name, e.meta["kind"]) for e in entries(cache_dir).values())
+    kinds = sorted((e.graph_name, e.kind) for e in entries(cache_dir).values())
     # The whole graph is remembered as unsupported, AOTAutograd's graph of it
     # as a plan, the two regions as graphs.
     assert kinds == [("WithSign.inference", "negative"), ("WithSign.inference.plan", "plan"),
                      ("WithSign.inference.r0", "graph"), ("WithSign.inference.r1", "graph")]
-    negative = next(e for e in entries(cache_dir).values() if e.meta["kind"] == "negative")
-    assert "aten::sign" in negative.meta["reason"]
+    negative = next(e for e in entries(cache_dir).values() if e.kind == "negative")
+    assert "aten::sign" in negative.payload["reason"]
     # Expected for real models: no warning for the whole graph.
     assert not [w for w in recwarn if "ltc_cache" in str(w.message)]
 
@@ -237,7 +237,7 @@ def test_a_wrong_op_record_leaves_a_negative_region_and_one_warning(cache_dir):
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x), atol=1e-6, rtol=1e-6)
     assert len([w for w in caught if "runs eagerly" in str(w.message)]) == 1
-    kinds = sorted((e.graph_name, e.meta["kind"]) for e in entries(cache_dir).values())
+    kinds = sorted((e.graph_name, e.kind) for e in entries(cache_dir).values())
     assert kinds == [("WithSign.inference.plan", "plan"), ("WithSign.inference.r0", "negative")]
 
     torch._dynamo.reset()

@@ -55,3 +55,17 @@ def test_truncation_and_wrong_key_and_wrong_shape():
         decode(data, expected_key="x" * 64)
     with pytest.raises(EntryError, match="not an ltc_cache entry"):
         decode(msgpack.packb([1, 2, 3]))
+
+
+def test_an_entry_says_what_it_is():
+    """The kind and its payload are fields of their own, and a kind this
+    ltc_cache does not know is refused, not read as a graph."""
+    import dataclasses
+
+    plan = dataclasses.replace(sample(), ir="", inputs=(), outputs=(), updates=(), kind="plan",
+                               payload={"plan": {"graph": {"nodes": []}}})
+    back = decode(encode(plan))
+    assert (back.kind, back.payload) == ("plan", plan.payload) and "kind" not in back.meta
+    assert decode(encode(sample())).kind == "graph"
+    with pytest.raises(EntryError, match="unknown entry kind 'blob'"):
+        decode(encode(dataclasses.replace(sample(), kind="blob")))

@@ -66,7 +66,7 @@ def test_forced_fallback_is_refused_and_remembered(cache_dir):
     store = DiskStore(cache_dir)
     entry_keys = [k for k in list(store.keys()) if len(k) == 64]  # not internal records
     entries = [decode(store.get(k)) for k in entry_keys]
-    assert [e.meta["kind"] for e in entries] == ["negative"]
+    assert [e.kind for e in entries] == ["negative"]
 
 
 @pytest.mark.slow  # child processes

@@ -50,7 +50,7 @@ def test_a_miss_traces_and_stores_one_entry(tmp_path):
     key = compute_key(gm, example).digest
     assert entry_keys(store) == [key]
     entry = decode(store.get(key), expected_key=key)
-    assert entry.graph_name == "w" and entry.meta["kind"] == "graph"
+    assert entry.graph_name == "w" and entry.kind == "graph"
     # The store's hook saw what the process counters saw, under the key.
     assert store.events == [("misses", key), ("traces", key), ("stores", key)]
     assert not (tmp_path / "unused").exists()
@@ -114,4 +114,4 @@ def test_a_graph_ltc_refuses_is_a_negative_entry_and_not_traced_again(tmp_path):
                              "negative_hits": 1}
     (key,) = entry_keys(store)
     entry = decode(store.get(key), expected_key=key)
-    assert entry.meta["kind"] == "negative" and "fallback" in entry.meta["reason"]
+    assert entry.kind == "negative" and "fallback" in entry.payload["reason"]

@@ -3,6 +3,7 @@ node for node, refused when it would not run bare, and replaced when bad."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import subprocess
 import sys
@@ -154,7 +155,7 @@ def plans(directory) -> list[tuple[str, Entry]]:
     for key in list(store.keys()):
         if is_entry_key(key):
             entry = decode(store.get(key), expected_key=key)
-            if entry.meta.get("kind") == "plan":
+            if entry.kind == "plan":
                 found.append((key, entry))
     return found
 
@@ -166,7 +167,7 @@ def test_a_warm_start_runs_the_plan_without_aot_autograd_or_partitioning(cache_d
     cold = compile_and_check(model, x)
     assert cold["aot_graphs"] == 1 and cold["plan_hits"] == 0
     [(_, entry)] = plans(cache_dir)
-    assert len(entry.meta["plan"]["regions"]) >= 1  # stored partitioned
+    assert len(entry.payload["plan"]["regions"]) >= 1  # stored partitioned
 
     import ltc_cache.partition
 
@@ -220,15 +221,16 @@ def test_a_corrupt_plan_is_replaced_and_the_model_still_runs(cache_dir):
     model, x = Mixed().eval(), torch.randn(3, 4)
     compile_and_check(model, x)
     [(key, entry)] = plans(cache_dir)
-    plan = entry.meta["plan"]
-    meta = dict(entry.meta, plan=dict(plan, graph=dict(plan["graph"], nodes="junk")))
-    GraphCache(CacheConfig.from_env()).store.put(key, encode(Entry(key, "", (), (), (), meta)))
+    plan = entry.payload["plan"]
+    payload = dict(entry.payload, plan=dict(plan, graph=dict(plan["graph"], nodes="junk")))
+    GraphCache(CacheConfig.from_env()).store.put(
+        key, encode(dataclasses.replace(entry, payload=payload)))
 
     with pytest.warns(RuntimeWarning, match="malformed graph"):
         again = compile_and_check(model, x)
     assert again["aot_graphs"] == 1 and again["plan_hits"] == 0 and again["errors"] == 1
     [(_, replaced)] = plans(cache_dir)
-    partitioned_from_wire(replaced.meta["plan"])  # a good plan again
+    partitioned_from_wire(replaced.payload["plan"])  # a good plan again
     assert compile_and_check(model, x)["plan_hits"] == 1
 
 
@@ -260,7 +262,7 @@ def test_verify_checks_a_plans_graph(cache_dir):
     shown = subprocess.run([str(script), "--dir", str(cache_dir), "show", key[:12]],
                            capture_output=True, text=True, timeout=300)
     # A summary of the graph, not a dump of its nodes.
-    plan = entry.meta["plan"]
+    plan = entry.payload["plan"]
     nodes = len(plan["graph"]["nodes"]) + sum(len(r[1]["nodes"]) for r in plan["regions"])
     assert "Plan " in shown.stdout
     assert f"{nodes} nodes in {len(plan['regions'])} LTC regions" in shown.stdout
@@ -270,7 +272,7 @@ def test_verify_checks_a_plans_graph(cache_dir):
     call = next(n for n in region["nodes"] if n[0] == "call_function")
     call[2] = "aten.no_such_op.default"
     store = GraphCache(CacheConfig.from_env()).store
-    store.put(key, encode(Entry(key, "", (), (), (), dict(entry.meta, plan=plan))))
+    store.put(key, encode(dataclasses.replace(entry, payload=dict(entry.payload, plan=plan))))
     store.close()
     bad = subprocess.run([str(script), "--dir", str(cache_dir), "verify"],
                          capture_output=True, text=True, timeout=300)

@@ -7,6 +7,7 @@ them between processes, and runs ``tests/program_child.py`` against it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -131,7 +132,7 @@ def program_keys(directory: Path) -> list[str]:
     try:
         keys = list(store.keys())
         return [k for k in keys if is_entry_key(k)
-                and decode(store.peek(k)).meta.get("kind") == "program"]
+                and decode(store.peek(k)).kind == "program"]
     finally:
         store.close()
 
@@ -235,7 +236,7 @@ def _poison(cache_dir: Path, how: str, marker: Path) -> None:
     try:
         (key,) = program_keys(cache_dir)
         entry = decode(store.get(key))
-        program = dict(entry.meta["program"])
+        program = dict(entry.payload)
         program["artifact"] = pickle.dumps(Payload(str(marker)))
         if how == "unsigned":
             del program["hmac"]
@@ -244,8 +245,7 @@ def _poison(cache_dir: Path, how: str, marker: Path) -> None:
 
             program["hmac"] = sign(b"x" * 64, key, program["sources"], program["checks"],
                                    program["globals"], program["artifact"])
-        meta = {**entry.meta, "program": program}
-        store.put(key, encode(type(entry)(entry.key, "", (), (), (), meta)))
+        store.put(key, encode(dataclasses.replace(entry, payload=program)))
     finally:
         store.close()
 
@@ -310,8 +310,8 @@ def test_cli_lists_shows_counts_and_prunes_programs(models, cache_dir):
     assert "portable checks" in shown and "Kind" in shown
     shown_json = json.loads(subprocess.run([*cli, "show", row["key"][:12], "--json"],
                                            check=True, capture_output=True, text=True).stdout)
-    assert "artifact" not in shown_json["meta"]["program"]
-    assert shown_json["meta"]["program"]["artifact_size"] > 0
+    assert "artifact" not in shown_json["payload"]
+    assert shown_json["payload"]["artifact_size"] > 0
     stats = json.loads(subprocess.run([*cli, "stats", "--json"], check=True,
                                       capture_output=True, text=True).stdout)
     assert stats["entries"] >= 2
@@ -386,8 +386,8 @@ def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
     finally:
         store.close()
     body = msgpack.unpackb(envelope["body"], raw=False)
-    program = body["meta"]["program"]
-    assert body["meta"]["kind"] == "program"
+    program = body["payload"]
+    assert body["kind"] == "program"
     assert isinstance(program["artifact"], bytes) and isinstance(program["hmac"], bytes)
     assert all(len(record) == 5 for record in program["sources"])
     assert any(record[4] == "act" for record in program["sources"])
@@ -417,7 +417,6 @@ def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch
 
 
 def test_program_signatures_bind_every_part_and_the_key(tmp_path):
-    from ltc_cache.entry import Entry
     from ltc_cache.errors import EntryError
     from ltc_cache.keys import _key
     from ltc_cache.program import program_entry, program_parts
@@ -431,18 +430,16 @@ def test_program_signatures_bind_every_part_and_the_key(tmp_path):
         program_parts(entry, b"j" * 32)
     for field, value in [("artifact", b"other"), ("sources", []), ("checks", [["x", "eq", 1]]),
                          ("globals", [])]:
-        program = {**entry.meta["program"], field: value}
-        changed = Entry(entry.key, "", (), (), (), {**entry.meta, "program": program})
+        changed = dataclasses.replace(entry, payload={**entry.payload, field: value})
         with pytest.raises(EntryError, match="signature mismatch"):
             program_parts(changed, b"k" * 32)
-    moved = Entry("f" * 64, "", (), (), (), entry.meta)
+    moved = dataclasses.replace(entry, key="f" * 64)
     with pytest.raises(EntryError, match="signature mismatch"):
         program_parts(moved, b"k" * 32)
-    unsigned = {**entry.meta["program"]}
+    unsigned = {**entry.payload}
     del unsigned["hmac"]
     with pytest.raises(EntryError, match="unsigned"):
-        program_parts(Entry(entry.key, "", (), (), (), {**entry.meta, "program": unsigned}),
-                      b"k" * 32)
+        program_parts(dataclasses.replace(entry, payload=unsigned), b"k" * 32)
 
 
 def test_sources_are_compared_line_for_line(tmp_path):

@@ -29,7 +29,7 @@ def remote_programs(url: str) -> dict[str, bytes]:
         found = {}
         for key in list(store.keys()):
             data = store.get(key)
-            if len(key) == 64 and decode(data).meta.get("kind") == "program":
+            if len(key) == 64 and decode(data).kind == "program":
                 found[key] = data
         return found
     finally:
@@ -57,7 +57,7 @@ def test_programs_travel_through_redis_with_a_shared_secret(models, redis_server
     # envelope: its own signature fails, it is never unpickled.
     marker = tmp_path / MARKER
     entry = decode(data)
-    program = {**entry.meta["program"], "artifact": pickle.dumps(Payload(str(marker)))}
+    program = {**entry.payload, "artifact": pickle.dumps(Payload(str(marker)))}
     forged = type(entry)(entry.key, "", (), (), (), {**entry.meta, "program": program})
     store = RedisStore(url)
     store.put(key, encode(forged, secret=SECRET.encode()))

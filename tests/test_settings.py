@@ -118,7 +118,7 @@ def test_a_failure_of_the_process_never_becomes_a_negative_entry(cache_dir, monk
     monkeypatch.setattr(ltc_cache.extract, "trace", real_trace)
     cache = GraphCache(CacheConfig.from_env())
     compiled = cache.extract_compiled_graph(gm, example)  # traced: nothing was remembered
-    assert compiled.entry.meta["kind"] == "graph"
+    assert compiled.entry.kind == "graph"
 
 
 def test_a_negative_entry_that_remembers_the_process_is_dropped(cache_dir):
@@ -133,12 +133,12 @@ def test_a_negative_entry_that_remembers_the_process_is_dropped(cache_dir):
     example = random_inputs(shapes, seed=1)
     key = compute_key(gm, example)
     meta = new_meta(graph_name="weighted", node_count=0, graph_hash="", key_parts=key.parts)
-    meta.update(kind="negative", reason="Tried to register multiple backend fallbacks for "
-                "the same dispatch key Lazy")
+    reason = "Tried to register multiple backend fallbacks for the same dispatch key Lazy"
     cache = GraphCache(CacheConfig.from_env())
-    cache.store.put(key.digest, encode(Entry(key.digest, "", (), (), (), meta)))
+    cache.store.put(key.digest, encode(Entry(key.digest, "", (), (), (), meta, kind="negative",
+                                             payload={"reason": reason})))
     compiled = GraphCache(CacheConfig.from_env()).extract_compiled_graph(gm, example)
-    assert compiled.entry.meta["kind"] == "graph"
+    assert compiled.entry.kind == "graph"
 
 
 @pytest.mark.slow

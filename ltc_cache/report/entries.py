@@ -92,11 +92,11 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
             entry = decode_entry(data, key, secret)
             if entry.ir:
                 torch._C.parse_ir(entry.ir)
-            if entry.meta.get("kind") == "plan" and "joint" in entry.meta:
+            if entry.kind == "plan" and "joint" in entry.payload:
                 joint_graphs(entry)  # a training plan: both graphs and their layout
-            elif entry.meta.get("kind") == "plan":
+            elif entry.kind == "plan":
                 plan_graph(entry)
-            if entry.meta.get("kind") == "program":
+            elif entry.kind == "program":
                 check_program(entry, secret, store.directory)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))

@@ -57,7 +57,7 @@ class EntryInfo(NamedTuple):
     last_used: float  # last hit, or when stored if never hit
     hits: int
     graph_name: str = "?"
-    kind: str | None = None  # meta "kind" where the entry has one
+    kind: str | None = None  # what the entry holds (wire.KINDS); None where unreadable
     node_count: int = 0
     inputs: Mapping[str, int] = MappingProxyType({})  # source kind -> count
     torch_version: str = "?"
