@@ -1,4 +1,5 @@
-"""This process's cache counters, and warnings that are given once."""
+"""This process's cache counters, the recorder that also counts an event in
+a store's ledger, and warnings that are given once."""
 
 from __future__ import annotations
 
@@ -71,9 +72,11 @@ counters = ProcessCounters()
 
 def count_event(event: str, store: Store | None = None, key: str | None = None) -> None:
     """Count one ``event`` (of entry ``key``) for this process and, where
-    it is one of LEDGER_EVENTS, in ``store``'s ledger: the one way either
-    is counted, so ``ltc_cache.stats()`` and ``ltc-cache stats`` agree.
-    ``store`` is None where there is none, or it must not be written."""
+    it is one of LEDGER_EVENTS, in ``store``'s ledger. Every such event is
+    counted through here, so ``ltc_cache.stats()`` and ``ltc-cache stats``
+    agree; counts kept for the process only (aten ops, ...) may bump
+    ``counters`` directly. ``store`` is None where there is none, or where
+    it must not be written."""
     counters.bump(event)
     if store is not None and event in LEDGER_EVENTS:
         store.record(event, key)
