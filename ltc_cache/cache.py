@@ -10,22 +10,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import fx
 
 from .config import CacheConfig
-from .diagnostics import counters, warn_once
-from .entry import Entry, check_layout, decode, encode, new_meta
+from .diagnostics import count_event, counters, warn_once
+from .entry import Entry, decode, encode, new_meta
 from .errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
 from .keys import CacheKey, compute_key, module_tensors
-from .replay import CompiledGraph, GraphFunction, build_function, count_nodes
-from .store import DiskStore, RedisStore, Store, TieredStore
-from .store.safety import UnsafeDirectory, is_write_failure
+from .replay import CompiledGraph, GraphFunction, build_function, check_usable, count_nodes
+from .store import Store, TieredStore, open_tiers
 
 # Tracing (extract, rewrite: torch._lazy with them) and miss reports (names)
 # are imported where a miss needs them: a warm process never does, and they
@@ -36,6 +34,16 @@ __all__ = ["GraphCache", "default_cache", "extract_compiled_graph", "stats"]
 logger = logging.getLogger("ltc_cache.cache")
 
 _REASON_CHARS = 2000
+
+# A plan lookup (the torch.compile backend's) that found none: AOTAutograd runs.
+PLAN_MISSES = "plan_misses"
+
+
+class Built(NamedTuple):
+    """An entry with its IR parsed, kept per process."""
+
+    entry: Entry
+    function: GraphFunction | None  # None for an entry without a graph (negative)
 
 
 class GraphCache:
@@ -53,7 +61,7 @@ class GraphCache:
         self._open_lock = threading.Lock()
         # Set too when the directory turns out not to be writable.
         self._readonly = self.config.readonly
-        self._built: dict[str, tuple[Entry, GraphFunction | None]] = {}
+        self._built: dict[str, Built] = {}
 
     @property
     def store(self) -> Store | None:
@@ -61,7 +69,7 @@ class GraphCache:
         with self._open_lock:
             if not self._store_opened:
                 self._store_opened = True
-                self._store = self._open_store()
+                self._open_store()
             return self._store
 
     @property
@@ -70,51 +78,16 @@ class GraphCache:
         ``store`` has been opened) a directory that turned out unwritable."""
         return self._readonly
 
-    def _open_store(self) -> Store | None:
-        if self.config.disable:
-            return None
-        try:
-            local = DiskStore(self.config.directory, max_size=self.config.max_size,
-                              readonly=self._readonly)
-        except Exception as exc:
-            local = self._open_read_only(exc)
-            if local is None:
-                self._error("open", f"cannot use cache directory {self.config.directory} "
-                            f"({exc}); running uncached")
-                return None
-        return self._with_remote(local) if self.config.remote else local
-
-    def _open_read_only(self, exc: Exception) -> Store | None:
-        """A directory this process cannot write (a read-only mount, a full
-        disk: diskcache writes as it opens) still serves the entries in it;
-        None where it cannot."""
-        directory = self.config.directory
-        if self._readonly or isinstance(exc, UnsafeDirectory) or not directory.is_dir() \
-                or (os.access(directory, os.W_OK) and not is_write_failure(exc)):
-            return None
-        try:
-            local = DiskStore(directory, readonly=True)
-        except Exception:
-            return None
-        self._readonly = True
-        warn_once("read-only", f"cannot write cache directory {directory} ({exc}); "
-                  "using the entries in it and storing none")
-        return local
-
-    def _with_remote(self, local: Store) -> Store:
-        """``local`` over the shared tier that LTC_CACHE_REMOTE names."""
-        try:
-            remote = RedisStore(self.config.remote, ttl=self.config.remote_ttl)
-        except (ImportError, ValueError) as exc:
-            self._error("remote", f"{exc}; using the local cache only")
-            return local
+    def _open_store(self) -> None:
         # A remote hit is decoded (checksum, signature, key) before it is
         # copied to disk, so a bad entry in the shared tier never lands in
         # the local one.
         secret = self.config.secret
-        return TieredStore(
-            local, remote, write_through=not self._readonly,
-            verify=lambda key, data: decode(data, expected_key=key, secret=secret))
+        tiers = open_tiers(self.config, verify=lambda key, data: decode(
+            data, expected_key=key, secret=secret))
+        self._store, self._readonly = tiers.store, tiers.readonly
+        for topic, message in tiers.errors:  # counted in the store opened, if any
+            self._error(topic, message)
 
     def extract_compiled_graph(self, model: fx.GraphModule, example_inputs: Sequence[Any], *,
                                name: str | None = None) -> CompiledGraph:
@@ -129,7 +102,7 @@ class GraphCache:
             warn_once("uncacheable", f"{exc}; tracing without the cache")
             key = None
         if key is None or store is None:
-            return self._bind(self._trace(model, example_inputs, name, None), model)
+            return self._bind(self._trace(model, example_inputs, name, None), model, tensors)
 
         built = self._lookup(store, key.digest, tensors, len(example_inputs))
         if built is None:
@@ -137,7 +110,7 @@ class GraphCache:
                 # Another process may have stored it while we waited.
                 built = self._lookup(store, key.digest, tensors, len(example_inputs))
                 if built is None:
-                    self._count("misses", key.digest)
+                    self.record("misses", key.digest)
                     graph_name = name or type(model).__name__
                     from .names import explain_miss
 
@@ -149,11 +122,11 @@ class GraphCache:
                         if is_graph_failure(exc):
                             self._remember_failure(store, key, graph_name, exc)
                         raise
-                    self._put(store, built[0])
+                    self._put(store, built.entry)
                     self._remember_name(store, key, graph_name)
                     return self._bind(built, model, tensors)
-        self._count("hits", key.digest)
-        logger.info("hit %s (%s)", key.digest[:12], built[0].graph_name)
+        self.record("hits", key.digest)
+        logger.info("hit %s (%s)", key.digest[:12], built.entry.graph_name)
         return self._bind(built, model, tensors)
 
     def lookup_entry(self, key: CacheKey, *, local_only: bool = False) -> Entry | None:
@@ -173,7 +146,16 @@ class GraphCache:
         except Exception as exc:
             return self._error("read", f"cannot read the cache ({exc}); continuing without it")
         if entry is not None:
-            self._count("hits", key.digest)
+            self.record("hits", key.digest)
+        return entry
+
+    def lookup_plan(self, key: CacheKey) -> Entry | None:
+        """:meth:`lookup_entry` for a partitioning plan, counting a plan
+        miss where it finds none (the backend counts the plan hits: a plan
+        found may still turn out unusable)."""
+        entry = self.lookup_entry(key)
+        if entry is None:
+            self.record(PLAN_MISSES)
         return entry
 
     def store_entry(self, entry: Entry, key: CacheKey, *, local_only: bool = False) -> None:
@@ -185,10 +167,12 @@ class GraphCache:
             self._put(store, entry)
             self._remember_name(store, key, entry.graph_name)
 
-    def record(self, event: str) -> None:
-        """Count an event of the backend (an AOTAutograd trace, a plan
-        used) here and in the store, as ``ltc-cache stats`` shows it."""
-        self._count(event, None)
+    def record(self, event: str, key: str | None = None) -> None:
+        """Count ``event`` (of entry ``key``) for this process and, for the
+        events a ledger keeps, in the store too (through
+        :func:`~ltc_cache.diagnostics.count_event`). A read-only cache writes
+        nothing, counters included."""
+        count_event(event, None if self._readonly else self._store, key)
 
     def _tier(self, local_only: bool) -> Store | None:
         store = self.store
@@ -202,8 +186,8 @@ class GraphCache:
             self._corrupt(store, key.digest, problem)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
-               key: CacheKey | None) -> tuple[Entry, GraphFunction | None]:
-        self._count("traces", key.digest if key else None)
+               key: CacheKey | None) -> Built:
+        self.record("traces", key.digest if key else None)
         from .extract import trace
         from .rewrite import rewrite
 
@@ -218,13 +202,13 @@ class GraphCache:
         )
         entry = Entry(key.digest if key else "", extraction.ir, extraction.inputs,
                       extraction.outputs, extraction.updates, meta)
-        built = (entry, function)
+        built = Built(entry, function)
         if key is not None:
             self._built[key.digest] = built
         return built
 
     def _lookup(self, store: Store, key: str, tensors: Mapping[str, torch.Tensor],
-                num_args: int) -> tuple[Entry, GraphFunction | None] | None:
+                num_args: int) -> Built | None:
         if key in self._built:
             return self._built[key]
         try:
@@ -238,7 +222,7 @@ class GraphCache:
         try:
             entry = decode(data, expected_key=key, secret=self.config.secret)
             function = build_function(entry.ir)
-            _check_usable(entry, function, tensors, num_args)
+            check_usable(entry, function, tensors, num_args)
         except EntryError as exc:
             return self._corrupt(store, key, str(exc))
         except RuntimeError as exc:  # the stored IR does not parse
@@ -252,7 +236,7 @@ class GraphCache:
                 with contextlib.suppress(Exception):
                     store.delete(key)
             return None
-        self._built[key] = built = (entry, function)
+        self._built[key] = built = Built(entry, function)
         return built
 
     def _corrupt(self, store: Store, key: str, problem: str) -> None:
@@ -271,7 +255,7 @@ class GraphCache:
         except Exception as exc:
             self._error("write", f"cannot write the cache ({exc}); continuing uncached")
             return
-        self._count("stores", entry.key)
+        self.record("stores", entry.key)
 
     def _remember_failure(self, store: Store, key: CacheKey, graph_name: str,
                           exc: BaseException) -> None:
@@ -303,52 +287,19 @@ class GraphCache:
                                 "tracing without the lock")
             yield
 
-    def _bind(self, built: tuple[Entry, GraphFunction | None], model: fx.GraphModule,
-              tensors: Mapping[str, torch.Tensor] | None = None) -> CompiledGraph:
-        entry, function = built
+    def _bind(self, built: Built, model: fx.GraphModule,
+              tensors: Mapping[str, torch.Tensor]) -> CompiledGraph:
+        entry = built.entry
         if entry.kind == "negative":
-            counters.bump("negative_hits")
+            self.record("negative_hits")
             raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
-        return CompiledGraph(entry, function, model, tensors=tensors)
-
-    def _count(self, event: str, key: str | None) -> None:
-        counters.bump(event)
-        if self._store is not None and not self._readonly:  # read-only: writes nothing
-            self._store.record(event, key)
+        return CompiledGraph(entry, built.function, model, tensors=tensors)
 
     def _error(self, topic: str, message: str) -> None:
-        self._count("errors", None)
+        self.record("errors")
         warn_once(topic, message)
         return None
-
-
-def _check_usable(entry: Entry, function: GraphFunction | None,
-                  tensors: Mapping[str, torch.Tensor], num_args: int) -> None:
-    """Raise EntryError unless ``entry`` can replay ``model`` on inputs like
-    ``example_inputs``. The key already covers the torch version and the
-    model's tensors; this holds for an entry that got under the key anyway
-    (written wrong, or planted), whose replay would otherwise fail inside
-    the user's model, or run what another torch traced."""
-    written_by = entry.meta.get("torch_version")
-    if written_by != torch.__version__:
-        raise EntryError(f"written by torch {written_by}, this is torch {torch.__version__}",
-                         entry.key)
-    if function is None:
-        graph_inputs = graph_outputs = 0
-    else:
-        graph_inputs = len(function.schema.arguments)
-        results = function.schema.returns[0].type  # a tuple (makeMultiOutputIntoTuple)
-        graph_outputs = len(results.elements()) if hasattr(results, "elements") else 1
-    try:
-        check_layout(entry, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
-                     num_args=num_args)
-    except EntryError as exc:
-        raise EntryError(str(exc), entry.key) from None
-    missing = entry.attr_paths - tensors.keys()
-    if missing:
-        raise EntryError(f"names tensors the model lacks: {', '.join(sorted(missing))}",
-                         entry.key)
 
 
 @functools.lru_cache(maxsize=8)

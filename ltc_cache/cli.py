@@ -35,13 +35,11 @@ from .report import (
     DeletePlan,
     EntryFilter,
     EntryInfo,
-    NoCache,
     collect_stats,
     describe_source,
     export_bundle,
     import_bundle,
     load_entry,
-    open_store,
     parse_filter,
     plan_clear,
     plan_prune,
@@ -54,6 +52,7 @@ from .report import (
 from .report.remote import RemoteTier
 from .store.bundle import BundleError
 from .store.disk import DiskStore
+from .store.tiers import NoCache, open_directory
 from .units import SIZE_RULE, format_size, parse_age, parse_size
 
 __all__ = ["main"]
@@ -631,8 +630,8 @@ def _open_local(args: argparse.Namespace, config: CacheConfig, directory: Path) 
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{directory} is not a directory")
     try:
-        return open_store(directory, create=args.command == "import",
-                          readonly=not _writes(args), max_size=config.max_size)
+        return open_directory(directory, create=args.command == "import",
+                              readonly=not _writes(args), max_size=config.max_size)
     except NoCache as exc:
         if args.dir:
             raise UsageError(str(exc)) from None

@@ -1,4 +1,5 @@
-"""This process's cache counters, and warnings that are given once."""
+"""This process's cache counters, the recorder that also counts an event in
+a store's ledger, and warnings that are given once."""
 
 from __future__ import annotations
 
@@ -11,12 +12,30 @@ import threading
 import warnings
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["COUNTER_NAMES", "ProcessCounters", "counters", "warn_once"]
+if TYPE_CHECKING:
+    from .store.base import Store
+
+__all__ = [
+    "BACKEND_EVENTS",
+    "COUNTER_NAMES",
+    "LEDGER_EVENTS",
+    "ProcessCounters",
+    "count_event",
+    "counters",
+    "warn_once",
+]
 
 logger = logging.getLogger("ltc_cache")
 
 COUNTER_NAMES = ("hits", "misses", "traces", "stores", "errors")
+# Events of the torch.compile backend: AOTAutograd traces that ran, graphs
+# built from a stored plan instead, and plan lookups that found none.
+BACKEND_EVENTS = ("aot_traces", "plan_hits", "plan_misses")
+# What a store's ledger counts as well as the process, for ``ltc-cache
+# stats``; the other counters (aten ops, negative hits, ...) are per process.
+LEDGER_EVENTS = frozenset((*COUNTER_NAMES, *BACKEND_EVENTS))
 
 
 class ProcessCounters:
@@ -49,6 +68,18 @@ class ProcessCounters:
 
 # One per process by design: ``ltc_cache.stats()`` reports the process.
 counters = ProcessCounters()
+
+
+def count_event(event: str, store: Store | None = None, key: str | None = None) -> None:
+    """Count one ``event`` (of entry ``key``) for this process and, where
+    it is one of LEDGER_EVENTS, in ``store``'s ledger. Every such event is
+    counted through here, so ``ltc_cache.stats()`` and ``ltc-cache stats``
+    agree; counts kept for the process only (aten ops, ...) may bump
+    ``counters`` directly. ``store`` is None where there is none, or where
+    it must not be written."""
+    counters.bump(event)
+    if store is not None and event in LEDGER_EVENTS:
+        store.record(event, key)
 
 
 def warn_once(topic: str, message: str) -> None:

@@ -148,10 +148,11 @@ class _Guarded:
     """Runs ``compiled`` and, should its first call fail (a stored graph that
     does not run here), ``fallback`` from then on, with one warning."""
 
-    __slots__ = ("_call", "_compiled", "_fallback", "_name", "_ops", "_wrap")
+    __slots__ = ("_cache", "_call", "_compiled", "_fallback", "_name", "_ops", "_wrap")
 
     def __init__(self, compiled: Callable[..., Any], fallback: Callable[..., Any], name: str,
-                 *, as_tuple: bool, ops: int) -> None:
+                 cache: GraphCache, *, as_tuple: bool, ops: int) -> None:
+        self._cache = cache  # counts the error
         self._compiled = compiled
         self._fallback = fallback
         self._name = name
@@ -169,7 +170,7 @@ class _Guarded:
             logger.debug("%s: first replay failed", self._name, exc_info=True)
             warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
                       f"({first_line(exc)}); running it eagerly")
-            counters.bump("errors")
+            self._cache.record("errors")
             self._call = self._fallback
             return self._fallback(*args)
         counters.bump(LTC_OPS, self._ops)
@@ -209,7 +210,8 @@ class _Region:
                       f"({first_line(exc)})")
             self._call = self._module
             return self._module(*args)
-        self._call = _Guarded(compiled, self._module, self._name, as_tuple=True, ops=self._ops)
+        self._call = _Guarded(compiled, self._module, self._name, self._cache, as_tuple=True,
+                              ops=self._ops)
         return self._call(*args)
 
 
@@ -350,7 +352,7 @@ class LtcBackend:
             logger.debug("%s: compiling failed", name, exc_info=True)
             warn_once(f"backend:{name}", f"{name}: cannot compile this graph "
                       f"({type(exc).__name__}: {first_line(exc)}); it runs eagerly")
-            counters.bump("errors")
+            cache.record("errors")
             return gm.forward
 
     def _whole(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
@@ -366,7 +368,7 @@ class LtcBackend:
         # Everything runs in LTC; counted as the aten ops of the stored IR.
         ops = compiled.entry.ir.count("aten::")
         counters.bump(ATEN_OPS, ops)
-        return _Guarded(compiled, gm.forward, name, as_tuple=False, ops=ops)
+        return _Guarded(compiled, gm.forward, name, cache, as_tuple=False, ops=ops)
 
     def _inference(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                    cache: GraphCache) -> Callable[..., Any]:
@@ -378,7 +380,7 @@ class LtcBackend:
             key = plan_key(compute_key(gm, example_inputs))
         except UncacheableGraph:
             return self._aot(gm, example_inputs, name, cache)
-        entry = cache.lookup_entry(key)
+        entry = cache.lookup_plan(key)
         if entry is not None:
             try:
                 planned = plan_graph(entry)
@@ -388,7 +390,7 @@ class LtcBackend:
                 logger.info("%s: the stored plan %s", name, key.digest[:12])
                 cache.record(PLAN_HITS)
                 module = self._with_regions(planned, f"{name}.inference", cache)
-                return _Guarded(module.forward, gm.forward, f"{name}.plan", as_tuple=False,
+                return _Guarded(module.forward, gm.forward, f"{name}.plan", cache, as_tuple=False,
                                 ops=0)
         return self._aot(gm, example_inputs, name, cache, plan=key)
 
@@ -404,7 +406,7 @@ class LtcBackend:
             key = plan_key(compute_key(gm, example_inputs), training=True)
         except UncacheableGraph:
             return self._aot(gm, example_inputs, name, cache)
-        entry = cache.lookup_entry(key)
+        entry = cache.lookup_plan(key)
         if entry is not None:
             try:
                 forward, backward, layout = joint_graphs(entry)
@@ -416,7 +418,8 @@ class LtcBackend:
                 joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
                                       self._with_regions(backward, f"{name}.backward", cache),
                                       layout)
-                return _Guarded(joint, gm.forward, f"{name}.plan", as_tuple=False, ops=0)
+                return _Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False,
+                                ops=0)
         return self._aot(gm, example_inputs, name, cache, plan=key)
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,

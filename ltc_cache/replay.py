@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
-from .entry import Entry
+from .entry import Entry, check_layout
+from .errors import EntryError
 from .keys import module_tensors
 from .layout import Source
 
-__all__ = ["CompiledGraph", "GraphFunction", "build_function", "count_nodes"]
+__all__ = ["CompiledGraph", "GraphFunction", "build_function", "check_usable", "count_nodes"]
 
 # A TorchScript function made from a graph: ``fn(*inputs) -> outputs``.
 GraphFunction = Callable[..., Any]
@@ -37,6 +38,39 @@ def build_function(ir: str) -> GraphFunction | None:
 
 def count_nodes(ir: str) -> int:
     return sum(1 for _ in torch._C.parse_ir(ir).nodes()) if ir else 0
+
+
+def check_usable(entry: Entry, function: GraphFunction | None,
+                 tensors: Mapping[str, torch.Tensor], num_args: int) -> None:
+    """Raise EntryError unless ``entry`` (parsed into ``function``) can
+    replay a model holding ``tensors`` on ``num_args`` arguments. The key
+    already covers the torch version and the model's tensors; this holds
+    for an entry that got under the key anyway (written wrong, or planted),
+    whose replay would otherwise fail inside the user's model, or run what
+    another torch traced."""
+    written_by = entry.meta.get("torch_version")
+    if written_by != torch.__version__:
+        raise EntryError(f"written by torch {written_by}, this is torch {torch.__version__}",
+                         entry.key)
+    if function is None:
+        graph_inputs = graph_outputs = 0
+    else:
+        graph_inputs = len(function.schema.arguments)
+        results = function.schema.returns[0].type  # a tuple (makeMultiOutputIntoTuple)
+        graph_outputs = len(results.elements()) if hasattr(results, "elements") else 1
+    try:
+        check_layout(entry, graph_inputs=graph_inputs, graph_outputs=graph_outputs,
+                     num_args=num_args)
+    except EntryError as exc:
+        raise EntryError(str(exc), entry.key) from None
+    _check_tensors(entry, tensors)
+
+
+def _check_tensors(entry: Entry, tensors: Mapping[str, torch.Tensor]) -> None:
+    missing = entry.attr_paths - tensors.keys()
+    if missing:
+        raise EntryError(f"names tensors the model lacks: {', '.join(sorted(missing))}",
+                         entry.key)
 
 
 class CompiledGraph:
@@ -63,14 +97,13 @@ class CompiledGraph:
     def __init__(self, entry: Entry, function: GraphFunction | None,
                  model: torch.nn.Module, *,
                  tensors: Mapping[str, torch.Tensor] | None = None) -> None:
-        """``tensors`` is ``module_tensors(model)`` where the caller has it."""
+        """``tensors`` is ``module_tensors(model)`` where the caller has it.
+        Raises EntryError where the model lacks a tensor the entry names."""
         self.entry = entry
         self._fn = function
         live = tensors if tensors is not None else (
             module_tensors(model) if entry.attr_paths else {})
-        missing = sorted(entry.attr_paths - live.keys())
-        if missing:
-            raise KeyError(f"the model has no tensor at {', '.join(missing)}")
+        _check_tensors(entry, live)
 
         def bound(s: Source) -> Any:
             return live[s.ref] if s.kind == "attr" else s.ref

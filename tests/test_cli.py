@@ -180,13 +180,18 @@ def imported_modules(directory: Path, *args: str) -> set[str]:
             for line in proc.stderr.splitlines() if line.startswith("import time:")}
 
 
-def test_ls_and_stats_never_import_torch_and_verify_does(filled):
+def test_ls_and_stats_never_import_torch(filled):
     directory, _ = filled
     for args in (["ls"], ["ls", "--json", "--sort", "size", "--filter", "accessed<1d"],
                  ["stats"], ["stats", "--json"]):
         modules = imported_modules(directory, *args)
         assert "ltc_cache" in modules and "msgpack" in modules  # the log is read right
         assert "torch" not in modules, args
+
+
+@pytest.mark.slow  # verify runs: CLI processes that import torch
+def test_verify_imports_torch(filled):
+    directory, _ = filled
     # verify parses each entry's IR with torch: the lazy import must still happen.
     assert "torch" in imported_modules(directory, "verify")
     proc = ltc(directory, "verify")
@@ -212,6 +217,7 @@ def test_usage_errors_exit_2_with_a_message(filled):
     assert proc.returncode == 2 and "no entry" in proc.stderr
 
 
+@pytest.mark.slow  # a child process and CLI processes
 def test_stats_adds_up_the_counts_of_every_process(tmp_path):
     directory = tmp_path / "ltc"
     fill(directory, ["weighted"])  # this process: a miss, a trace, a store
@@ -237,6 +243,7 @@ def test_stats_adds_up_the_counts_of_every_process(tmp_path):
     assert row.hits == 0 and row.last_used > 0  # last use kept: prune --older-than uses it
 
 
+@pytest.mark.slow  # show runs: a CLI process that imports torch
 def test_show_gives_metadata_input_layout_and_ir(filled):
     directory, keys = filled
     key = keys["weighted"]
@@ -376,6 +383,7 @@ def test_verify_finds_bad_entries_and_fix_removes_them(cache_copy):
                                       keys["tensor_constant"], negative}
 
 
+@pytest.mark.slow  # verify runs: a CLI process that imports torch
 def test_progress_bar_on_a_terminal(filled):
     directory, _ = filled
     primary, secondary = pty.openpty()
@@ -507,6 +515,7 @@ def test_the_size_limit_is_recorded_in_the_directory_and_counts_entries_only(fil
     assert format_size(limit) in ltc(limited, "stats").stdout
 
 
+@pytest.mark.slow  # show runs: a CLI process that imports torch
 def test_global_options_work_after_the_command(filled):
     # Issue 14, item 10.
     directory, keys = filled
@@ -561,6 +570,7 @@ def test_directory_errors_say_what_is_wrong(tmp_path):
     assert proc.returncode == 2 and "--dir is empty" in proc.stderr
 
 
+@pytest.mark.slow  # show runs: CLI processes that import torch
 def test_show_says_what_a_negative_entry_and_a_plan_are(cache_copy):
     # Issue 14, item 14: no empty Inputs, Outputs and IR sections.
     directory, keys = cache_copy

@@ -129,6 +129,7 @@ def test_training_matches_eager_and_is_warm_the_second_time(cache_dir):
     assert names == {"MLP.forward.r0", "MLP.backward.r0", "MLP.training.plan"}
     assert ltc_cache.stats()["traces"] == 2
     assert ltc_cache.stats()["aot_traces"] == 1
+    assert ltc_cache.stats()["plan_misses"] == 1  # the training plan's lookup
 
     torch._dynamo.reset()
     before = ltc_cache.stats()
@@ -138,6 +139,7 @@ def test_training_matches_eager_and_is_warm_the_second_time(cache_dir):
     assert after["aot_traces"] == before["aot_traces"]  # no AOTAutograd in a warm start
     assert after["hits"] - before["hits"] == 3  # the plan and the two regions
     assert after["plan_hits"] - before.get("plan_hits", 0) == 1
+    assert after["plan_misses"] == before["plan_misses"]
     for got in (cold, warm):
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=0)
     assert cold == warm

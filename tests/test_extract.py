@@ -41,6 +41,7 @@ def test_every_case_cold_here_then_warm_in_another_process(cache_dir):
     assert report["lazy_tensors_created"] == 0
 
 
+@pytest.mark.slow  # a child process
 def test_a_cold_child_does_trace(cache_dir):
     """The counters the warm test relies on do see a trace."""
     report = run_child("sub", "weighted")

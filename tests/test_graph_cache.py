@@ -1,5 +1,6 @@
-"""GraphCache over a MemoryStore: lookup, single flight, trace, store and
-counting, in this process and without a cache directory."""
+"""GraphCache over a MemoryStore: lookup, single flight, trace, store, the
+entry API of plans and programs (store, look up, drop) and counting, in
+this process and without a cache directory."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.entry import decode
-from ltc_cache.keys import compute_key
+from ltc_cache.entry import Entry, decode, new_meta
+from ltc_cache.keys import compute_key, derived_key
 from ltc_cache.store import MemoryStore
 from ltc_cache.wire import is_entry_key
 
@@ -115,3 +116,50 @@ def test_a_graph_ltc_refuses_is_a_negative_entry_and_not_traced_again(tmp_path):
     (key,) = entry_keys(store)
     entry = decode(store.get(key), expected_key=key)
     assert entry.kind == "negative" and "fallback" in entry.payload["reason"]
+
+
+def test_an_entry_made_elsewhere_is_stored_looked_up_counted_and_dropped(tmp_path):
+    """The entry API the backend's plans and ltc_cache.compile's programs use."""
+    store = CountingStore()
+    cache = cache_over(store, tmp_path)
+    gm, shapes = build("weighted")
+    key = derived_key(compute_key(gm, random_inputs(shapes, seed=1)), made="elsewhere")
+    before = ltc_cache.stats()
+    assert cache.lookup_plan(key) is None  # a plan miss
+    meta = new_meta(graph_name="made.plan", node_count=0, graph_hash="", key_parts=key.parts)
+    cache.store_entry(Entry(key.digest, "", (), (), (), meta), key)
+    assert entry_keys(store) == [key.digest]
+    found = cache.lookup_plan(key)
+    assert found is not None and found.graph_name == "made.plan"
+    cache.record("plan_hits")
+    with pytest.warns(RuntimeWarning, match="unusable here"):
+        cache.drop_entry(key, "unusable here")
+    assert store.get(key.digest) is None and cache.lookup_entry(key) is None
+    assert delta(before) == {"hits": 1, "misses": 0, "traces": 0, "stores": 1, "errors": 1,
+                             "plan_misses": 1, "plan_hits": 1}
+    # Each of them is one the store's ledger keeps, so it saw them all.
+    assert store.events == [("plan_misses", None), ("stores", key.digest),
+                            ("hits", key.digest), ("plan_hits", None), ("errors", None)]
+
+
+def test_counts_of_this_process_only_stay_out_of_the_store(tmp_path):
+    store = CountingStore()
+    cache = cache_over(store, tmp_path)
+    before = ltc_cache.stats()
+    cache.record("negative_hits")
+    cache.record("misses", "k" * 64)
+    assert delta(before)["negative_hits"] == 1 and delta(before)["misses"] == 1
+    assert store.events == [("misses", "k" * 64)]
+
+
+def test_a_read_only_cache_records_nothing_in_its_store(tmp_path):
+    store = CountingStore()
+    gm, shapes = build("weighted")
+    example = random_inputs(shapes, seed=1)
+    cache_over(store, tmp_path).extract_compiled_graph(gm, example)
+    events = list(store.events)
+    config = CacheConfig(directory=tmp_path / "unused", readonly=True)
+    before = ltc_cache.stats()
+    GraphCache(config, store=store).extract_compiled_graph(gm, example)
+    assert delta(before)["hits"] == 1
+    assert store.events == events

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch._lazy.config
 from conftest import run_child
@@ -16,6 +17,7 @@ def key_for(name="weighted", inputs=None, seed=0):
     return compute_key(gm, inputs if inputs is not None else random_inputs(shapes, 1))
 
 
+@pytest.mark.slow  # a child process
 def test_same_key_in_two_processes(cache_dir):
     here = {name: key_for(name).digest for name in ("weighted", "addcmul")}
     report = run_child("weighted", "addcmul")

@@ -137,6 +137,7 @@ def program_keys(directory: Path) -> list[str]:
         store.close()
 
 
+@pytest.mark.slow  # two child processes
 def test_cold_then_warm(models, cache_dir):
     cold = run(models)
     assert_captured(cold)
@@ -150,6 +151,7 @@ def test_cold_then_warm(models, cache_dir):
     assert len(program_keys(cache_dir)) == 1
 
 
+@pytest.mark.slow  # two child processes
 def test_training_cold_then_warm(models, cache_dir):
     cold = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32")
     assert_captured(cold)
@@ -165,6 +167,7 @@ def test_training_cold_then_warm(models, cache_dir):
     assert warm["stats"].get("aot_traces", 0) == 0 and warm["stats"].get("plan_hits", 0) > 0, warm
 
 
+@pytest.mark.slow  # child processes
 def test_decorated_function(models, cache_dir):
     (models / "progmodels.py").write_text(MODELS + '''
 
@@ -204,6 +207,7 @@ def test_edited_sources_are_never_run_stale(models, cache_dir):
     assert_warm(run(models))
 
 
+@pytest.mark.slow  # child processes
 def test_a_global_rebound_after_loading_is_seen(models, cache_dir):
     assert_captured(run(models))
     warm = run(models, "--call", "2x16:float32", "--call", "2x16:float32", "--set", "SCALE=5.0")
@@ -270,6 +274,7 @@ def test_poisoned_program_entries_are_never_unpickled(models, cache_dir, tmp_pat
     assert not marker.exists()
 
 
+@pytest.mark.slow  # child processes
 def test_a_graph_break_falls_back_to_torch_compile(models, cache_dir):
     cold = run(models, "--model", "broken")
     assert cold["max_error"] <= 1e-5, cold
@@ -298,6 +303,7 @@ def test_export_and_import_carry_programs(models, cache_dir, tmp_path):
     assert_warm(warm)
 
 
+@pytest.mark.slow  # a child process and CLI processes that import torch
 def test_cli_lists_shows_counts_and_prunes_programs(models, cache_dir):
     assert_captured(run(models))
     cli = [str(SCRIPT), "--dir", str(cache_dir)]
@@ -376,6 +382,7 @@ def test_compile_takes_torch_compile_arguments_only():
     assert list(compiled.state_dict()) == ["weight", "bias"]
 
 
+@pytest.mark.slow  # a child process
 def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
     """Everything but the artifact is data a listing reads without torch."""
     assert_captured(run(models))

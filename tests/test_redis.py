@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from conftest import child_env, delta, free_port, run_child
+from conftest import child_env, delta, free_port, ledger_counts, run_child
 from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
@@ -112,6 +112,7 @@ with store.lock(sys.argv[3], timeout=30):
 """
 
 
+@pytest.mark.slow  # a killed process, and the lock's expiry
 def test_lock_of_a_killed_holder_expires(redis_server):
     expiry = 1.0
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, redis_server.url, str(expiry),
@@ -176,6 +177,7 @@ def test_tiered_degrades_to_local_and_comes_back(redis_server, tmp_path):
 # -- GraphCache over Redis ----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a child process
 def test_second_machine_hits_remotely_without_tracing(redis_server, cache_dir, tmp_path):
     cases = ["weighted", "addcmul"]
     # The first machine: this process, its own directory.
@@ -235,6 +237,7 @@ def test_redis_stopped_mid_run_keeps_the_model_running(redis_server, cache_dir):
     stats = delta(before)
     assert stats["traces"] == 2 and stats["stores"] == 2
     assert stats["errors"] == 1  # then the tier rests; no timeout per lookup
+    assert ledger_counts(cache_dir)["errors"] == 1  # `ltc-cache stats` counts it too
 
     # What was traced meanwhile is on the local disk.
     assert {first, *later} <= set(DiskStore(cache_dir).keys())
@@ -334,9 +337,11 @@ def test_missing_redis_package_is_a_clear_warning(cache_dir, monkeypatch):
     messages = [str(w.message) for w in caught]
     assert any("pip install redis" in m for m in messages), messages
     assert delta(before)["errors"] == 1 and delta(before)["stores"] == 1
+    assert ledger_counts(cache_dir)["errors"] == 1  # `ltc-cache stats` counts it too
     assert key in set(DiskStore(cache_dir).keys())  # the local tier still works
 
 
+@pytest.mark.slow  # a child process
 def test_library_imports_and_runs_without_redis(cache_dir):
     code = ("import sys; sys.modules['redis'] = None\n"
             "import torch, ltc_cache\n"
@@ -396,6 +401,7 @@ def ltc(*args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess:
                           env=environ, timeout=300)
 
 
+@pytest.mark.slow  # CLI processes that import torch
 def test_the_cli_lists_verifies_prunes_and_clears_redis(redis_server, tmp_path):
     url = redis_server.url
     machine = GraphCache(CacheConfig(directory=tmp_path / "a", remote=url))

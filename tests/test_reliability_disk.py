@@ -178,6 +178,7 @@ def test_injected_read_only_directory(tmp_path, monkeypatch):
     assert len(messages) == 1 and "using the entries in it" in messages[0]
 
 
+@pytest.mark.slow  # a child process fills the directory
 def test_readonly_flag_serves_hits_and_writes_nothing(tmp_path):
     """LTC_CACHE_READONLY=1 on a writable directory: hits are served, a miss
     is traced and not stored, and every file is byte for byte as it was."""

@@ -33,6 +33,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow  # a child process (torch.compile)
 def test_malformed_settings_warn_once_each_and_the_model_runs(cache_dir):
     report = run_user_script(**{name: value for name, (value, _) in BAD.items()})
     assert report["matched"], report["error"]
@@ -47,6 +48,7 @@ def test_malformed_settings_warn_once_each_and_the_model_runs(cache_dir):
     assert {w["file"] for w in report["warnings"]} == {str(CHILD)}
 
 
+@pytest.mark.slow  # a child process (torch.compile)
 def test_an_unusable_secret_turns_the_cache_off_and_the_model_runs(cache_dir, tmp_path):
     report = run_user_script(LTC_CACHE_SECRET_FILE=str(tmp_path / "missing-key"))
     assert report["matched"], report["error"]

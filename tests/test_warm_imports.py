@@ -8,10 +8,13 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import TESTS, child_env
 from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
+
+pytestmark = pytest.mark.slow  # each test runs a child process
 
 _WARM_CHILD = r"""
 import json, sys

@@ -90,7 +90,7 @@ with torch.no_grad():
         from ltc_cache import CacheConfig, GraphCache
         from ltc_cache.entry import decode
         from ltc_cache.keys import compute_key, module_tensors
-        from ltc_cache.replay import CompiledGraph, build_function
+        from ltc_cache.replay import CompiledGraph, build_function, check_usable
         stages = {}
         def stage(name, start):  # CPU time: steadier than wall time on a busy machine
             now = time.process_time(); stages[name] = (now - start) * 1e3; return now
@@ -109,7 +109,7 @@ with torch.no_grad():
         t = stage("decode", t)
         function = build_function(entry.ir)
         t = stage("parse", t)
-        ltc_cache.cache._check_usable(entry, function, tensors, len(example))
+        check_usable(entry, function, tensors, len(example))
         t = stage("check entry", t)
         compiled = CompiledGraph(entry, function, gm, tensors=tensors)
         t = stage("bind", t)

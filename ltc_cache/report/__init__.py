@@ -5,7 +5,7 @@ forms; deleting is a plan whose ``expected_freed_size`` is shown before it
 runs. An entry that cannot be read becomes a row with a ``problem``, never
 an abort.
 
-- listing.py: opening a directory, ``scan`` into EntryInfo rows (``ls``)
+- listing.py: ``scan`` into EntryInfo rows (``ls``)
 - stats.py: totals and every process's counters (``stats``)
 - selection.py: ``--filter``, ``--sort``, key prefixes
 - entries.py: reading whole entries (``show``, ``verify``)
@@ -21,7 +21,7 @@ only inside the calls that decode entries or need torch's version, so
 from .bundles import ImportReport, export_bundle, import_bundle
 from .deletion import DeletePlan, plan_clear, plan_prune, remove_free_lock_files
 from .entries import EntryProblem, Progress, VerifyReport, describe_source, load_entry, verify
-from .listing import CacheReport, EntryInfo, NoCache, open_store, scan
+from .listing import CacheReport, EntryInfo, scan
 from .selection import (
     SORT_FIELDS,
     AmbiguousKey,
@@ -43,7 +43,6 @@ __all__ = [
     "EntryInfo",
     "EntryProblem",
     "ImportReport",
-    "NoCache",
     "Progress",
     "StatsReport",
     "VerifyReport",
@@ -52,7 +51,6 @@ __all__ = [
     "export_bundle",
     "import_bundle",
     "load_entry",
-    "open_store",
     "parse_filter",
     "plan_clear",
     "plan_prune",

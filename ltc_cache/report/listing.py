@@ -1,4 +1,4 @@
-"""Opening a cache directory and listing its entries (``ltc-cache ls``).
+"""Listing the entries of a cache directory (``ltc-cache ls``).
 
 A listing reads diskcache's index and the ledger's summaries (see
 store/ledger.py) and decodes no entry body, so it never imports torch.
@@ -18,25 +18,7 @@ from ..store.disk import DiskStore
 from ..units import format_age, format_size
 from ..wire import is_entry_key, summarise
 
-__all__ = ["CacheReport", "EntryInfo", "NoCache", "ago", "open_store", "scan"]
-
-
-class NoCache(FileNotFoundError):
-    """The directory is missing or is not a cache directory."""
-
-
-def open_store(directory: Path, *, create: bool = False, readonly: bool = False,
-               max_size: int | None = None) -> DiskStore:
-    """The cache at ``directory``; raises NoCache unless it exists (or
-    ``create``): a mistyped path must not read as an empty cache.
-    ``readonly`` writes nothing, so a listing works on a read-only mount."""
-    directory = Path(directory)
-    if not create:
-        if not directory.is_dir():
-            raise NoCache(f"no cache directory at {directory}")
-        if not (directory / "entries" / "cache.db").is_file():
-            raise NoCache(f"{directory} is not an ltc_cache directory (no entries/cache.db)")
-    return DiskStore(directory, max_size=max_size, readonly=readonly and not create)
+__all__ = ["CacheReport", "EntryInfo", "ago", "scan"]
 
 
 def ago(timestamp: float | None) -> str:

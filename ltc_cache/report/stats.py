@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..diagnostics import COUNTER_NAMES
+from ..diagnostics import BACKEND_EVENTS, COUNTER_NAMES
 from ..store.disk import DiskStore
 from ..units import format_size
 from ..wire import is_entry_key
@@ -16,10 +16,11 @@ from .listing import ago
 
 __all__ = ["STAT_LABELS", "STAT_NAMES", "StatsReport", "collect_stats"]
 
-# Besides the cache's own events: the torch.compile backend's AOTAutograd
-# traces, and the graphs it built from a stored plan instead of one.
-STAT_NAMES = (*COUNTER_NAMES, "evictions", "aot_traces", "plan_hits")
-STAT_LABELS = {"aot_traces": "AOT traces", "plan_hits": "Plan hits"}
+# The cache's own events, the directory's evictions, and the torch.compile
+# backend's events (diagnostics.BACKEND_EVENTS).
+STAT_NAMES = (*COUNTER_NAMES, "evictions", *BACKEND_EVENTS)
+STAT_LABELS = {"aot_traces": "AOT traces", "plan_hits": "Plan hits",
+               "plan_misses": "Plan misses"}
 
 
 @dataclass(frozen=True)

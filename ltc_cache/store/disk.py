@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import diskcache
 
-from ..diagnostics import counters, warn_once
+from ..diagnostics import count_event, warn_once
 from ..errors import EntryError, LockTimeout
 from ..wire import MAX_ENTRY_BYTES, is_entry_key
 from .base import Store
@@ -159,8 +159,8 @@ class DiskStore(Store):
             replace_index(self._entries, self._locks, directory_id(self._entries))
             warn_once("corrupt-index", f"the cache index in {self._entries} was damaged "
                       f"({type(exc).__name__}: {exc}); replaced it with an empty one")
-            counters.bump("errors")
             self._reopen()
+            count_event("errors", self)
 
     def _refuse_linked_index(self) -> None:
         db = self._entries / "cache.db"

@@ -5,7 +5,8 @@ in diskcache's: its writes on the hit path then never queue behind a large
 entry being written, and losing it loses statistics, never an entry. It holds
 
 - ``counters``: hits, misses, traces, stores, errors and evictions of every
-  process that used the directory (``ltc-cache stats``);
+  process that used the directory, and the events of its torch.compile
+  backends (``diagnostics.LEDGER_EVENTS``; ``ltc-cache stats``);
 - ``entries``: per entry key, the hits and last use the cache recorded, and
   the listing summary written when the entry was stored, so ``ltc-cache ls``
   reads a few hundred bytes per entry instead of decoding its body.

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from ..diagnostics import counters, warn_once
+from ..diagnostics import count_event, warn_once
 from ..errors import LockTimeout
 from ..wire import is_entry_key
 from .base import Store
@@ -77,8 +77,7 @@ class TieredStore(Store):
     def _went_down(self, what: str, exc: OSError) -> None:
         with self._down_lock:
             self._down_until = time.monotonic() + self._retry_after
-        counters.bump("errors")
-        self.local.record("errors", None)
+        count_event("errors", self.local)
         warn_once("remote", f"remote cache {self.remote!r} unavailable ({what}: {exc}); "
                   "using the local cache only")
 
@@ -108,8 +107,7 @@ class TieredStore(Store):
             try:
                 self.local.put(key, data)
             except Exception as exc:  # the entry is still good for this process
-                counters.bump("errors")
-                self.local.record("errors", None)
+                count_event("errors", self.local)
                 warn_once("write", f"cannot copy a remote entry to the local cache ({exc})")
         return data
 
