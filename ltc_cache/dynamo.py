@@ -387,7 +387,7 @@ class LtcBackend:
             except EntryError as exc:
                 cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
             else:
-                logger.info("%s: the stored plan %s", name, key.digest[:12])
+                logger.info("%s: running the stored plan %s", name, key.digest[:12])
                 cache.record(PLAN_HITS)
                 module = self._with_regions(planned, f"{name}.inference", cache)
                 return _Guarded(module.forward, gm.forward, f"{name}.plan", cache, as_tuple=False,
@@ -413,7 +413,7 @@ class LtcBackend:
             except EntryError as exc:
                 cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
             else:
-                logger.info("%s: the stored training plan %s", name, key.digest[:12])
+                logger.info("%s: running the stored training plan %s", name, key.digest[:12])
                 cache.record(PLAN_HITS)
                 joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
                                       self._with_regions(backward, f"{name}.backward", cache),
