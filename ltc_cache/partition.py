@@ -471,6 +471,31 @@ class Partitioned:
     eager_ops: Mapping[str, int]  # op -> count of those left outside regions
 
 
+def _is_view(node: fx.Node) -> bool:
+    return op_signature(node) is not None and node.target.is_view
+
+
+def _leave_out_trailing_views(nodes: dict[fx.Node, Any]) -> None:
+    """Drop from a proposed region the view ops that only nodes outside it
+    read, then the views only those read, and so on, in place.
+
+    LTC lowers views to copies (fact 5 in docs/design.md), and a region's
+    outputs keep their copies: a region that ended in the transposes that
+    make attention's query, key and value heads returned each as a
+    contiguous copy, for the fused attention op between regions to read.
+    Left out, the region returns the tensor the views look at and the
+    parent graph takes the views eagerly, which copies nothing. Only views
+    go, so a region keeps the ops that made it worth a region.
+    """
+    changed = True
+    while changed:
+        changed = False
+        for node in list(nodes):
+            if _is_view(node) and node.users and not any(u in nodes for u in node.users):
+                del nodes[node]
+                changed = True
+
+
 def partition(gm: fx.GraphModule, support: OpSupport, *, prefix: str = "ltc_region_"
               ) -> Partitioned:
     """Fuse the LTC-lowerable parts of ``gm`` into submodules, in place.
@@ -483,6 +508,8 @@ def partition(gm: fx.GraphModule, support: OpSupport, *, prefix: str = "ltc_regi
     # one of views alone would only copy (LTC lowers views to copies).
     proposed = [p for p in partitioner.propose_partitions()
                 if any(op_signature(n) is not None and not n.target.is_view for n in p.nodes)]
+    for part in proposed:
+        _leave_out_trailing_views(part.nodes)
     # Graph order, so that region names are the same in every process.
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     proposed.sort(key=lambda p: min(order[n] for n in p.nodes))
