@@ -20,8 +20,8 @@ def heads(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """A product split into heads by views; ``sign`` (which LTC does not
     lower) reads the heads, as the fused attention op reads query, key and
     value. The second output is read inside the region, by ``tanh``."""
-    h = torch.mm(x, w)
-    split = h.view(2, 4, 2, 8).transpose(1, 2)
+    h = torch.mm(x, w)  # 128 x 128: as many elements as the smallest view left out
+    split = h.view(2, 64, 2, 64).transpose(1, 2)
     return torch.sign(split.permute(0, 1, 3, 2)), torch.tanh(h.t()) + 1
 
 
@@ -37,7 +37,7 @@ def view_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 
 
 def test_views_only_the_parent_reads_leave_the_region():
-    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
     parent, region = partitioned(heads, x, w)
     # view, transpose and permute run in the parent, on the region's output;
     # the transpose tanh reads stays inside.
@@ -53,14 +53,28 @@ def test_views_only_the_parent_reads_leave_the_region():
 
 def test_a_chain_of_views_read_inside_stays():
     def inside(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        v = torch.mm(x, w).view(2, 4, 16).transpose(1, 2)
+        v = torch.mm(x, w).view(2, 64, 128).transpose(1, 2)
         return torch.sign(torch.exp(v))  # exp, inside, reads the views
 
-    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
     parent, region = partitioned(inside, x, w)
     assert not view_nodes(parent)
     assert {n.target for n in view_nodes(region)} == {aten.view.default, aten.transpose.int}
     torch.testing.assert_close(parent(x, w), inside(x, w), atol=0, rtol=0)
+
+
+def test_small_views_stay_in_the_region():
+    """Below ``_MIN_VIEW_ELEMENTS`` a copy costs less than a view taken from
+    Python in the parent graph."""
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    parent, region = partitioned(heads_small, x, w)
+    assert not view_nodes(parent)
+    assert {n.target for n in view_nodes(region)} == {aten.view.default, aten.transpose.int}
+    torch.testing.assert_close(parent(x, w), heads_small(x, w), atol=0, rtol=0)
+
+
+def heads_small(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.sign(torch.mm(x, w).view(2, 4, 2, 8).transpose(1, 2))
 
 
 def test_a_region_of_views_alone_is_still_no_region():
@@ -74,16 +88,16 @@ def test_a_region_of_views_alone_is_still_no_region():
 class Heads(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.proj = torch.nn.Linear(16, 32)
+        self.proj = torch.nn.Linear(128, 128)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = self.proj(x).view(2, 4, 4, 8).transpose(1, 2)
+        q = self.proj(x).view(2, 64, 4, 32).transpose(1, 2)
         return torch.sign(q) * q.shape[-1]
 
 
 def test_through_torch_compile_the_region_stores_no_copy_of_the_view(cache_dir, dynamo_reset):
     model = Heads().eval()
-    x = torch.randn(2, 4, 16)
+    x = torch.randn(2, 64, 128)
     compiled = torch.compile(model, backend=LtcBackend(GraphCache(CacheConfig.from_env()),
                                                        whole_graph=False))
     with torch.no_grad():

@@ -12,10 +12,11 @@ layers, sequence 8). Inference under ``no_grad`` in ``eval()``, or with
 ``--train`` a training step in ``train()`` (forward, backward of the mean
 square of the first output, AdamW step; each variant on a copy of the model
 of its own). Each variant is warmed up, then timed in ``--rounds`` rounds of
-``--calls`` calls, the variants one after another in every round so that a
-slow spell of a shared machine falls on all alike; ratios are of the
-medians. Time is process CPU time (``--clock cpu``: what other jobs on the
-machine take is not counted, but every thread of this one is) or wall time.
+``--calls`` calls, the variants one after another in every round (each
+round starting one later) so that a slow spell of a shared machine falls on
+all alike; ratios are of the medians. Time is process CPU time (``--clock
+cpu``: what other jobs on the machine take is not counted, but every thread
+of this one is) or wall time.
 ``--threads 0`` keeps torch's default number of threads.
 
 ``--ab CHANGE`` adds a ltc_cache variant compiled with one change switched
@@ -250,8 +251,13 @@ def measure(name: str, args: argparse.Namespace, scratch: str) -> dict:
             with without(switched[label]):  # the first calls compile
                 for _ in range(3):
                     fn()
-        for _ in range(args.rounds):
-            for label, fn in variants.items():
+        labels = list(variants)
+        for round_ in range(args.rounds):
+            # Each variant takes each place in the order equally often: the
+            # one after another's garbage runs slower (seen as 5% on tiny graphs).
+            shift = round_ % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                fn = variants[label]
                 start = clock()
                 for _ in range(args.calls):
                     fn()
