@@ -495,13 +495,16 @@ def _leave_out_trailing_views(nodes: dict[fx.Node, Any]) -> None:
     parent graph takes the views eagerly, which copies nothing. Only views
     go, so a region keeps the ops that made it worth a region, and only
     views of ``_MIN_VIEW_ELEMENTS`` or more, whose copy costs more than a
-    view taken from Python.
+    view taken from Python. Views the graph returns stay: a training
+    step's weight gradients come out of the backward through ``t``, and as
+    views they made GPT-2's and BERT's steps 4-6% slower.
     """
     changed = True
     while changed:
         changed = False
         for node in list(nodes):
-            if _large_view(node) and node.users and not any(u in nodes for u in node.users):
+            if _large_view(node) and node.users \
+                    and not any(u in nodes or u.op == "output" for u in node.users):
                 del nodes[node]
                 changed = True
 

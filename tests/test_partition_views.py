@@ -63,6 +63,20 @@ def test_a_chain_of_views_read_inside_stays():
     torch.testing.assert_close(parent(x, w), inside(x, w), atol=0, rtol=0)
 
 
+def test_views_the_graph_returns_stay_in_the_region():
+    """A backward returns weight gradients through ``t``: as views they made
+    the optimizer's step slower, so the region keeps returning copies."""
+    def returned(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.mm(x, w)
+        return torch.sign(h), h.t()
+
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
+    parent, region = partitioned(returned, x, w)
+    assert not any(n.target is aten.t.default for n in parent.graph.nodes)
+    assert any(n.target is aten.t.default for n in region.graph.nodes)
+    torch.testing.assert_close(parent(x, w), returned(x, w), atol=0, rtol=0)
+
+
 def test_small_views_stay_in_the_region():
     """Below ``_MIN_VIEW_ELEMENTS`` a copy costs less than a view taken from
     Python in the parent graph."""

@@ -227,7 +227,10 @@ def _variants(name: str, args: argparse.Namespace, scratch: str
         if label in ("eager", "ltc_cache"):  # gradients of the first step
             with without(switched[label]):
                 first(run(*inputs)).float().pow(2).mean().backward()
-            grads[label] = [p.grad.clone() for p in copied.parameters() if p.grad is not None]
+            # None where no gradient reached (BERT's pooler, in eager; a
+            # compiled graph gives zeros there, as Inductor does).
+            grads[label] = [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                            for p in copied.parameters()]
             copied.zero_grad(set_to_none=True)
         variants[label] = step
     error = max((a - b).abs().max().item() for a, b in zip(grads["eager"], grads["ltc_cache"],
