@@ -19,6 +19,8 @@ every call. Three small rewrites remove that work:
 - :func:`scalar_exponents`: ``pow`` of a stored 0-dim exponent becomes
   ``pow`` of a number, the overload eager runs for ``x.pow(2)`` and ten
   times faster (RMSNorm's square);
+- :func:`tanh_gelus`: GELU's tanh approximation written out as eight
+  elementwise ops (GPT-2's) becomes ATen's one-pass ``gelu``;
 - :func:`drop_dead_code`: nodes and graph inputs nothing reads.
 
 One shortens the graph, which a warm start pays for by the node
@@ -48,7 +50,8 @@ from .extract import Extraction
 from .layout import Source
 
 __all__ = ["VIEW_OF_COPY", "bool_list_constants", "drop_dead_code", "fold_scalars",
-           "functional_aranges", "linears", "rewrite", "scalar_exponents", "views_for_copies"]
+           "functional_aranges", "linears", "rewrite", "scalar_exponents", "tanh_gelus",
+           "views_for_copies"]
 
 logger = logging.getLogger("ltc_cache.rewrite")
 
@@ -374,6 +377,91 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return replaced
 
 
+# GELU's tanh approximation as GPT-2 writes it, 0.5 * x * (1 + tanh(BETA *
+# (x + KAPPA * x ** 3))): the constants ATen's ``gelu(approximate="tanh")``
+# computes with.
+_GELU_BETA = math.sqrt(2 / math.pi)
+_GELU_KAPPA = 0.044715
+
+
+def tanh_gelus(graph: torch._C.Graph, inputs: list[Source]) -> int:
+    """Replace the chain of eight elementwise ops that computes GELU's tanh
+    approximation (GPT-2's activation, written out in Python) with
+    ``gelu(x, approximate="tanh")``; returns how many. The chain's nodes go
+    where nothing else reads them (see :func:`drop_dead_code`).
+
+    Each op of the chain is a pass over the activation and an allocation;
+    ATen's tanh GELU is one vectorised pass of the same formula (on a
+    (2, 128, 1024) float tensor 1.2 ms against 1.9-2.2 ms, one thread). Its
+    values differ from the chain's by rounding only (a few ulp). Runs after
+    :func:`scalar_exponents`, whose ``pow(x, 3)`` it matches.
+    """
+    stored = {k: t for k, t in _stored_constants(graph, inputs).items() if t.dim() == 0}
+
+    def number(value: torch._C.Value) -> float | None:
+        if value.node().kind() == "prim::Constant":
+            constant = value.toIValue()
+            return constant if type(constant) in (int, float) else None
+        tensor = stored.get(value.unique())
+        return _scalar_value(tensor) if tensor is not None and _real_dtype(tensor.dtype) \
+            else None
+
+    def is_op(value: torch._C.Value, name: str) -> bool:
+        op = _op(value.node())
+        return op is not None and op.name == name
+
+    def times(value: torch._C.Value, factor: float) -> torch._C.Value | None:
+        """``t`` where ``value`` is ``t * factor`` (either order)."""
+        if not is_op(value, "aten::mul.Tensor"):
+            return None
+        a, b = value.node().inputs()
+        for tensor, other in ((a, b), (b, a)):
+            found = number(other)
+            if found is not None and math.isclose(found, factor, rel_tol=1e-9):
+                return tensor
+        return None
+
+    def plus(value: torch._C.Value) -> tuple[torch._C.Value, torch._C.Value] | None:
+        """The two operands where ``value`` is ``a + b`` (alpha 1)."""
+        if not is_op(value, "aten::add.Tensor"):
+            return None
+        a, b, alpha = value.node().inputs()
+        return (a, b) if number(alpha) == 1 else None
+
+    replaced = 0
+    for node in list(graph.nodes()):
+        op = _op(node)
+        if op is None or op.name != "aten::mul.Tensor":
+            continue
+        # 0.5 * x * (1 + tanh(BETA * (x + KAPPA * pow(x, 3))))
+        for half_x, one_plus in (tuple(node.inputs()), tuple(node.inputs())[::-1]):
+            x = times(half_x, 0.5)
+            summed = plus(one_plus)
+            if x is None or summed is None:
+                continue
+            tanh = next((v for v in summed if is_op(v, "aten::tanh")), None)
+            if tanh is None or number(summed[1] if summed[0] is tanh else summed[0]) != 1:
+                continue
+            inner = times(tanh.node().inputsAt(0), _GELU_BETA)
+            terms = plus(inner) if inner is not None else None
+            if terms is None or x.unique() not in (terms[0].unique(), terms[1].unique()):
+                continue
+            kappa_cube = terms[1] if terms[0].unique() == x.unique() else terms[0]
+            cube = times(kappa_cube, _GELU_KAPPA)
+            if cube is None or not is_op(cube, "aten::pow.Tensor_Scalar") \
+                    or cube.node().inputsAt(0).unique() != x.unique() \
+                    or number(cube.node().inputsAt(1)) != 3:
+                continue
+            chain = [half_x, one_plus, tanh, tanh.node().inputsAt(0), inner, kappa_cube, cube]
+            if any(len(v.uses()) != 1 for v in chain):
+                continue  # an intermediate read elsewhere (saved for backward) stays
+            with graph.insert_point_guard(node):
+                approximate = graph.insertConstant("tanh")
+            replaced += _swap_in(graph, node, "aten::gelu", [x, approximate], "aten::gelu")
+            break
+    return replaced
+
+
 def _same_overloads(graph: torch._C.Graph, old: torch._C.Value, new: torch._C.Value,
                     resolved: dict[tuple[Any, ...], str]) -> bool:
     """Whether every op reading ``old`` resolves to the same overload when it
@@ -550,6 +638,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         bool_lists = bool_list_constants(graph)
         products = linears(graph)
         powers = scalar_exponents(graph, inputs)
+        gelus = tanh_gelus(graph, inputs)
         dead = drop_dead_code(graph, inputs)
         ir = str(graph)
         # What the cache stores must parse in a new process, as replay parses.
@@ -559,6 +648,7 @@ def rewrite(extraction: Extraction) -> Extraction:
                   "storing it as traced")
         return extraction
     logger.debug("made %d aranges allocate, rewrote %d view copies, folded %d scalars, "
-                 "rebuilt %d bool lists, made %d linears and %d scalar powers, dropped %d dead "
-                 "nodes/inputs", aranges, views, scalars, bool_lists, products, powers, dead)
+                 "rebuilt %d bool lists, made %d linears, %d scalar powers and %d tanh GELUs, "
+                 "dropped %d dead nodes/inputs", aranges, views, scalars, bool_lists, products,
+                 powers, gelus, dead)
     return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))

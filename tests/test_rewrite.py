@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Callable
@@ -386,6 +387,54 @@ def test_powers_of_a_stored_exponent_take_the_number_and_equal_eager():
         assert got.dtype == want.dtype and torch.equal(got, want)
     expected = _function(ir)(x, two, half, n, three, flag, e)
     torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
+
+
+_GELU_CHAIN = """graph(%x : Tensor, %three : Tensor, %kappa : Tensor, %beta : Tensor,
+                   %one : Tensor, %half : Tensor):
+      %alpha : int = prim::Constant[value=1]()
+      %cube : Tensor = aten::pow(%x, %three)
+      %scaled : Tensor = aten::mul(%cube, %kappa)
+      %inner : Tensor = aten::add(%x, %scaled, %alpha)
+      %arg : Tensor = aten::mul(%inner, %beta)
+      %t : Tensor = aten::tanh(%arg)
+      %plus : Tensor = aten::add(%t, %one, %alpha)
+      %halved : Tensor = aten::mul(%x, %half)
+      %out : Tensor = aten::mul(%halved, %plus)
+      return (%out{extra})"""
+
+
+def _gelu_layout() -> list[Source]:
+    def const(value: float) -> Source:
+        return Source("const", torch.tensor(value, dtype=torch.float64))
+
+    return [Source("arg", 0), const(3.0), const(0.044715), const(math.sqrt(2 / math.pi)),
+            const(1.0), const(0.5)]
+
+
+def test_gpt2s_tanh_gelu_chain_becomes_one_gelu_within_rounding():
+    out = rewrite(_extraction(_GELU_CHAIN.format(extra=""), _gelu_layout()))
+    kinds = [n.kind() for n in torch._C.parse_ir(out.ir).nodes()]
+    assert "aten::gelu" in kinds and "aten::tanh" not in kinds and "aten::pow" not in kinds
+    assert [s.kind for s in out.inputs] == ["arg"]  # the constants went with the chain
+    x = torch.randn(2, 128, 64) * 3
+    want = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3.0))))
+    torch.testing.assert_close(_function(out.ir)(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_gelu_chain_whose_tanh_is_read_elsewhere_stays():
+    """A training forward saves the chain's intermediates for the backward:
+    a gelu beside the chain would only add work."""
+    ir = _GELU_CHAIN.format(extra=", %t")
+    out = rewrite(_extraction(ir, _gelu_layout()))
+    kinds = [n.kind() for n in torch._C.parse_ir(out.ir).nodes()]
+    assert "aten::gelu" not in kinds and "aten::tanh" in kinds
+
+
+def test_a_chain_with_other_constants_is_no_gelu():
+    layout = _gelu_layout()
+    layout[2] = Source("const", torch.tensor(0.05, dtype=torch.float64))
+    out = rewrite(_extraction(_GELU_CHAIN.format(extra=""), layout))
+    assert "aten::gelu" not in out.ir
 
 
 def test_the_stored_entry_holds_the_rewritten_ir(cache_dir):

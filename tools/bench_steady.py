@@ -4,14 +4,24 @@ process, interleaved, and a profile of where each spends its time.
 
     python tools/bench_steady.py [--models gpt2,bert,llama,t5] [--size mid]
                                  [--threads 1] [--rounds 15] [--inductor] [--profile]
+                                 [--train] [--clock cpu] [--ab trailing-views|tanh-gelu]
 
 ``--size mid`` is hidden 256, 4 layers, 4 heads, feed-forward 1024,
 sequence 128, batch 2; ``--size tiny`` the configurations of the tests (hidden 32, 2
-layers, sequence 8). Inference under ``no_grad`` in ``eval()``; each variant
-is warmed up, then timed in ``--rounds`` rounds of ``--calls`` calls, the
-variants one after another in every round so that a slow spell of a shared
-machine falls on all alike; ratios are of the medians. ``--threads 0``
-keeps torch's default number of threads.
+layers, sequence 8). Inference under ``no_grad`` in ``eval()``, or with
+``--train`` a training step in ``train()`` (forward, backward of the mean
+square of the first output, AdamW step; each variant on a copy of the model
+of its own). Each variant is warmed up, then timed in ``--rounds`` rounds of
+``--calls`` calls, the variants one after another in every round (each
+round starting one later) so that a slow spell of a shared machine falls on
+all alike; ratios are of the medians. Time is process CPU time (``--clock
+cpu``: what other jobs on the machine take is not counted, but every thread
+of this one is) or wall time.
+``--threads 0`` keeps torch's default number of threads.
+
+``--ab CHANGE`` adds a ltc_cache variant compiled with one change switched
+off (``CHANGES``), in a cache directory of its own: the change measured on
+its own, side by side.
 
 ``--profile`` adds, per model, the self CPU time per call of each class of
 op (``torch.profiler``), eager against ltc_cache, and the LTC regions the
@@ -22,8 +32,9 @@ region boundary costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import logging
-import os
 import re
 import statistics
 import sys
@@ -133,36 +144,127 @@ class _Regions(logging.Handler):
             self.lines.append(message)
 
 
-def measure(name: str, args: argparse.Namespace) -> dict:
+# --ab NAME: the changes a run can switch off for a variant of its own,
+# as (module, function, what runs instead).
+CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
+    "trailing-views": ("ltc_cache.partition", "_leave_out_trailing_views",
+                       lambda nodes: None),
+    "tanh-gelu": ("ltc_cache.rewrite", "tanh_gelus", lambda graph, inputs: 0),
+}
+
+
+@contextlib.contextmanager
+def without(change: str | None):
+    """Run the block with ``change`` switched off (``None``: as the code is)."""
+    if change is None:
+        yield
+        return
+    import importlib
+
+    module_name, attribute, instead = CHANGES[change]
+    module = importlib.import_module(module_name)
+    kept = getattr(module, attribute)
+    setattr(module, attribute, instead)
+    try:
+        yield
+    finally:
+        setattr(module, attribute, kept)
+
+
+def _ltc_backend(scratch: str):
+    """A backend over a cache directory of its own, so that variants share
+    no plan or entry."""
+    from ltc_cache import CacheConfig, GraphCache, LtcBackend
+
+    return LtcBackend(GraphCache(CacheConfig(directory=Path(scratch))))
+
+
+def first(result):
+    """The first output of a model (logits, or the last hidden state)."""
+    return result[0]
+
+
+def _variants(name: str, args: argparse.Namespace, scratch: str
+              ) -> tuple[dict[str, Callable[[], object]], dict[str, str | None], float]:
+    """Each variant's call (an inference call, or a training step on a model
+    of its own), which change it runs without, and ltc_cache's largest
+    difference from eager (outputs, or gradients after one backward)."""
+    import copy
+
+    import torch
+
+    model, inputs = build(name, args.size)
+    compilers: dict[str, tuple[object, str | None]] = {
+        "ltc_cache": (_ltc_backend(f"{scratch}/{name}-ltc"), None)}
+    if args.ab:
+        compilers[f"without {args.ab}"] = (_ltc_backend(f"{scratch}/{name}-ab"), args.ab)
+    if args.inductor:
+        compilers["inductor"] = ("inductor", None)
+    switched = {"eager": None, **{label: change for label, (_, change) in compilers.items()}}
+    if not args.train:
+        variants = {"eager": lambda: model(*inputs)}
+        for label, (backend, _) in compilers.items():
+            variants[label] = functools.partial(torch.compile(model, backend=backend), *inputs)
+        with torch.no_grad():
+            want = first(model(*inputs))
+            error = (first(variants["ltc_cache"]()) - want).abs().max().item()
+        return variants, switched, error
+
+    model.train()
+    variants, grads = {}, {}
+    for label in ["eager", *compilers]:
+        copied = copy.deepcopy(model)
+        optimizer = torch.optim.AdamW(copied.parameters(), lr=1e-4)
+        run = copied if label == "eager" else torch.compile(copied,
+                                                            backend=compilers[label][0])
+
+        def step(run=run, optimizer=optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            first(run(*inputs)).float().pow(2).mean().backward()
+            optimizer.step()
+
+        if label in ("eager", "ltc_cache"):  # gradients of the first step
+            first(run(*inputs)).float().pow(2).mean().backward()
+            # None where no gradient reached (in eager, BERT's pooler, which
+            # the loss does not read; a compiled graph gives zeros, as
+            # Inductor's does).
+            grads[label] = [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                            for p in copied.parameters()]
+            copied.zero_grad(set_to_none=True)
+        variants[label] = step
+    error = max((a - b).abs().max().item() for a, b in zip(grads["eager"], grads["ltc_cache"],
+                                                             strict=True))
+    return variants, switched, error
+
+
+def measure(name: str, args: argparse.Namespace, scratch: str) -> dict:
     import torch
 
     import ltc_cache
 
-    model, inputs = build(name, args.size)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     regions = _Regions()
     logging.getLogger("ltc_cache.dynamo").addHandler(regions)
     logging.getLogger("ltc_cache.dynamo").setLevel(logging.INFO)
-    variants: dict[str, Callable[[], object]] = {"eager": lambda: model(*inputs)}
     torch._dynamo.reset()
-    ltc = torch.compile(model, backend="ltc_cache")
-    variants["ltc_cache"] = lambda: ltc(*inputs)
-    if args.inductor:
-        inductor = torch.compile(model, backend="inductor")
-        variants["inductor"] = lambda: inductor(*inputs)
+    variants, switched, error = _variants(name, args, scratch)
     times: dict[str, list[float]] = {label: [] for label in variants}
-    with torch.no_grad():
-        want = model(*inputs)[0]
-        got = ltc(*inputs)[0]
-        error = (got - want).abs().max().item()
-        for fn in variants.values():
-            for _ in range(3):
-                fn()
-        for _ in range(args.rounds):
-            for label, fn in variants.items():
-                start = time.perf_counter()
+    with torch.set_grad_enabled(args.train):
+        for label, fn in variants.items():
+            with without(switched[label]):  # the first calls compile
+                for _ in range(3):
+                    fn()
+        labels = list(variants)
+        for round_ in range(args.rounds):
+            # Each variant takes each place in the order equally often: the
+            # one after another's garbage runs slower (seen as 5% on tiny graphs).
+            shift = round_ % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                fn = variants[label]
+                start = clock()
                 for _ in range(args.calls):
                     fn()
-                times[label].append((time.perf_counter() - start) * 1e3 / args.calls)
+                times[label].append((clock() - start) * 1e3 / args.calls)
         profiles = ({label: profile(variants[label], args.calls) for label in variants}
                     if args.profile else {})
     logging.getLogger("ltc_cache.dynamo").removeHandler(regions)
@@ -175,20 +277,23 @@ def measure(name: str, args: argparse.Namespace) -> dict:
 def report(results: list[dict], args: argparse.Namespace) -> str:
     hidden, layers, _, _, seq, batch = SIZES[args.size]
     threads = args.threads or "default"
+    what = "training step (AdamW)" if args.train else "inference"
+    clock = "process CPU time" if args.clock == "cpu" else "wall time"
     out = [f"### Steady state, {args.size} (hidden {hidden}, {layers} layers, sequence {seq}, "
-           f"batch {batch}), {threads} thread(s), median of {args.rounds} rounds x "
-           f"{args.calls} calls\n"]
+           f"batch {batch}), {what}, {threads} thread(s), {clock}, median of {args.rounds} "
+           f"rounds x {args.calls} calls\n"]
+    others = [label for label in results[0]["ms"] if label not in ("eager", "ltc_cache")]
     header = ["model", "eager", "ltc_cache", "ltc / eager"]
-    if args.inductor:
-        header += ["inductor", "ltc / inductor"]
+    for label in others:
+        header += [label, f"ltc / {label}"]
     header += ["max error", "ops in LTC"]
     rows = []
     for r in results:
         ms = r["ms"]
         row = [r["model"], f"{ms['eager']:.2f} ms", f"{ms['ltc_cache']:.2f} ms",
                f"**{ms['ltc_cache'] / ms['eager']:.2f}**"]
-        if args.inductor:
-            row += [f"{ms['inductor']:.2f} ms", f"{ms['ltc_cache'] / ms['inductor']:.2f}"]
+        for label in others:
+            row += [f"{ms[label]:.2f} ms", f"{ms['ltc_cache'] / ms[label]:.2f}"]
         row += [f"{r['error']:.1e}", f"{r['ltc_share']:.0%}"]
         rows.append(row)
     out.append(table([header, *rows]))
@@ -216,14 +321,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--inductor", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--train", action="store_true",
+                        help="time a training step (forward, backward, AdamW) in train()")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                        help="process CPU time (default; counts every thread) or wall time")
+    parser.add_argument("--ab", choices=sorted(CHANGES),
+                        help="add a ltc_cache variant with this change switched off")
     args = parser.parse_args(argv)
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="bench-steady-") as scratch:
-        os.environ["LTC_CACHE_DIR"] = scratch
-        results = [measure(name, args) for name in args.models.split(",")]
+        results = [measure(name, args, scratch) for name in args.models.split(",")]
     print(report(results, args))
     return 0
 

@@ -1,0 +1,127 @@
+"""Views at a region's edge: a view that only ops outside its region read is
+left to the parent graph, so the region returns the tensor it looks at
+instead of a copy (LTC lowers views to copies, fact 5 in docs/design.md)."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ltc_cache import CacheConfig, GraphCache, LtcBackend
+from ltc_cache.entry import decode
+from ltc_cache.partition import partition
+from ltc_cache.support import OpSupport
+
+aten = torch.ops.aten
+VIEWS = {aten.view.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default}
+
+
+def heads(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A product split into heads by views; ``sign`` (which LTC does not
+    lower) reads the heads, as the fused attention op reads query, key and
+    value. The second output is read inside the region, by ``tanh``."""
+    h = torch.mm(x, w)  # 128 x 128: as many elements as the smallest view left out
+    split = h.view(2, 64, 2, 64).transpose(1, 2)
+    return torch.sign(split.permute(0, 1, 3, 2)), torch.tanh(h.t()) + 1
+
+
+def partitioned(fn, *args) -> tuple[fx.GraphModule, fx.GraphModule]:
+    gm = make_fx(fn)(*args)
+    parted = partition(gm, OpSupport())
+    assert len(parted.regions) == 1
+    return parted.module, parted.module.get_submodule(parted.regions[0])
+
+
+def view_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in VIEWS]
+
+
+def test_views_only_the_parent_reads_leave_the_region():
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
+    parent, region = partitioned(heads, x, w)
+    # view, transpose and permute run in the parent, on the region's output;
+    # the transpose tanh reads stays inside.
+    assert sorted(str(n.target) for n in view_nodes(parent)) == [
+        "aten.permute.default", "aten.transpose.int", "aten.view.default"]
+    assert not view_nodes(region)
+    assert any(n.target is aten.t.default for n in region.graph.nodes)
+    # The region returns the product itself, which the parent views.
+    region_outputs = region.graph.output_node().args[0]
+    assert any(getattr(n, "target", None) is aten.mm.default for n in region_outputs)
+    torch.testing.assert_close(parent(x, w), heads(x, w), atol=0, rtol=0)
+
+
+def test_a_chain_of_views_read_inside_stays():
+    def inside(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        v = torch.mm(x, w).view(2, 64, 128).transpose(1, 2)
+        return torch.sign(torch.exp(v))  # exp, inside, reads the views
+
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
+    parent, region = partitioned(inside, x, w)
+    assert not view_nodes(parent)
+    assert {n.target for n in view_nodes(region)} == {aten.view.default, aten.transpose.int}
+    torch.testing.assert_close(parent(x, w), inside(x, w), atol=0, rtol=0)
+
+
+def test_views_the_graph_returns_stay_in_the_region():
+    """A backward returns weight gradients through ``t``: as views they made
+    the optimizer's step slower, so the region keeps returning copies."""
+    def returned(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.mm(x, w)
+        return torch.sign(h), h.t()
+
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
+    parent, region = partitioned(returned, x, w)
+    assert not any(n.target is aten.t.default for n in parent.graph.nodes)
+    assert any(n.target is aten.t.default for n in region.graph.nodes)
+    torch.testing.assert_close(parent(x, w), returned(x, w), atol=0, rtol=0)
+
+
+def test_small_views_stay_in_the_region():
+    """Below ``_MIN_VIEW_ELEMENTS`` a copy costs less than a view taken from
+    Python in the parent graph."""
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    parent, region = partitioned(heads_small, x, w)
+    assert not view_nodes(parent)
+    assert {n.target for n in view_nodes(region)} == {aten.view.default, aten.transpose.int}
+    torch.testing.assert_close(parent(x, w), heads_small(x, w), atol=0, rtol=0)
+
+
+def heads_small(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.sign(torch.mm(x, w).view(2, 4, 2, 8).transpose(1, 2))
+
+
+def test_a_region_of_views_alone_is_still_no_region():
+    def only_views(x: torch.Tensor) -> torch.Tensor:
+        return torch.sign(x.view(4, 32).t())
+
+    gm = make_fx(only_views)(torch.randn(8, 16))
+    assert partition(gm, OpSupport()).regions == ()
+
+
+class Heads(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(128, 128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x).view(2, 64, 4, 32).transpose(1, 2)
+        return torch.sign(q) * q.shape[-1]
+
+
+def test_through_torch_compile_the_region_stores_no_copy_of_the_view(cache_dir, dynamo_reset):
+    model = Heads().eval()
+    x = torch.randn(2, 64, 128)
+    compiled = torch.compile(model, backend=LtcBackend(GraphCache(CacheConfig.from_env()),
+                                                       whole_graph=False))
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-6, rtol=1e-6)
+    store = GraphCache(CacheConfig.from_env()).store
+    irs = [decode(store.get(key), expected_key=key).ir for key in list(store.keys())
+           if len(key) == 64]
+    regions = [ir for ir in irs if "aten::addmm" in ir or "aten::linear" in ir]
+    assert regions
+    for ir in regions:
+        assert "transpose" not in ir and "permute" not in ir
