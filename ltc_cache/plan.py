@@ -43,11 +43,11 @@ from .errors import EntryError
 from .keys import CacheKey, code_digest, derived_key
 from .nodes import is_symbolic
 from .partition import REGION_PREFIX, Partitioned
+from .wire import PLAN_FORMAT
 
-__all__ = ["FORMAT", "PlanError", "graph_from_wire", "graph_to_wire", "partitioned_from_wire",
+__all__ = ["PlanError", "graph_from_wire", "graph_to_wire", "partitioned_from_wire",
            "partitioned_to_wire", "plan_entry", "plan_graph", "plan_key", "runs_bare"]
 
-FORMAT = "ltc_cache.plan"
 _VERSION = 2  # 2: the partitioned graph, not AOTAutograd's graph before partitioning
 _BUILTINS = {"operator.getitem": operator.getitem}
 _ENUMS = {
@@ -67,7 +67,7 @@ def plan_key(key: CacheKey, *, training: bool = False) -> CacheKey:
     what a plan holds (:func:`_deciding_code`), plus whether it is a training
     plan (forward and backward, :mod:`ltc_cache.joint`)."""
     kind = "training" if training else "inference"
-    return derived_key(key, plan=f"{FORMAT}:{_VERSION}:{kind}:{_deciding_code()}")
+    return derived_key(key, plan=f"{PLAN_FORMAT}:{_VERSION}:{kind}:{_deciding_code()}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -183,7 +183,7 @@ def graph_to_wire(gm: fx.GraphModule, regions: Sequence[str] = ()) -> dict[str, 
         kwargs = [[name, _value_to_wire(value)] for name, value in node.kwargs.items()]
         nodes.append([node.op, node.name, _target_to_wire(node, regions), _value_to_wire(node.args),
                       kwargs, _val_to_wire(node.meta.get("val"))])
-    return {"format": FORMAT, "version": _VERSION, "training": gm.training, "nodes": nodes,
+    return {"format": PLAN_FORMAT, "version": _VERSION, "training": gm.training, "nodes": nodes,
             "constants": constants}
 
 
@@ -267,7 +267,7 @@ def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None =
     (so the regions rebuilt with it have the same keys) and ``submodules``
     for its region calls; raises EntryError for anything else."""
     submodules = submodules or {}
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT \
+    if not isinstance(obj, dict) or obj.get("format") != PLAN_FORMAT \
             or obj.get("version") != _VERSION:
         raise EntryError("not a plan of this ltc_cache")
     root = torch.nn.Module()

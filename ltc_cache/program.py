@@ -46,15 +46,15 @@ import torch
 from .entry import Entry, new_meta
 from .errors import EntryError, UncacheableGraph
 from .keys import CacheKey, _hash, _key, _tensor_signature, code_digest
+from .wire import PROGRAM_FORMAT
 
-__all__ = ["FORMAT", "VERSION", "ProgramParts", "Unportable", "changed_source", "check_program",
+__all__ = ["VERSION", "ProgramParts", "Unportable", "changed_source", "check_program",
            "code_record",
            "describe", "negative_program_entry", "program_entry", "program_key",
            "program_parts", "program_secret", "sign", "spec_text"]
 
 logger = logging.getLogger("ltc_cache.program")
 
-FORMAT = "ltc_cache.program"
 VERSION = 1
 # The per-user signing key, created on first use (mode 0600).
 KEY_FILE = "program.key"
@@ -112,7 +112,7 @@ def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Seq
     of the key). The sources Dynamo inlines are not known before capture:
     they are stored in the entry and compared on load."""
     parts = {
-        "format": _hash([f"{FORMAT}:{VERSION}"]),
+        "format": _hash([f"{PROGRAM_FORMAT}:{VERSION}"]),
         "torch": _hash([torch.__version__, str(torch.version.git_version)]),
         "python": _hash([sys.version, platform.python_implementation()]),
         "function": _hash([fn.__module__, fn.__qualname__, fn.__code__.co_filename]),
@@ -331,7 +331,7 @@ def sign(secret: bytes, key: str, sources: Any, checks: Any, globals_: Any,
          artifact: bytes) -> bytes:
     """HMAC-SHA256 over everything a program entry holds, and the key it is
     stored under (a signed program cannot be moved under another key)."""
-    signed = msgpack.packb([FORMAT, VERSION, key, sources, checks, globals_, artifact],
+    signed = msgpack.packb([PROGRAM_FORMAT, VERSION, key, sources, checks, globals_, artifact],
                            use_bin_type=True)
     return hmac.new(secret, signed, hashlib.sha256).digest()
 
@@ -346,7 +346,7 @@ def program_entry(key: CacheKey, name: str, *, sources: list[Any], checks: list[
     meta = new_meta(graph_name=name, node_count=node_count, graph_hash="",
                     key_parts=key.parts)
     return Entry(key.digest, "", (), (), (), meta, kind="program", payload={
-        "format": FORMAT, "version": VERSION, "sources": sources, "checks": checks,
+        "format": PROGRAM_FORMAT, "version": VERSION, "sources": sources, "checks": checks,
         "globals": globals_, "artifact": artifact,
         "hmac": sign(secret, key.digest, sources, checks, globals_, artifact),
         "python": platform.python_version(),
@@ -367,7 +367,7 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
     """The parts of a program entry whose signature holds; raises
     EntryError for anything else. Nothing is unpickled here."""
     program = entry.payload
-    if entry.kind != "program" or program.get("format") != FORMAT \
+    if entry.kind != "program" or program.get("format") != PROGRAM_FORMAT \
             or program.get("version") != VERSION:
         raise EntryError("not a program of this ltc_cache", entry.key)
     sources, checks = program.get("sources"), program.get("checks")

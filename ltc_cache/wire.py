@@ -35,6 +35,8 @@ __all__ = [
     "MAX_ENTRY_BYTES",
     "NAMES_FORMAT",
     "NAMES_PREFIX",
+    "PLAN_FORMAT",
+    "PROGRAM_FORMAT",
     "RECORD_PREFIX",
     "SCHEMA_VERSION",
     "SUPPORT_RECORD_FORMAT",
@@ -69,6 +71,10 @@ NAMES_PREFIX = RECORD_PREFIX + "names:"  # + graph name: names.py
 NAMES_FORMAT = "ltc_cache.names"
 # The op-support record (support.py).
 SUPPORT_RECORD_FORMAT = "ltc_cache.op-support"
+# The payloads of plan entries (plan.py) and program entries (program.py),
+# each with a version of its own.
+PLAN_FORMAT = "ltc_cache.plan"
+PROGRAM_FORMAT = "ltc_cache.program"
 # An exported bundle of entries (store/bundle.py).
 BUNDLE_FORMAT = "ltc_cache.bundle"
 
