@@ -27,5 +27,8 @@ def is_symbolic(value: Any) -> bool:
     or stride."""
     if isinstance(value, _SYMBOLIC):
         return True
-    return isinstance(value, torch.Tensor) and any(
-        isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride()))
+    if not isinstance(value, torch.Tensor):
+        return False
+    # Only a strided tensor has strides (a sparse one raises on stride()).
+    strides = value.stride() if value.layout == torch.strided else ()
+    return any(isinstance(d, torch.SymInt) for d in (*value.shape, *strides))

@@ -5,11 +5,12 @@ neither AOTAutograd nor the partitioner again.
 A Dynamo graph that LTC cannot lower whole is decomposed by AOTAutograd and
 partitioned (:mod:`ltc_cache.dynamo`). On a warm start its LTC regions are
 cache hits, but AOTAutograd would still run: 0.4-0.6 s of a 2 s warm start
-for the small transformers of the tests. Its inference graph depends only on
+for the small transformers of the tests, and partitioning 0.65 s of a GPT-2
+training start. Its graphs, and how they are partitioned, depend only on
 what the whole graph's key covers (the Dynamo graph, the input layouts, the
-torch build) and on ltc_cache's decompositions, so it is stored as an entry
-of its own kind, ``plan``, under that key plus a part for the
-decompositions.
+torch build) and on ltc_cache's own code that makes them (decompositions,
+partitioner), so they are stored as an entry of its own kind, ``plan``,
+under that key plus a digest of that code (:func:`plan_key`).
 
 A plan is kept only where AOTAutograd's runtime wrapper adds nothing to the
 graph's own call: no input mutated, no output that aliases an input or
