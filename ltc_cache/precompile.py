@@ -490,7 +490,7 @@ class _Programs:
         if entry is not None and entry.kind == "negative":
             changed = changed_source(entry.payload.get("program_sources") or [])
             if changed is None:
-                self._to_torch_compile(layout, f"{entry.meta.get('reason')} (remembered in "
+                self._to_torch_compile(layout, f"{entry.payload.get('reason')} (remembered in "
                                        f"entry {key.digest[:12]})")
                 return None
             logger.info("%s: %s; trying to capture a program again", self._name, changed)

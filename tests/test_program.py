@@ -286,7 +286,9 @@ def test_a_graph_break_falls_back_to_torch_compile(models, cache_dir):
     assert warm["max_error"] <= 1e-5, warm
     # Remembered: no capture is attempted again while the source is the same.
     assert warm["stats"].get("program_captures", 0) == 0, warm
-    assert any("remembered" in line for line in warm["logs"]), warm["logs"]
+    # With the reason it was remembered for (the negative entry's payload).
+    assert any("remembered" in line and "graph break" in line for line in warm["logs"]), \
+        warm["logs"]
 
 
 @pytest.mark.slow
