@@ -77,16 +77,22 @@ def _deciding_code() -> str:
     and the torch build the whole graph's key covers: ltc_cache's
     decompositions (what AOTAutograd makes), the partitioner, and the rules
     of what may go into a region. By bytecode, so that a changed comment or
-    log line keeps every stored plan, while a changed rule makes new ones."""
+    log line keeps every stored plan, while a changed rule makes new ones;
+    and by the values of the two modules' constants, which their functions
+    read by name (``partition._MIN_VIEW_ELEMENTS``, ``REGION_PREFIX``)."""
     from . import decompose, partition, support
 
     functions = [value for module in (decompose, partition) for value in vars(module).values()
                  if isinstance(value, types.FunctionType)
                  and value.__module__ == module.__name__]
     functions += [support.op_signature, support._static_rules, support.OpSupport.why_not]
+    parts = [f"{f.__qualname__}={code_digest(f.__code__)}" for f in functions]
+    parts += [f"{module.__name__}.{name}={value!r}" for module in (decompose, partition)
+              for name, value in vars(module).items()
+              if not name.startswith("__") and type(value) in (bool, int, float, str)]
     digest = hashlib.sha256()
-    for function in sorted(functions, key=lambda f: f.__qualname__):
-        digest.update(f"{function.__qualname__}={code_digest(function.__code__)}\0".encode())
+    for part in sorted(parts):
+        digest.update(f"{part}\0".encode())
     return digest.hexdigest()
 
 

@@ -293,3 +293,26 @@ def test_a_read_only_cache_serves_its_plan_and_writes_nothing(cache_dir, monkeyp
     assert warm == {"aot_graphs": 0, "plan_hits": 1, "traces": 0, "errors": 0}
     after = {p: p.read_bytes() for p in cache_dir.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_the_plan_key_follows_the_partitioners_code_and_constants(monkeypatch):
+    """A plan is keyed by what makes it: a changed partitioning rule or
+    constant (read by name, so not in any function's bytecode) makes a new
+    key, rather than serving plans made by the old one."""
+    import ltc_cache.partition
+    import ltc_cache.plan
+    from ltc_cache.keys import _key
+
+    base = _key({"graph": "0" * 64})
+
+    def key() -> str:
+        ltc_cache.plan._deciding_code.cache_clear()
+        return ltc_cache.plan.plan_key(base).digest
+
+    before = key()
+    assert key() == before and ltc_cache.plan.plan_key(base, training=True).digest != before
+    monkeypatch.setattr(ltc_cache.partition, "_MIN_VIEW_ELEMENTS",
+                        ltc_cache.partition._MIN_VIEW_ELEMENTS * 2)
+    assert key() != before
+    monkeypatch.undo()
+    assert key() == before
