@@ -111,6 +111,7 @@ def main() -> None:
         "last_loss": losses[-1],
         # Equal digests: bit-identical losses in two runs.
         "loss_digest": hashlib.sha256(json.dumps(losses).encode()).hexdigest()[:16],
+        "losses": losses,
         "hits": stats["hits"],
         "misses": stats["misses"],
         "traces": stats["traces"],

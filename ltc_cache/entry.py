@@ -99,10 +99,13 @@ def tensor_from_wire(obj: Any) -> torch.Tensor:
     if math.prod(shape) * dtype.itemsize != len(obj["data"]):
         raise EntryError(f"tensor of shape {shape} and {dtype} does not fit "
                          f"{len(obj['data'])} bytes of data")
-    data = bytearray(obj["data"])  # writable, so the tensor owns a copy
-    if not data:
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(data, dtype=dtype).reshape(shape)
+    # A tensor of torch's own allocator, which aligns to 64 bytes, not one
+    # over Python's bytes (16): MKL's kernels may round differently on data
+    # aligned differently, and a warm process must compute what the cold
+    # one did, where the same constant was torch's.
+    tensor = torch.empty(shape, dtype=dtype)
+    ctypes.memmove(tensor.data_ptr(), obj["data"], len(obj["data"]))
+    return tensor
 
 
 def _source_to_wire(s: Source) -> list[Any]:

@@ -37,6 +37,22 @@ def test_round_trip():
         assert torch.equal(stored.ref, original)
 
 
+def test_decoded_constants_are_torch_tensors_aligned_as_torch_aligns():
+    """A constant read back lives in torch's allocator (64-byte aligned), as
+    the cold process's did, owns its memory and is writable: kernels whose
+    rounding depends on alignment compute the same in a warm process."""
+    for numel in (1, 3, 5, 17, 1000, 24_577):
+        original = torch.arange(numel, dtype=torch.float32)
+        entry = sample()
+        entry = Entry(key=entry.key, ir=entry.ir, inputs=(Source("const", original),),
+                      outputs=entry.outputs, updates=(), meta=entry.meta)
+        back = decode(encode(entry), expected_key=entry.key).inputs[0].ref
+        assert torch.equal(back, original)
+        assert back.data_ptr() % 64 == 0, (numel, back.data_ptr() % 64)
+        back.add_(1)  # writable, and its own copy
+        assert back[0].item() == 1.0
+
+
 def test_every_flipped_byte_is_detected():
     data = encode(sample())
     for i in range(0, len(data), 7):

@@ -87,8 +87,11 @@ def test_train_example_is_warm_the_second_time(cache_dir):
     cold, warm = runs
     assert cold["traces"] > 0
     assert (warm["traces"], warm["misses"]) == (0, 0) and warm["hits"] > 0
-    assert warm["loss_digest"] == cold["loss_digest"]
-    assert warm["last_loss"] < warm["first_loss"]
     for run in runs:
         assert run["max_relative_diff_vs_eager"] <= 1e-4, run
         assert run["ltc_op_share"] >= 0.9, run
+    differ = [(step, c, w) for step, (c, w) in enumerate(zip(cold["losses"], warm["losses"],
+                                                            strict=True)) if c != w]
+    assert not differ, f"steps (step, cold, warm) whose losses differ: {differ[:5]}"
+    assert warm["loss_digest"] == cold["loss_digest"]
+    assert warm["last_loss"] < warm["first_loss"]
