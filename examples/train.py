@@ -6,7 +6,7 @@
 Synthetic data: sequences of a repeating random pattern, so the loss falls.
 The first run captures the model's program, traces the forward and backward
 graphs with LTC and stores them; run it again and it starts warm (no Dynamo
-capture, no traces) with the same losses. ``--compile torch`` uses
+capture, no AOTAutograd, no traces) with the same losses. ``--compile torch`` uses
 ``torch.compile(model, backend="ltc_cache")`` instead (Dynamo captures in
 every run). The same steps in eager PyTorch, in this process, give the
 reference losses.
@@ -115,6 +115,7 @@ def main() -> None:
         "hits": stats["hits"],
         "misses": stats["misses"],
         "traces": stats["traces"],
+        "aot_traces": stats.get("aot_traces", 0),
         "program_hits": stats.get("program_hits", 0),
         "frames_captured": int(torch._dynamo.utils.counters["frames"]["ok"]),
         "ltc_op_share": round(stats.get("ltc_ops", 0) / max(stats.get("aten_ops", 0), 1), 3),
@@ -129,6 +130,8 @@ def main() -> None:
     warm = "warm: no traces" if stats["traces"] == 0 else f"cold: {stats['traces']} traces"
     if report["program_hits"]:
         warm += ", program loaded, no Dynamo capture"
+    if stats["traces"] == 0 and report["aot_traces"] == 0:
+        warm += ", no AOTAutograd"
     print(f"{args.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f} ({warm})")
     print(f"first step (compile included) {first:.2f} s, all steps {total:.2f} s")
     print(f"cache: {stats['hits']} hits, {stats['misses']} misses, {stats['traces']} traces; "

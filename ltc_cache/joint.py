@@ -7,9 +7,10 @@ AOTAutograd turns a Dynamo graph that needs gradients into a forward graph
 (saved tensors, then one tangent per differentiable output; a gradient, or
 None, per input), and wraps them in an ``autograd.Function`` whose behaviour
 its ``ViewAndMutationMeta`` describes. Where that wrapper adds nothing but
-the split of the forward's outputs (:func:`trainable`: no input mutated, no
-output aliasing, no tensor subclass, no saved symbolic sizes, no effect
-tokens, no functionalized RNG), what it needs is a few counts and flags:
+the split of the forward's outputs and ``_unsafe_view`` over views of
+intermediates (:func:`trainable`: no input mutated, no other output
+aliasing, no tensor subclass, no saved symbolic sizes, no effect tokens, no
+functionalized RNG), what it needs is a few counts and flags:
 :class:`JointLayout`. The plan entry (kind ``plan``) holds the forward graph
 where an inference plan holds its graph, the backward graph beside it and
 the layout, all msgpack data; :class:`JointFunction` is the wrapper rebuilt
@@ -32,6 +33,8 @@ from .plan import PlanError, partitioned_from_wire, runs_bare
 
 __all__ = ["JointFunction", "JointLayout", "joint_graphs", "joint_layout", "trainable"]
 
+_unsafe_view = torch.ops.aten._unsafe_view.default
+
 
 @dataclass(frozen=True)
 class JointLayout:
@@ -44,7 +47,15 @@ class JointLayout:
     - ``tangents``: indices of the user outputs whose gradients the
       backward graph takes, in its order, after the saved tensors;
     - ``tangent_strides``: the stride each tangent was traced with (a
-      gradient of another layout is copied into it, as AOTAutograd does).
+      gradient of another layout is copied into it, as AOTAutograd does);
+    - ``unsafe_views``: indices of the user outputs that are views of one
+      of the graph's intermediates (``OutputType.unsafe_view_alias``: a
+      ``linear`` on a 3-d input ends in ``_unsafe_view``, as a language
+      model's head does). They are handed back through ``_unsafe_view``, as
+      AOTAutograd does, so that autograd never takes one for a view (an
+      in-place change of it is then allowed, as in eager): a region returns
+      fresh tensors, but an eager op of the partitioned graph may return a
+      view.
     """
 
     outputs: int
@@ -53,6 +64,7 @@ class JointLayout:
     requires_grad: tuple[bool, ...]
     tangents: tuple[int, ...]
     tangent_strides: tuple[tuple[int, ...], ...]
+    unsafe_views: tuple[int, ...]
 
     def to_wire(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -69,15 +81,22 @@ class JointLayout:
                 requires_grad=tuple(bool(b) for b in obj["requires_grad"]),
                 tangents=tuple(int(i) for i in obj["tangents"]),
                 tangent_strides=tuple(tuple(int(s) for s in st)
-                                      for st in obj["tangent_strides"]))
+                                      for st in obj["tangent_strides"]),
+                unsafe_views=tuple(int(i) for i in obj["unsafe_views"]))
         except (TypeError, ValueError):
             raise EntryError("plan: joint layout of the wrong shape") from None
         if len(layout.requires_grad) != layout.outputs \
                 or len(layout.tangent_strides) != len(layout.tangents) \
-                or any(not 0 <= i < layout.outputs for i in layout.tangents) \
+                or any(not 0 <= i < layout.outputs
+                       for i in (*layout.tangents, *layout.unsafe_views)) \
                 or min(layout.outputs, layout.saved, layout.saved_unchecked) < 0:
             raise EntryError("plan: joint layout out of range")
         return layout
+
+
+# What AOTAutograd's wrapper does for these output types, _Joint does too:
+# nothing for the first, ``_unsafe_view`` for the second.
+_JOINT_OUTPUT_TYPES = frozenset({"non_alias", "unsafe_view_alias"})
 
 
 def trainable(metadata: Any, example_inputs: Sequence[Any]) -> bool:
@@ -85,7 +104,7 @@ def trainable(metadata: Any, example_inputs: Sequence[Any]) -> bool:
     :class:`JointFunction` does not (``metadata``: its ``ViewAndMutationMeta``
     after partitioning)."""
     return (
-        runs_bare(metadata, example_inputs)
+        runs_bare(metadata, example_inputs, output_types=_JOINT_OUTPUT_TYPES)
         and all(issubclass(o.raw_type, torch.Tensor) for o in metadata.output_info)
         and metadata.num_symints_saved_for_bw == 0
         and not (metadata.num_opaque_objects_saved_for_bw or 0)
@@ -133,7 +152,9 @@ def joint_layout(forward: fx.GraphModule, backward: fx.GraphModule,
         strides.append(tuple(int(s) for s in val.stride()))
     layout = JointLayout(outputs=outputs, saved=saved, saved_unchecked=unchecked,
                          requires_grad=tuple(bool(o.requires_grad) for o in metadata.output_info),
-                         tangents=tangents, tangent_strides=tuple(strides))
+                         tangents=tangents, tangent_strides=tuple(strides),
+                         unsafe_views=tuple(i for i, info in enumerate(metadata.output_info)
+                                            if info.output_type.name == "unsafe_view_alias"))
     try:
         _check(forward, backward, layout)
     except EntryError as exc:
@@ -158,14 +179,16 @@ class _Joint(torch.autograd.Function):
     def forward(ctx: Any, joint: JointFunction, *args: torch.Tensor) -> tuple[Any, ...]:
         layout = joint.layout
         outs = joint.forward(*args)
-        user = tuple(outs[:layout.outputs])
+        user = list(outs[:layout.outputs])
+        for i in layout.unsafe_views:
+            user[i] = _unsafe_view(user[i], user[i].shape)
         checked_end = layout.outputs + layout.saved
         ctx.save_for_backward(*outs[layout.outputs:checked_end])
         ctx.unchecked = tuple(outs[checked_end:])
         ctx.joint = joint
         ctx.mark_non_differentiable(*(t for t, grad in zip(user, layout.requires_grad,
                                                             strict=True) if not grad))
-        return user
+        return tuple(user)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:

@@ -49,7 +49,9 @@ from .wire import PLAN_FORMAT
 __all__ = ["PlanError", "graph_from_wire", "graph_to_wire", "partitioned_from_wire",
            "partitioned_to_wire", "plan_entry", "plan_graph", "plan_key", "runs_bare"]
 
-_VERSION = 2  # 2: the partitioned graph, not AOTAutograd's graph before partitioning
+# 2: the partitioned graph, not AOTAutograd's graph before partitioning;
+# 3: a training plan's layout names the outputs AOTAutograd re-views
+_VERSION = 3
 _BUILTINS = {"operator.getitem": operator.getitem}
 _ENUMS = {
     "dtype": torch.dtype,
@@ -114,17 +116,17 @@ def plan_graph(entry: Entry) -> Partitioned:
     return partitioned_from_wire(entry.payload.get("plan"))
 
 
-def runs_bare(metadata: Any, example_inputs: Sequence[Any]) -> bool:
+def runs_bare(metadata: Any, example_inputs: Sequence[Any], *,
+              output_types: frozenset[str] = frozenset({"non_alias"})) -> bool:
     """Whether AOTAutograd's inference graph, called on the flat inputs,
     returns exactly what the compiled function does (``metadata`` is its
-    ``ViewAndMutationMeta``)."""
-    from torch._functorch._aot_autograd.schemas import OutputType
-
+    ``ViewAndMutationMeta``), given that the caller handles outputs of
+    ``output_types`` (names of AOTAutograd's ``OutputType``)."""
     return (
         all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in example_inputs)
         and not any(i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata
                     for i in metadata.input_info)
-        and all(o.output_type == OutputType.non_alias for o in metadata.output_info)
+        and all(o.output_type.name in output_types for o in metadata.output_info)
         and metadata.num_intermediate_bases == 0
         and not metadata.tokens
         and not metadata.is_rng_op_functionalized

@@ -105,9 +105,29 @@ def cnn():
     return SmallCNN(), (torch.randn(BATCH, 3, 16, 16),)
 
 
+class TokenMLP(torch.nn.Module):
+    """Embedding, an MLP and a head over every position: its logits come
+    from a ``linear`` on a 3-d input, which AOTAutograd returns as a view of
+    an intermediate (``OutputType.unsafe_view_alias``), as a language
+    model's head does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, 32)
+        self.hidden = torch.nn.Linear(32, 64)
+        self.head = torch.nn.Linear(64, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.nn.functional.gelu(self.hidden(self.embed(ids))))
+
+
+def token_mlp():
+    return TokenMLP(), (_ids(),)
+
+
 MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "llama_gqa": llama_gqa,
           "gpt2_dropout": gpt2_dropout, "t5": t5,
-          "transformer_encoder": transformer_encoder, "cnn": cnn}
+          "transformer_encoder": transformer_encoder, "cnn": cnn, "token_mlp": token_mlp}
 
 
 def first_tensor(out) -> torch.Tensor:

@@ -87,6 +87,9 @@ def test_train_example_is_warm_the_second_time(cache_dir):
     cold, warm = runs
     assert cold["traces"] > 0
     assert (warm["traces"], warm["misses"]) == (0, 0) and warm["hits"] > 0
+    # The program loads and its training plan runs: no capture, no AOTAutograd.
+    assert cold["aot_traces"] > 0
+    assert (warm["program_hits"], warm["frames_captured"], warm["aot_traces"]) == (1, 0, 0), warm
     for run in runs:
         assert run["max_relative_diff_vs_eager"] <= 1e-4, run
         assert run["ltc_op_share"] >= 0.9, run

@@ -35,16 +35,19 @@ def cli_stats() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt2", "llama_gqa", "gpt2_dropout"])
+@pytest.mark.parametrize("model", ["gpt2", "llama_gqa", "gpt2_dropout", "token_mlp"])
 def test_training_warm_start_runs_no_aotautograd(model, cache_dir):
-    """AdamW steps, an eval() pass, a frozen parameter, load_state_dict:
+    """AdamW steps, an output changed in place, an eval() pass, a frozen
+    parameter, load_state_dict (token_mlp's logits view an intermediate):
     three Dynamo graphs (training, inference, training with one input that
     needs no gradient), each through AOTAutograd in the cold process and
     from its plan in the warm one."""
     cold = child("train", model)
     warm = child("train", model)
 
-    assert cold["aot"] >= 3, cold  # the training graph twice (the frozen parameter), inference
+    # The training graph twice (the frozen parameter), and the inference
+    # graph where it needs partitioning (token_mlp's lowers whole).
+    assert cold["aot"] >= (2 if model == "token_mlp" else 3), cold
     assert warm["aot"] == 0, warm
     assert warm["stats"].get("aot_traces", 0) == 0
     assert (warm["stats"]["traces"], warm["stats"]["misses"]) == (0, 0), warm["stats"]

@@ -8,9 +8,10 @@ in this process, ltc_cache's counters and warnings.
 
 Scenarios:
 
-- ``train``: five AdamW steps, then ``eval()`` and an inference, ``train()``
-  again with one parameter frozen, ``load_state_dict`` of the first weights
-  and two more steps; eager does the same on a copy.
+- ``train``: five AdamW steps, one more whose output is scaled in place,
+  then ``eval()`` and an inference, ``train()`` again with one parameter
+  frozen, ``load_state_dict`` of the first weights and two more steps;
+  eager does the same on a copy.
 - ``infer``: inference under no_grad (partitioned where the graph needs it).
 - ``dynamic``: inference with ``dynamic=True`` over the sequence lengths
   given, in that order.
@@ -62,6 +63,16 @@ def session(model, args) -> list[float]:
     first_weights = copy.deepcopy(model.state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     values = train_steps(model, args, 5, optimizer)
+    # The output changed in place before backward: allowed in eager, so
+    # compiled too (an output that views an intermediate is handed back
+    # as no view, as AOTAutograd does).
+    optimizer.zero_grad()
+    out = first_tensor(model(*args))
+    out.mul_(0.5)
+    loss = (out.float() ** 2).mean()
+    loss.backward()
+    optimizer.step()
+    values.append(loss.item())
     model.eval()
     with torch.no_grad():
         values.append(loss_of(model(*args)).item())
