@@ -65,18 +65,46 @@ def _leave_out_trailing_views(nodes: dict[fx.Node, Any]) -> None:
     parent graph takes the views eagerly, which copies nothing. Only views
     go, so a region keeps the ops that made it worth a region, and only
     views of ``_MIN_VIEW_ELEMENTS`` or more, whose copy costs more than a
-    view taken from Python. Views the graph returns stay: a training
-    step's weight gradients come out of the backward through ``t``, and as
-    views they made GPT-2's and BERT's steps 4-6% slower.
+    view taken from Python. Views the graph returns stay, but for views of
+    the graph's inputs (:func:`_views_input`): a training step's weight
+    gradients come out of the backward through ``t``, and as views they
+    made GPT-2's and BERT's steps 4-6% slower.
     """
     changed = True
     while changed:
         changed = False
         for node in list(nodes):
-            if _large_view(node) and node.users \
-                    and not any(u in nodes or u.op == "output" for u in node.users):
+            if _large_view(node) and node.users and not any(
+                    u in nodes or (u.op == "output" and not _views_input(node))
+                    for u in node.users):
                 del nodes[node]
                 changed = True
+
+
+def _views_input(node: fx.Node) -> bool:
+    """Whether view ``node`` looks at one of the graph's inputs. A training
+    forward returns such views for its backward (``t`` of each weight a
+    product reads): taken in the parent graph they are views of the
+    weights, as AOTAutograd saves them, where a region returned a copy of
+    every weight on every step."""
+    return bool(node.args) and isinstance(node.args[0], fx.Node) \
+        and node.args[0].op == "placeholder"
+
+
+def _return_input_views_apart(graph: fx.Graph) -> None:
+    """Give the graph's output its own node for each large view of a graph
+    input that other nodes read too, in place: a training forward reads
+    ``t`` of a weight for its product and returns it for the backward. The
+    region keeps the view it reads (a view there, not a copy) and the twin
+    leaves it (:func:`_leave_out_trailing_views`)."""
+    output = next(node for node in reversed(graph.nodes) if node.op == "output")
+    for node in list(graph.nodes):
+        if len(node.users) > 1 and output in node.users and _large_view(node) \
+                and _views_input(node):
+            with graph.inserting_before(output):
+                twin = graph.call_function(node.target, node.args, node.kwargs)
+            twin.meta = dict(node.meta)
+            output.replace_input_with(node, twin)
 
 
 def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
@@ -91,6 +119,7 @@ def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
     from .support import op_signature
 
     support.learn(gm.graph.nodes)
+    _return_input_views_apart(gm.graph)
     partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
     # A region must compute something to pay for its lookup and replay call:
     # one of views alone would only copy (LTC lowers views to copies).

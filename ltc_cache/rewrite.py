@@ -21,6 +21,8 @@ every call. Three small rewrites remove that work:
   times faster (RMSNorm's square);
 - :func:`tanh_gelus`: GELU's tanh approximation written out as eight
   elementwise ops (GPT-2's) becomes ATen's one-pass ``gelu``;
+- :func:`silu_backwards`: the chain of six ops LTC lowers ``silu_backward``
+  to (Llama's backward) becomes that one fused op again;
 - :func:`drop_dead_code`: nodes and graph inputs nothing reads.
 
 One shortens the graph, which a warm start pays for by the node
@@ -50,8 +52,8 @@ from .extract import Extraction
 from .layout import Source
 
 __all__ = ["VIEW_OF_COPY", "bool_list_constants", "drop_dead_code", "fold_scalars",
-           "functional_aranges", "linears", "rewrite", "scalar_exponents", "tanh_gelus",
-           "views_for_copies"]
+           "functional_aranges", "linears", "rewrite", "scalar_exponents", "silu_backwards",
+           "tanh_gelus", "views_for_copies"]
 
 logger = logging.getLogger("ltc_cache.rewrite")
 
@@ -189,7 +191,9 @@ def views_for_copies(graph: torch._C.Graph) -> int:
     - a view copy the graph returns stays a copy, so no output shares
       memory with an input, a weight, a stored constant or another output
       (overwriting one changes nothing else, and the wrapper's copy of an
-      updated value into its argument never reads what it writes);
+      updated value into its argument never reads what it writes), unless
+      what it views is a tensor the graph computed that no other output
+      shares (:func:`_returned_views`): that memory is the output's alone;
     - an output computed from a new view by an op that keeps its input's
       layout (``x.t() + 1``) is made contiguous, as the copy made it: LTC
       drops ``.contiguous()``, so a model's ``x.t().contiguous() * 2`` is
@@ -206,9 +210,65 @@ def views_for_copies(graph: torch._C.Graph) -> int:
             view = _replace_with_view(graph, node, target)
             if view is not None:
                 views.add(view.output().unique())
+    views |= _returned_views(graph)
     if views:
         _keep_output_layouts(graph, views)
     return len(views)
+
+
+# View copies whose result holds every element of what they view (expand
+# some twice): returned as views, they keep no memory alive that a copy of
+# theirs would not have held (unlike ``select`` or ``slice``).
+_WHOLE_VIEWS = frozenset({
+    "aten::alias_copy", "aten::detach_copy", "aten::expand_copy", "aten::permute_copy",
+    "aten::squeeze_copy", "aten::squeeze_copy.dim", "aten::squeeze_copy.dims", "aten::t_copy",
+    "aten::transpose_copy.int", "aten::unsqueeze_copy", "aten::view_copy"})
+
+
+def _root(value: torch._C.Value) -> torch._C.Value:
+    """What ``value`` may share memory with: followed back through views and
+    view copies alike."""
+    while True:
+        op = _op(value.node())
+        if op is None or not (op.name in VIEW_OF_COPY or op.name in _VIEW_OPS):
+            return value
+        value = next(value.node().inputs())
+
+
+_VIEW_OPS = frozenset(VIEW_OF_COPY.values())
+
+
+def _returned_views(graph: torch._C.Graph) -> set[int]:
+    """Turn into views the view copies the graph returns whose root
+    (:func:`_root`) is a tensor an op of the graph allocated, and which no
+    other output shares; returns the new views' values, which the caller
+    makes contiguous as the copies were (a copy only where the view is not
+    laid out so: a weight gradient that a backward computes as ``t(t(mm))``
+    and a ``view`` to the same shape cost nothing).
+
+    The output then owns that memory, as it owned its copy: nothing else
+    the caller gets holds it, and the graph writes nothing."""
+    ret = graph.return_node()
+    roots: dict[int, int] = {}
+    for value in ret.inputs():
+        root = _root(value).unique()
+        roots[root] = roots.get(root, 0) + 1
+    new: set[int] = set()
+    for value in dict.fromkeys(ret.inputs()):  # each value once, in order
+        node = value.node()
+        op = _op(node)
+        if op is None or op.name not in _WHOLE_VIEWS:
+            continue
+        root = _root(value)
+        made = _op(root.node())
+        if made is None or made.aliases or made.writes or roots[root.unique()] != 1 \
+                or not all(u.user.kind() == "prim::Return" or _is_view_copy(u.user)
+                           or _reads_values_only(u.user) for u in value.uses()):
+            continue
+        view = _replace_with_view(graph, node, VIEW_OF_COPY[op.name])
+        if view is not None:
+            new.add(view.output().unique())
+    return new
 
 
 def _view_is_safe(node: torch._C.Node) -> bool:
@@ -377,6 +437,115 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return replaced
 
 
+class _Matcher:
+    """Questions the chain rewrites ask of a value: which op made it, which
+    number it holds (an IR constant or a stored 0-dim constant), and what
+    it is the product or the sum of."""
+
+    def __init__(self, graph: torch._C.Graph, inputs: list[Source]) -> None:
+        self.stored = {k: t for k, t in _stored_constants(graph, inputs).items()
+                       if t.dim() == 0}
+
+    def number(self, value: torch._C.Value) -> float | None:
+        if value.node().kind() == "prim::Constant":
+            constant = value.toIValue()
+            return constant if type(constant) in (int, float) else None
+        tensor = self.stored.get(value.unique())
+        return _scalar_value(tensor) if tensor is not None and _real_dtype(tensor.dtype) \
+            else None
+
+    def is_op(self, value: torch._C.Value, name: str) -> bool:
+        op = _op(value.node())
+        return op is not None and op.name == name
+
+    def times(self, value: torch._C.Value, factor: float) -> torch._C.Value | None:
+        """``t`` where ``value`` is ``t * factor`` (either order)."""
+        if not self.is_op(value, "aten::mul.Tensor"):
+            return None
+        a, b = value.node().inputs()
+        for tensor, other in ((a, b), (b, a)):
+            found = self.number(other)
+            if found is not None and math.isclose(found, factor, rel_tol=1e-9):
+                return tensor
+        return None
+
+    def plus(self, value: torch._C.Value) -> tuple[torch._C.Value, torch._C.Value] | None:
+        """The two operands where ``value`` is ``a + b`` (alpha 1)."""
+        if not self.is_op(value, "aten::add.Tensor"):
+            return None
+        a, b, alpha = value.node().inputs()
+        return (a, b) if self.number(alpha) == 1 else None
+
+    def factors(self, value: torch._C.Value) -> tuple[torch._C.Value, torch._C.Value] | None:
+        """The two operands where ``value`` is ``a * b`` of two tensors."""
+        if not self.is_op(value, "aten::mul.Tensor"):
+            return None
+        a, b = value.node().inputs()
+        return a, b
+
+    def filled_one(self, value: torch._C.Value) -> bool:
+        """Whether ``value`` is a tensor of ones, as LTC writes it:
+        ``clone(expand(c))`` of a stored 1."""
+        if not self.is_op(value, "aten::clone"):
+            return False
+        expanded = value.node().inputsAt(0)
+        return self.is_op(expanded, "aten::expand") \
+            and self.number(expanded.node().inputsAt(0)) == 1
+
+
+def silu_backwards(graph: torch._C.Graph, inputs: list[Source]) -> int:
+    """Replace the chain LTC lowers ``silu_backward`` to, ``g * (s * (1 + x
+    * (1 - s)))`` with ``s = sigmoid(x)`` and the 1 of ``1 - s`` a tensor of
+    ones, with ``silu_backward(g, x)``; returns how many.
+
+    SiLU is Llama's activation, and each op of the chain is a pass over the
+    activation (the ones too) where eager's backward runs one fused
+    kernel, the one put back here: its values are eager's.
+    """
+    match = _Matcher(graph, inputs)
+    replaced = 0
+    for node in list(graph.nodes()):
+        op = _op(node)
+        if op is None or op.name != "aten::mul.Tensor":
+            continue
+        for grad, product in (tuple(node.inputs()), tuple(node.inputs())[::-1]):
+            x = _silu_input(match, product)
+            if x is not None:
+                replaced += _swap_in(graph, node, "aten::silu_backward", [grad, x],
+                                     "aten::silu_backward")
+                break
+    return replaced
+
+
+def _silu_input(match: _Matcher, product: torch._C.Value) -> torch._C.Value | None:
+    """``x`` where ``product`` is ``s * (1 + x * (1 - s))``, ``s =
+    sigmoid(x)``, and no other op reads the chain between them."""
+    factors = match.factors(product)
+    if factors is None:
+        return None
+    for s, one_plus in (factors, factors[::-1]):
+        if not match.is_op(s, "aten::sigmoid"):
+            continue
+        x = s.node().inputsAt(0)
+        summed = match.plus(one_plus)
+        if summed is None or match.number(summed[1]) != 1:
+            continue
+        scaled = match.factors(summed[0])
+        if scaled is None or x.unique() not in (scaled[0].unique(), scaled[1].unique()):
+            continue
+        rest = scaled[1] if scaled[0].unique() == x.unique() else scaled[0]
+        if not match.is_op(rest, "aten::sub.Tensor"):
+            continue
+        ones, sub_s, alpha = rest.node().inputs()
+        if sub_s.unique() != s.unique() or match.number(alpha) != 1 \
+                or not match.filled_one(ones):
+            continue
+        if any(len(v.uses()) != 1 for v in (product, one_plus, summed[0], rest, ones)):
+            continue  # read elsewhere: the chain stays
+        return x
+    return None
+
+
 # GELU's tanh approximation as GPT-2 writes it, 0.5 * x * (1 + tanh(BETA *
 # (x + KAPPA * x ** 3))): the constants ATen's ``gelu(approximate="tanh")``
 # computes with.
@@ -396,38 +565,7 @@ def tanh_gelus(graph: torch._C.Graph, inputs: list[Source]) -> int:
     values differ from the chain's by rounding only (a few ulp). Runs after
     :func:`scalar_exponents`, whose ``pow(x, 3)`` it matches.
     """
-    stored = {k: t for k, t in _stored_constants(graph, inputs).items() if t.dim() == 0}
-
-    def number(value: torch._C.Value) -> float | None:
-        if value.node().kind() == "prim::Constant":
-            constant = value.toIValue()
-            return constant if type(constant) in (int, float) else None
-        tensor = stored.get(value.unique())
-        return _scalar_value(tensor) if tensor is not None and _real_dtype(tensor.dtype) \
-            else None
-
-    def is_op(value: torch._C.Value, name: str) -> bool:
-        op = _op(value.node())
-        return op is not None and op.name == name
-
-    def times(value: torch._C.Value, factor: float) -> torch._C.Value | None:
-        """``t`` where ``value`` is ``t * factor`` (either order)."""
-        if not is_op(value, "aten::mul.Tensor"):
-            return None
-        a, b = value.node().inputs()
-        for tensor, other in ((a, b), (b, a)):
-            found = number(other)
-            if found is not None and math.isclose(found, factor, rel_tol=1e-9):
-                return tensor
-        return None
-
-    def plus(value: torch._C.Value) -> tuple[torch._C.Value, torch._C.Value] | None:
-        """The two operands where ``value`` is ``a + b`` (alpha 1)."""
-        if not is_op(value, "aten::add.Tensor"):
-            return None
-        a, b, alpha = value.node().inputs()
-        return (a, b) if number(alpha) == 1 else None
-
+    match = _Matcher(graph, inputs)
     replaced = 0
     for node in list(graph.nodes()):
         op = _op(node)
@@ -435,22 +573,22 @@ def tanh_gelus(graph: torch._C.Graph, inputs: list[Source]) -> int:
             continue
         # 0.5 * x * (1 + tanh(BETA * (x + KAPPA * pow(x, 3))))
         for half_x, one_plus in (tuple(node.inputs()), tuple(node.inputs())[::-1]):
-            x = times(half_x, 0.5)
-            summed = plus(one_plus)
+            x = match.times(half_x, 0.5)
+            summed = match.plus(one_plus)
             if x is None or summed is None:
                 continue
-            tanh = next((v for v in summed if is_op(v, "aten::tanh")), None)
-            if tanh is None or number(summed[1] if summed[0] is tanh else summed[0]) != 1:
+            tanh = next((v for v in summed if match.is_op(v, "aten::tanh")), None)
+            if tanh is None or match.number(summed[1] if summed[0] is tanh else summed[0]) != 1:
                 continue
-            inner = times(tanh.node().inputsAt(0), _GELU_BETA)
-            terms = plus(inner) if inner is not None else None
+            inner = match.times(tanh.node().inputsAt(0), _GELU_BETA)
+            terms = match.plus(inner) if inner is not None else None
             if terms is None or x.unique() not in (terms[0].unique(), terms[1].unique()):
                 continue
             kappa_cube = terms[1] if terms[0].unique() == x.unique() else terms[0]
-            cube = times(kappa_cube, _GELU_KAPPA)
-            if cube is None or not is_op(cube, "aten::pow.Tensor_Scalar") \
+            cube = match.times(kappa_cube, _GELU_KAPPA)
+            if cube is None or not match.is_op(cube, "aten::pow.Tensor_Scalar") \
                     or cube.node().inputsAt(0).unique() != x.unique() \
-                    or number(cube.node().inputsAt(1)) != 3:
+                    or match.number(cube.node().inputsAt(1)) != 3:
                 continue
             chain = [half_x, one_plus, tanh, tanh.node().inputsAt(0), inner, kappa_cube, cube]
             if any(len(v.uses()) != 1 for v in chain):
@@ -639,6 +777,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         products = linears(graph)
         powers = scalar_exponents(graph, inputs)
         gelus = tanh_gelus(graph, inputs)
+        silus = silu_backwards(graph, inputs)
         dead = drop_dead_code(graph, inputs)
         ir = str(graph)
         # What the cache stores must parse in a new process, as replay parses.
@@ -648,7 +787,7 @@ def rewrite(extraction: Extraction) -> Extraction:
                   "storing it as traced")
         return extraction
     logger.debug("made %d aranges allocate, rewrote %d view copies, folded %d scalars, "
-                 "rebuilt %d bool lists, made %d linears, %d scalar powers and %d tanh GELUs, "
-                 "dropped %d dead nodes/inputs", aranges, views, scalars, bool_lists, products,
-                 powers, gelus, dead)
+                 "rebuilt %d bool lists, made %d linears, %d scalar powers, %d tanh GELUs and "
+                 "%d SiLU backwards, dropped %d dead nodes/inputs", aranges, views, scalars,
+                 bool_lists, products, powers, gelus, silus, dead)
     return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))

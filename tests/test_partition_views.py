@@ -78,6 +78,25 @@ def test_views_the_graph_returns_stay_in_the_region():
     torch.testing.assert_close(parent(x, w), returned(x, w), atol=0, rtol=0)
 
 
+def test_a_returned_view_of_an_input_is_taken_in_the_parent_and_read_inside_too():
+    """A training forward reads ``t`` of a weight for its product and
+    returns it for the backward: the region keeps its own ``t`` (a view
+    there) and the parent returns a view of the weight, as AOTAutograd
+    saves it, not a copy per step."""
+    def saved(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        wt = w.t()
+        return torch.sign(torch.mm(x, wt)), wt
+
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
+    parent, region = partitioned(saved, x, w)
+    assert any(n.target is aten.t.default for n in region.graph.nodes)
+    returned = parent.graph.output_node().args[0][1]
+    assert returned.target is aten.t.default and returned.args[0].op == "placeholder"
+    out, wt = parent(x, w)
+    assert wt._base is w  # a view of the weight
+    torch.testing.assert_close((out, wt), saved(x, w), atol=0, rtol=0)
+
+
 def test_small_views_stay_in_the_region():
     """Below ``_MIN_VIEW_ELEMENTS`` a copy costs less than a view taken from
     Python in the parent graph."""

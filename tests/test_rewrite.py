@@ -437,6 +437,60 @@ def test_a_chain_with_other_constants_is_no_gelu():
     assert "aten::gelu" not in out.ir
 
 
+def test_ltcs_silu_backward_chain_becomes_the_fused_op_with_eagers_values(cache_dir):
+    """LTC lowers ``silu_backward`` (Llama's backward) to six elementwise ops
+    over a tensor of ones; the stored graph holds the one fused op again,
+    computing eager's values bit for bit."""
+
+    class SiluBackward(torch.nn.Module):
+        def forward(self, grad, x):
+            return torch.ops.aten.silu_backward(grad, x)
+
+    gm = fx.symbolic_trace(SiluBackward())
+    grad, x = torch.randn(2, 64, 96), torch.randn(2, 64, 96) * 4
+    compiled = ltc_cache.extract_compiled_graph(gm, [grad, x])
+    kinds = [n.kind() for n in torch._C.parse_ir(compiled.entry.ir).nodes()]
+    assert kinds.count("aten::silu_backward") == 1 and "aten::sigmoid" not in kinds, kinds
+    assert all(s.kind == "arg" for s in compiled.entry.inputs)  # the ones went too
+    for _ in range(2):
+        grad, x = torch.randn(2, 64, 96), torch.randn(2, 64, 96) * 4
+        assert torch.equal(compiled(grad, x)[0], gm(grad, x))
+
+
+_SILU_CHAIN = """graph(%g : Tensor, %x : Tensor, %one : Tensor, %ones : Tensor):
+      %alpha : int = prim::Constant[value=1]()
+      %shape : int[] = prim::Constant[value=[4, 8]]()
+      %false : bool = prim::Constant[value=0]()
+      %none : NoneType = prim::Constant()
+      %s : Tensor = aten::sigmoid(%x)
+      %e : Tensor = aten::expand(%ones, %shape, %false)
+      %c : Tensor = aten::clone(%e, %none)
+      %d : Tensor = aten::sub(%c, %s, %alpha)
+      %m : Tensor = aten::mul(%x, %d)
+      %a : Tensor = aten::add(%m, %one, %alpha)
+      %f : Tensor = aten::mul(%s, %a)
+      %out : Tensor = aten::mul(%g, %f)
+      return (%out{extra})"""
+
+
+def _silu_layout(ones: float = 1.0) -> list[Source]:
+    return [Source("arg", 0), Source("arg", 1), Source("const", torch.tensor(1)),
+            Source("const", torch.tensor(ones))]
+
+
+@pytest.mark.parametrize("extra, ones", [(", %d", 1.0), (", %a", 1.0), ("", 2.0)],
+                         ids=["1 - s read elsewhere", "1 + x(1 - s) read elsewhere",
+                              "twos, not ones"])
+def test_a_silu_backward_chain_read_elsewhere_or_of_other_numbers_stays(extra, ones):
+    out = rewrite(_extraction(_SILU_CHAIN.format(extra=extra), _silu_layout(ones)))
+    assert "aten::silu_backward" not in out.ir and "aten::sigmoid" in out.ir
+    g, x = torch.randn(4, 8), torch.randn(4, 8)
+    ones_tensor = torch.full((4, 8), ones)
+    want = g * (torch.sigmoid(x) * (1 + x * (ones_tensor - torch.sigmoid(x))))
+    constants = [s.ref for s in out.inputs if s.kind == "const"]
+    torch.testing.assert_close(_function(out.ir)(g, x, *constants)[0], want)
+
+
 def test_the_stored_entry_holds_the_rewritten_ir(cache_dir):
     gm, shapes = build("mlp")
     example = inputs(shapes, seed=1)
@@ -490,7 +544,7 @@ def test_a_view_stays_a_copy_before_an_op_that_reads_strides():
         torch.testing.assert_close(a, e)
 
 
-def test_views_are_never_returned_and_outputs_keep_their_layout():
+def test_returned_views_share_no_memory_and_outputs_keep_their_layout():
     ir = """graph(%x : Tensor):
       %one : int = prim::Constant[value=1]()
       %zero : int = prim::Constant[value=0]()
@@ -503,10 +557,12 @@ def test_views_are_never_returned_and_outputs_keep_their_layout():
       %g : Tensor = aten::mm(%f, %b)
       return (%a, %c, %e, %g)"""
     graph = torch._C.parse_ir(ir)
-    assert views_for_copies(graph) == 2  # %d and %f; %a and %c are returned
+    # %d and %f, read inside; %c, returned, views %b, which the graph
+    # computed and no other output shares; %a, returned, views the input.
+    assert views_for_copies(graph) == 3
     text = str(graph)
-    assert "aten::transpose_copy" in text and text.count("aten::t_copy") == 1
-    assert text.count("aten::contiguous") == 1  # %e follows a view's layout, %g not
+    assert "aten::transpose_copy" in text and "aten::t_copy" not in text
+    assert text.count("aten::contiguous") == 2  # %c and %e follow a view's layout, %g not
     x = torch.randn(3, 3)
     expected = _function(ir)(x)
     actual = _function(text)(x)
@@ -514,6 +570,42 @@ def test_views_are_never_returned_and_outputs_keep_their_layout():
         torch.testing.assert_close(a, e)
         assert a.is_contiguous()
     assert len(storages(actual)) == 4
+
+
+def test_a_returned_view_of_a_computed_tensor_copies_only_where_its_layout_needs():
+    """A backward's weight gradient, ``t(t(mm))``, and a ``view`` to the
+    same shape come back with no copy; views of an input, a slice, and two
+    outputs viewing one tensor stay copies: no output shares memory with an
+    input or with another output."""
+    ir = """graph(%x : Tensor, %w : Tensor):
+      %zero : int = prim::Constant[value=0]()
+      %one : int = prim::Constant[value=1]()
+      %shape : int[] = prim::Constant[value=[4, 4]]()
+      %m : Tensor = aten::mm(%x, %w)
+      %t : Tensor = aten::t_copy(%m)
+      %grad : Tensor = aten::t_copy(%t)
+      %r : Tensor = aten::relu(%x)
+      %same : Tensor = aten::view_copy(%r, %shape)
+      %wt : Tensor = aten::t_copy(%w)
+      %s : Tensor = aten::sigmoid(%x)
+      %first : Tensor = aten::slice_copy(%s, %zero, %zero, %one, %one)
+      %n : Tensor = aten::neg(%x)
+      %n1 : Tensor = aten::t_copy(%n)
+      %n2 : Tensor = aten::view_copy(%n, %shape)
+      return (%grad, %same, %wt, %first, %n1, %n2)"""
+    graph = torch._C.parse_ir(ir)
+    assert views_for_copies(graph) == 3  # %t (read by %grad), %grad and %same
+    text = str(graph)
+    assert text.count("aten::t_copy") == 2 and "aten::slice_copy" in text  # %wt, %n1, %first
+    assert text.count("aten::view_copy") == 1  # %n2
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    expected = _function(ir)(x, w)
+    actual = _function(text)(x, w)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+        assert a.is_contiguous()
+    assert len(storages(actual)) == len(actual)
+    assert not storages(actual) & storages([x, w])
 
 
 def test_scalars_fold_exactly_and_odd_ones_stay():

@@ -4,7 +4,7 @@ process, interleaved, and a profile of where each spends its time.
 
     python tools/bench_steady.py [--models gpt2,bert,llama,t5] [--size mid]
                                  [--threads 1] [--rounds 15] [--inductor] [--profile]
-                                 [--train] [--clock cpu] [--ab trailing-views|tanh-gelu]
+                                 [--train] [--clock cpu] [--ab CHANGE]
 
 ``--size mid`` is hidden 256, 4 layers, 4 heads, feed-forward 1024,
 sequence 128, batch 2; ``--size tiny`` the configurations of the tests (hidden 32, 2
@@ -150,6 +150,9 @@ CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
     "trailing-views": ("ltc_cache.partition", "_leave_out_trailing_views",
                        lambda nodes: None),
     "tanh-gelu": ("ltc_cache.rewrite", "tanh_gelus", lambda graph, inputs: 0),
+    "returned-views": ("ltc_cache.rewrite", "_returned_views", lambda graph: set()),
+    "input-views": ("ltc_cache.partition", "_views_input", lambda node: False),
+    "silu-backward": ("ltc_cache.rewrite", "silu_backwards", lambda graph, inputs: 0),
 }
 
 
