@@ -52,10 +52,10 @@ class JointLayout:
       of the graph's intermediates (``OutputType.unsafe_view_alias``: a
       ``linear`` on a 3-d input ends in ``_unsafe_view``, as a language
       model's head does). They are handed back through ``_unsafe_view``, as
-      AOTAutograd does, so that autograd never takes one for a view (an
-      in-place change of it is then allowed, as in eager): a region returns
-      fresh tensors, but an eager op of the partitioned graph may return a
-      view.
+      AOTAutograd does (fact 17 in docs/design.md), so that autograd never
+      takes one for a view (an in-place change of it is then allowed, as in
+      eager): a region returns fresh tensors, but an eager op of the
+      partitioned graph may return a view.
     """
 
     outputs: int

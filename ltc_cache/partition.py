@@ -96,7 +96,7 @@ def _return_input_views_apart(graph: fx.Graph) -> None:
     input that other nodes read too, in place: a training forward reads
     ``t`` of a weight for its product and returns it for the backward. The
     region keeps the view it reads (a view there, not a copy) and the twin
-    leaves it (:func:`_leave_out_trailing_views`)."""
+    leaves it (:func:`_leave_out_trailing_views`; fact 18 in docs/design.md)."""
     output = next(node for node in reversed(graph.nodes) if node.op == "output")
     for node in list(graph.nodes):
         if len(node.users) > 1 and output in node.users and _large_view(node) \

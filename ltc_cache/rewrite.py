@@ -210,9 +210,10 @@ def views_for_copies(graph: torch._C.Graph) -> int:
             view = _replace_with_view(graph, node, target)
             if view is not None:
                 views.add(view.output().unique())
-    views |= _returned_views(graph)
+    returned = _returned_views(graph)
+    views |= returned
     if views:
-        _keep_output_layouts(graph, views)
+        _keep_output_layouts(graph, views, returned)
     return len(views)
 
 
@@ -241,10 +242,11 @@ _VIEW_OPS = frozenset(VIEW_OF_COPY.values())
 def _returned_views(graph: torch._C.Graph) -> set[int]:
     """Turn into views the view copies the graph returns whose root
     (:func:`_root`) is a tensor an op of the graph allocated, and which no
-    other output shares; returns the new views' values, which the caller
-    makes contiguous as the copies were (a copy only where the view is not
-    laid out so: a weight gradient that a backward computes as ``t(t(mm))``
-    and a ``view`` to the same shape cost nothing).
+    other output shares; returns the new views' values, which
+    :func:`_keep_output_layouts` makes contiguous as the copies were (a copy
+    only where the view is not laid out so: a weight gradient that a
+    backward computes as ``t(t(mm))`` and a ``view`` to the same shape cost
+    nothing) and no views.
 
     The output then owns that memory, as it owned its copy: nothing else
     the caller gets holds it, and the graph writes nothing."""
@@ -290,8 +292,12 @@ _NEW_LAYOUT = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"
                          "aten::addmv", "aten::dot"})
 
 
-def _keep_output_layouts(graph: torch._C.Graph, views: set[int]) -> None:
-    """Make contiguous each graph output whose layout may follow a new view."""
+def _keep_output_layouts(graph: torch._C.Graph, views: set[int], returned: set[int]) -> None:
+    """Make contiguous each graph output whose layout may follow a new view,
+    and hand back each of ``returned`` (views the graph returns) through
+    ``_unsafe_view``: the same memory, but no view to autograd, which
+    refuses an in-place change of a view that an ``autograd.Function``
+    (AOTAutograd's, or :class:`~ltc_cache.joint.JointFunction`) returns."""
     follows = set(views)
     for node in graph.nodes():
         if node.kind() not in _NEW_LAYOUT and \
@@ -308,7 +314,12 @@ def _keep_output_layouts(graph: torch._C.Graph, views: set[int]) -> None:
             node = graph.insertNode(graph.create("aten::contiguous",
                                                  [value, contiguous_format], 1))
         node.output().setType(value.type())
-        ret.replaceInput(i, node.output())
+        out = node.output()
+        if value.unique() in returned:
+            with graph.insert_point_guard(ret):
+                out = graph.insert("aten::_unsafe_view", [out, graph.insert("aten::size", [out])])
+            out.setType(value.type())
+        ret.replaceInput(i, out)
 
 
 def _is_view_copy(node: torch._C.Node) -> bool:
@@ -500,7 +511,8 @@ def silu_backwards(graph: torch._C.Graph, inputs: list[Source]) -> int:
 
     SiLU is Llama's activation, and each op of the chain is a pass over the
     activation (the ones too) where eager's backward runs one fused
-    kernel, the one put back here: its values are eager's.
+    kernel, the one put back here: its values are eager's (fact 15 in
+    docs/design.md).
     """
     match = _Matcher(graph, inputs)
     replaced = 0

@@ -604,6 +604,7 @@ def test_a_returned_view_of_a_computed_tensor_copies_only_where_its_layout_needs
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
         assert a.is_contiguous()
+        assert a._base is None  # no view to autograd: changing it in place is allowed
     assert len(storages(actual)) == len(actual)
     assert not storages(actual) & storages([x, w])
 
