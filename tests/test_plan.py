@@ -316,3 +316,28 @@ def test_the_plan_key_follows_the_partitioners_code_and_constants(monkeypatch):
     assert key() != before
     monkeypatch.undo()
     assert key() == before
+
+
+def test_aotautograd_internals_plans_rely_on():
+    """Pins: what plan.runs_bare and joint.trainable read of AOTAutograd's
+    metadata, and the one thing its autograd wrapper does that
+    JointFunction repeats (``_unsafe_view`` over views of intermediates,
+    fact 17 in docs/design.md). A torch that changes these fails here by
+    name, not as a wrong gradient."""
+    import inspect
+
+    from torch._functorch._aot_autograd import runtime_wrappers, schemas
+
+    names = {t.name for t in schemas.OutputType}
+    assert {"non_alias", "unsafe_view_alias"} <= names
+    fields = {f.name for f in dataclasses.fields(schemas.ViewAndMutationMeta)}
+    assert {"input_info", "output_info", "num_intermediate_bases", "tokens",
+            "num_symints_saved_for_bw", "num_backward_tokens"} <= fields
+    post_init = inspect.getsource(schemas.ViewAndMutationMeta.__post_init__)
+    assert "self.is_rng_op_functionalized" in post_init
+    assert "self.num_outputs_rng_offset" in post_init
+    epilogue = inspect.getsource(runtime_wrappers._AutogradForwardEpilogue)
+    assert "unsafe_view_out_indices" in epilogue and "_unsafe_view(" in epilogue
+    # The inference wrapper leaves such outputs as they are.
+    assert runtime_wrappers._HANDLER_MAP[schemas.OutputType.unsafe_view_alias] is \
+        runtime_wrappers.NoopAliasHandler
