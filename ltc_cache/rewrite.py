@@ -226,6 +226,9 @@ _WHOLE_VIEWS = frozenset({
     "aten::transpose_copy.int", "aten::unsqueeze_copy", "aten::view_copy"})
 
 
+_VIEW_OPS = frozenset(VIEW_OF_COPY.values())
+
+
 def _root(value: torch._C.Value) -> torch._C.Value:
     """What ``value`` may share memory with: followed back through views and
     view copies alike."""
@@ -234,9 +237,6 @@ def _root(value: torch._C.Value) -> torch._C.Value:
         if op is None or not (op.name in VIEW_OF_COPY or op.name in _VIEW_OPS):
             return value
         value = next(value.node().inputs())
-
-
-_VIEW_OPS = frozenset(VIEW_OF_COPY.values())
 
 
 def _returned_views(graph: torch._C.Graph) -> set[int]:
@@ -471,10 +471,10 @@ class _Matcher:
 
     def times(self, value: torch._C.Value, factor: float) -> torch._C.Value | None:
         """``t`` where ``value`` is ``t * factor`` (either order)."""
-        if not self.is_op(value, "aten::mul.Tensor"):
+        pair = self.factors(value)
+        if pair is None:
             return None
-        a, b = value.node().inputs()
-        for tensor, other in ((a, b), (b, a)):
+        for tensor, other in (pair, pair[::-1]):
             found = self.number(other)
             if found is not None and math.isclose(found, factor, rel_tol=1e-9):
                 return tensor
@@ -488,7 +488,7 @@ class _Matcher:
         return (a, b) if self.number(alpha) == 1 else None
 
     def factors(self, value: torch._C.Value) -> tuple[torch._C.Value, torch._C.Value] | None:
-        """The two operands where ``value`` is ``a * b`` of two tensors."""
+        """The two operands where ``value`` is ``a * b``."""
         if not self.is_op(value, "aten::mul.Tensor"):
             return None
         a, b = value.node().inputs()
@@ -515,18 +515,12 @@ def silu_backwards(graph: torch._C.Graph, inputs: list[Source]) -> int:
     docs/design.md).
     """
     match = _Matcher(graph, inputs)
-    replaced = 0
-    for node in list(graph.nodes()):
-        op = _op(node)
-        if op is None or op.name != "aten::mul.Tensor":
-            continue
-        for grad, product in (tuple(node.inputs()), tuple(node.inputs())[::-1]):
-            x = _silu_input(match, product)
-            if x is not None:
-                replaced += _swap_in(graph, node, "aten::silu_backward", [grad, x],
-                                     "aten::silu_backward")
-                break
-    return replaced
+
+    def silu_backward_of(grad: torch._C.Value, product: torch._C.Value) -> list[Any] | None:
+        x = _silu_input(match, product)
+        return None if x is None else [grad, x]
+
+    return _replace_products(graph, silu_backward_of, "aten::silu_backward")
 
 
 def _silu_input(match: _Matcher, product: torch._C.Value) -> torch._C.Value | None:
@@ -578,37 +572,52 @@ def tanh_gelus(graph: torch._C.Graph, inputs: list[Source]) -> int:
     :func:`scalar_exponents`, whose ``pow(x, 3)`` it matches.
     """
     match = _Matcher(graph, inputs)
+
+    def gelu_of(half_x: torch._C.Value, one_plus: torch._C.Value) -> list[Any] | None:
+        # 0.5 * x * (1 + tanh(BETA * (x + KAPPA * pow(x, 3))))
+        x = match.times(half_x, 0.5)
+        summed = match.plus(one_plus)
+        if x is None or summed is None:
+            return None
+        tanh = next((v for v in summed if match.is_op(v, "aten::tanh")), None)
+        if tanh is None or match.number(summed[1] if summed[0] is tanh else summed[0]) != 1:
+            return None
+        inner = match.times(tanh.node().inputsAt(0), _GELU_BETA)
+        terms = match.plus(inner) if inner is not None else None
+        if terms is None or x.unique() not in (terms[0].unique(), terms[1].unique()):
+            return None
+        kappa_cube = terms[1] if terms[0].unique() == x.unique() else terms[0]
+        cube = match.times(kappa_cube, _GELU_KAPPA)
+        if cube is None or not match.is_op(cube, "aten::pow.Tensor_Scalar") \
+                or cube.node().inputsAt(0).unique() != x.unique() \
+                or match.number(cube.node().inputsAt(1)) != 3:
+            return None
+        chain = [half_x, one_plus, tanh, tanh.node().inputsAt(0), inner, kappa_cube, cube]
+        if any(len(v.uses()) != 1 for v in chain):
+            return None  # an intermediate read elsewhere (saved for backward) stays
+        return [x, graph.insertConstant("tanh")]
+
+    return _replace_products(graph, gelu_of, "aten::gelu")
+
+
+def _replace_products(graph: torch._C.Graph,
+                      find: Callable[[torch._C.Value, torch._C.Value], list[Any] | None],
+                      op_name: str) -> int:
+    """Put ``op_name(*args)`` in place of each product ``a * b`` for which
+    ``find(a, b)`` (or ``find(b, a)``) gives the arguments, inserting at the
+    product; returns how many."""
     replaced = 0
     for node in list(graph.nodes()):
         op = _op(node)
         if op is None or op.name != "aten::mul.Tensor":
             continue
-        # 0.5 * x * (1 + tanh(BETA * (x + KAPPA * pow(x, 3))))
-        for half_x, one_plus in (tuple(node.inputs()), tuple(node.inputs())[::-1]):
-            x = match.times(half_x, 0.5)
-            summed = match.plus(one_plus)
-            if x is None or summed is None:
-                continue
-            tanh = next((v for v in summed if match.is_op(v, "aten::tanh")), None)
-            if tanh is None or match.number(summed[1] if summed[0] is tanh else summed[0]) != 1:
-                continue
-            inner = match.times(tanh.node().inputsAt(0), _GELU_BETA)
-            terms = match.plus(inner) if inner is not None else None
-            if terms is None or x.unique() not in (terms[0].unique(), terms[1].unique()):
-                continue
-            kappa_cube = terms[1] if terms[0].unique() == x.unique() else terms[0]
-            cube = match.times(kappa_cube, _GELU_KAPPA)
-            if cube is None or not match.is_op(cube, "aten::pow.Tensor_Scalar") \
-                    or cube.node().inputsAt(0).unique() != x.unique() \
-                    or match.number(cube.node().inputsAt(1)) != 3:
-                continue
-            chain = [half_x, one_plus, tanh, tanh.node().inputsAt(0), inner, kappa_cube, cube]
-            if any(len(v.uses()) != 1 for v in chain):
-                continue  # an intermediate read elsewhere (saved for backward) stays
+        a, b = node.inputs()
+        for pair in ((a, b), (b, a)):
             with graph.insert_point_guard(node):
-                approximate = graph.insertConstant("tanh")
-            replaced += _swap_in(graph, node, "aten::gelu", [x, approximate], "aten::gelu")
-            break
+                args = find(*pair)
+            if args is not None:
+                replaced += _swap_in(graph, node, op_name, args, op_name)
+                break
     return replaced
 
 
