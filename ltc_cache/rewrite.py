@@ -123,6 +123,12 @@ def _op(node: torch._C.Node) -> _Op | None:
     return _op_of(node.schema())
 
 
+def _calls(graph: torch._C.Graph, name: str) -> list[torch._C.Node]:
+    """The nodes of ``graph`` that call op ``name`` (with its overload),
+    listed before a rewrite replaces any."""
+    return [node for node in graph.nodes() if (op := _op(node)) is not None and op.name == name]
+
+
 def _writes(node: torch._C.Node) -> bool:
     """Whether ``node`` may write to memory it did not allocate (or is an
     op this module does not know, which is treated the same)."""
@@ -158,10 +164,7 @@ def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
     """
     stored = _stored_constants(graph, inputs)
     replaced = 0
-    for node in list(graph.nodes()):
-        op = _op(node)
-        if op is None or op.name != "aten::arange.start_out":
-            continue
+    for node in _calls(graph, "aten::arange.start_out"):
         start, end, step, out = node.inputs()
         tensor = stored.get(out.unique())
         if tensor is None:
@@ -433,10 +436,7 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
     """
     stored = {k: t for k, t in _stored_constants(graph, inputs).items() if t.dim() == 0}
     replaced = 0
-    for node in list(graph.nodes()):
-        op = _op(node)
-        if op is None or op.name != "aten::pow.Tensor_Tensor":
-            continue
+    for node in _calls(graph, "aten::pow.Tensor_Tensor"):
         base, exponent = node.inputs()
         value = _number_of(exponent, stored, _real_dtype)
         if value is None:
@@ -607,10 +607,7 @@ def _replace_products(graph: torch._C.Graph,
     ``find(a, b)`` (or ``find(b, a)``) gives the arguments, inserting at the
     product; returns how many."""
     replaced = 0
-    for node in list(graph.nodes()):
-        op = _op(node)
-        if op is None or op.name != "aten::mul.Tensor":
-            continue
+    for node in _calls(graph, "aten::mul.Tensor"):
         a, b = node.inputs()
         for pair in ((a, b), (b, a)):
             with graph.insert_point_guard(node):
