@@ -267,8 +267,7 @@ def _returned_views(graph: torch._C.Graph) -> set[int]:
         root = _root(value)
         made = _op(root.node())
         if made is None or made.aliases or made.writes or roots[root.unique()] != 1 \
-                or not all(u.user.kind() == "prim::Return" or _is_view_copy(u.user)
-                           or _reads_values_only(u.user) for u in value.uses()):
+                or not _view_is_safe(node, returned=True):
             continue
         view = _replace_with_view(graph, node, VIEW_OF_COPY[op.name])
         if view is not None:
@@ -276,10 +275,14 @@ def _returned_views(graph: torch._C.Graph) -> set[int]:
     return new
 
 
-def _view_is_safe(node: torch._C.Node) -> bool:
+def _view_is_safe(node: torch._C.Node, *, returned: bool = False) -> bool:
+    """Whether every use of ``node`` takes a view as it took the copy;
+    ``returned``: the graph's return counts as such a use."""
     for use in node.output().uses():
         user = use.user
         if user.kind() == "prim::Return":
+            if returned:
+                continue
             return False
         if user.kind() in _CONTAINERS:
             if not all(_reads_values_only(u.user) for u in user.output().uses()):
