@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "CacheConfig": "config",
     "CompiledGraph": "replay",
-    "CompiledModule": "precompile",
+    "CompiledModule": "compiled_module",
     "EntryError": "errors",
     "GraphCache": "cache",
     "LockTimeout": "errors",
@@ -32,10 +32,11 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .cache import GraphCache, default_cache, extract_compiled_graph, stats
+    from .compiled_module import CompiledModule
     from .config import CacheConfig
     from .dynamo import LtcBackend, backend
     from .errors import EntryError, LockTimeout, UncacheableGraph
-    from .precompile import CompiledModule, compile
+    from .precompile import compile
     from .replay import CompiledGraph
 
 

@@ -44,6 +44,7 @@ import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from .cache import GraphCache, default_cache
+from .compiled_module import CompiledModule, stand_in
 from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
 from .keys import CacheKey
@@ -330,6 +331,20 @@ def _recording_traced_code(codes: list[types.CodeType]) -> Iterator[None]:
         SourceInfo.add_code = original  # type: ignore[method-assign]
 
 
+def _once_logging() -> Any:
+    """Dynamo's setting that makes it skip, while it captures a program,
+    the logger methods that log a message once per process (transformers
+    adds ``warning_once`` and ``info_once`` to ``logging.Logger``, and its
+    models call them in ``forward``: a ``loss_type`` it does not know, a
+    deprecated argument). Dynamo cannot trace a log call; each would be a
+    graph break, keeping the model off programs for a message printed once.
+    Inside a program they log nothing, in every process."""
+    once = {value for name, value in vars(logging.Logger).items()
+            if name.endswith("_once") and callable(value)}
+    config = torch._dynamo.config
+    return config.patch(ignore_logging_functions=set(config.ignore_logging_functions) | once)
+
+
 # --- one loaded program --------------------------------------------------------
 
 
@@ -552,7 +567,7 @@ class _Programs:
         codes: list[types.CodeType] = []
         own_sources = self._own_sources()
         try:
-            with _recording_traced_code(codes):
+            with _recording_traced_code(codes), _once_logging():
                 compiled = torch.compile(self._fn, fullgraph=True, dynamic=False,
                                          backend=_backend(self._name),
                                          options={"guard_filter_fn": guard_filter})
@@ -630,39 +645,6 @@ def _sources(codes: Sequence[types.CodeType]) -> list[Any]:
 # --- the public wrapper --------------------------------------------------------
 
 
-class CompiledModule(torch.nn.Module):
-    """What :func:`compile` returns for a module: called like it, computing
-    through programs; parameters, buffers, ``train()``/``eval()``, ``to()``
-    and every other attribute are the original module's (``state_dict`` and
-    ``load_state_dict`` without the ``_orig_mod.`` prefix
-    ``torch.compile``'s wrapper adds)."""
-
-    def __init__(self, module: torch.nn.Module, programs: _Programs) -> None:
-        super().__init__()
-        self._orig_mod = module
-        self.__dict__["_ltc_programs"] = programs
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_ltc_programs"](args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if name == "_modules" or name.startswith("__"):  # half-built (copy, pickle)
-                raise
-            return getattr(self._modules["_orig_mod"], name)
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._orig_mod.load_state_dict(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"ltc_cache.compile({self._orig_mod!r})"
-
-
 def _traced_fn(model: Any) -> tuple[types.FunctionType, Any]:
     """The function Dynamo traces for ``model`` and what comes first in its
     arguments (the module, for a module's forward)."""
@@ -675,7 +657,8 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
     """``torch.compile(model, backend="ltc_cache", **kwargs)``, whose warm
     start loads the whole compiled program: no Dynamo capture, no LTC trace.
 
-    Takes a module (returns a :class:`CompiledModule`) or a function
+    Takes a module (returns a :class:`~ltc_cache.compiled_module.CompiledModule`,
+    a stand-in for it that training loops take for the module) or a function
     (returns a function), and works as a decorator, with or without
     arguments; any other callable goes to ``torch.compile`` as it is.
     ``kwargs`` are ``torch.compile``'s (``fullgraph``, ``dynamic``,
@@ -697,7 +680,7 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
         fn, owner = _traced_fn(model)
         name = type(model).__name__
         programs = _Programs(fn, owner, name, kwargs, model)
-        return CompiledModule(model, programs)
+        return stand_in(model, programs, kwargs)
     if isinstance(model, types.FunctionType):
         programs = _Programs(model, None, model.__qualname__, kwargs, model)
 

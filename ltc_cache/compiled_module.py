@@ -1,0 +1,175 @@
+"""``CompiledModule``: what :func:`ltc_cache.compile` returns for a module,
+a stand-in that training loops take for the module itself.
+
+Training loops look at the model they are given, not only call it:
+
+- transformers' ``Trainer`` keeps the dataset columns named in
+  ``inspect.signature(model.forward)`` and finds the label names in
+  ``type(model).forward``'s signature;
+- accelerate, transformers and Lightning recognise a compiled model as an
+  instance of Dynamo's ``OptimizedModule`` and unwrap it through
+  ``_orig_mod`` (``accelerate.utils.extract_model_from_parallel``), to save
+  the plain model (``save_pretrained``) and not to compile it a second time;
+- optimizers' parameter groups, checkpoint tools and ``get_submodule`` use
+  the names of ``named_parameters``/``named_modules``/``state_dict``.
+
+So a ``CompiledModule`` is an ``OptimizedModule`` (as ``torch.compile``'s
+wrapper is), of a class made once per module class whose ``forward`` has
+the module's signature and docstring; attribute reads and writes reach the
+module (``config``, ``save_pretrained``, ``gradient_checkpointing_enable``);
+and every name it shows is the module's own, with no ``_orig_mod.`` prefix
+(``torch.compile``'s wrapper shows two sets of names: prefixed parameters,
+unprefixed ``state_dict`` keys in transformers, prefixed in plain torch).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._dynamo.eval_frame import OptimizedModule
+
+if TYPE_CHECKING:
+    from .precompile import _Programs
+
+__all__ = ["CompiledModule", "stand_in"]
+
+
+class CompiledModule(OptimizedModule):
+    """What :func:`ltc_cache.compile` returns for a module: called like it,
+    computing through programs; everything else is the module's.
+
+    - ``forward`` shows the module's signature and docstring (on the
+      instance and on the class);
+    - attributes and methods read (and attributes set) reach the module;
+      ``training``, ``train()``/``eval()``, ``to()`` are the module's;
+    - ``named_parameters``/``parameters``, ``named_buffers``/``buffers``,
+      ``named_modules``/``modules``, ``get_submodule``/``get_parameter``/
+      ``get_buffer``, ``state_dict``/``load_state_dict`` are the module's,
+      under the module's names: a saved ``state_dict`` loads into the plain
+      module and back;
+    - it is an ``OptimizedModule`` whose ``_orig_mod`` is the module, which
+      is how accelerate and transformers recognise a compiled model and
+      unwrap it (saving the plain model, never compiling it again).
+    """
+
+    # Dynamo's wrapper sets a flag around each call that only matters while
+    # Dynamo traces hooks; a program runs outside Dynamo: the plain call.
+    __call__ = torch.nn.Module.__call__
+
+    def __init__(self, module: torch.nn.Module, programs: _Programs,
+                 compile_kwargs: Mapping[str, Any] | None = None) -> None:
+        # OptimizedModule.__init__ builds Dynamo's context; this sets what
+        # its methods read (``_orig_mod`` first: attribute access goes
+        # through it), as that does.
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_super_module_initialized", False)
+        torch.nn.Module.__init__(self)
+        object.__setattr__(self, "_super_module_initialized", True)
+        torch.nn.Module.__setattr__(self, "_orig_mod", module)  # a registered child
+        self.__dict__["_ltc_programs"] = programs
+        self.__dict__["_ltc_compile_kwargs"] = dict(compile_kwargs or {})
+        own = module.__dict__.get("forward")
+        if own is not None:  # a forward set on the instance (a hook, a patch)
+            self.__dict__["forward"] = _forward_like(own, programs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__dict__["_ltc_programs"](args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return torch.nn.Module.__getattr__(self, name)
+        except AttributeError:
+            if name in ("_modules", "_orig_mod") or name.startswith("__"):
+                raise  # half-built (copy, pickle): no module to ask
+            return getattr(self._modules["_orig_mod"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_orig_mod" and value is not self.__dict__["_modules"].get("_orig_mod"):
+            # The programs compute with the module they were made for.
+            raise AttributeError("ltc_cache.compile(module): its module cannot be replaced; "
+                                 "compile the new module instead")
+        super().__setattr__(name, value)
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        # Pickled (and deep-copied) as "compile this module again".
+        return (_compile_again, (self._orig_mod, self.__dict__["_ltc_compile_kwargs"]))
+
+    # -- the module's names, never the wrapper's ---------------------------------
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        return self._orig_mod.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        return self._orig_mod.named_buffers(*args, **kwargs)
+
+    def named_modules(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        return self._orig_mod.named_modules(*args, **kwargs)
+
+    def get_submodule(self, target: str) -> torch.nn.Module:
+        return self._orig_mod.get_submodule(target)
+
+    def get_parameter(self, target: str) -> torch.nn.Parameter:
+        return self._orig_mod.get_parameter(target)
+
+    def get_buffer(self, target: str) -> torch.Tensor:
+        return self._orig_mod.get_buffer(target)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> CompiledModule:
+        self._orig_mod.train(mode)  # the module's own train(), where it has one
+        return self
+
+    def __repr__(self) -> str:
+        return f"ltc_cache.compile({self._orig_mod!r})"
+
+
+def _forward_like(original: Callable[..., Any], programs: _Programs) -> Callable[..., Any]:
+    """A ``forward`` for the instance (unbound, as one in an instance's
+    ``__dict__`` is called) that shows ``original``'s signature and
+    docstring (``inspect.signature`` follows ``__wrapped__``)."""
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return programs(args, kwargs)
+
+    functools.update_wrapper(forward, original)
+    return forward
+
+
+@functools.cache
+def _stand_in_class(cls: type[torch.nn.Module]) -> type[CompiledModule]:
+    """The CompiledModule class for modules of class ``cls``: named like
+    it (transformers reads ``type(model).__name__`` and
+    ``type(model).forward``'s parameters for the label names), with a
+    ``forward`` that shows ``cls.forward``'s signature and docstring."""
+    original = cls.forward
+
+    def forward(self: CompiledModule, *args: Any, **kwargs: Any) -> Any:
+        return self.__dict__["_ltc_programs"](args, kwargs)
+
+    functools.update_wrapper(forward, original)  # inspect.signature follows __wrapped__
+    return type(cls.__name__, (CompiledModule,), {
+        "forward": forward,
+        "__module__": CompiledModule.__module__,
+        "__qualname__": f"CompiledModule[{cls.__qualname__}]",
+        "__doc__": CompiledModule.__doc__,
+    })
+
+
+def stand_in(module: torch.nn.Module, programs: _Programs,
+             compile_kwargs: Mapping[str, Any]) -> CompiledModule:
+    """The CompiledModule of ``module``, computing through ``programs``."""
+    return _stand_in_class(type(module))(module, programs, compile_kwargs)
+
+
+def _compile_again(module: torch.nn.Module, compile_kwargs: Mapping[str, Any]) -> Any:
+    from .precompile import compile
+
+    return compile(module, **compile_kwargs)
