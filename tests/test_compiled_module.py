@@ -1,0 +1,181 @@
+"""What ``ltc_cache.compile(module)`` returns stands in for the module where
+training loops look at it: its forward's signature and docstring, its
+attributes and methods, its parameter, buffer and submodule names, its
+state_dict, and how accelerate and transformers recognise and unwrap a
+compiled model. Tiny transformers models, nothing called but where said.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import pickle
+
+import pytest
+import torch
+
+import ltc_cache
+from ltc_cache.compiled_module import CompiledModule
+
+transformers = pytest.importorskip("transformers")
+
+
+def gpt2() -> torch.nn.Module:
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def bert_classifier() -> torch.nn.Module:
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=96,
+                                     max_position_embeddings=32, num_labels=3)
+    return transformers.BertForSequenceClassification(config)
+
+
+@pytest.fixture(params=[gpt2, bert_classifier], ids=["gpt2", "bert"])
+def pair(request):
+    torch.manual_seed(0)
+    model = request.param()
+    return model, ltc_cache.compile(model)
+
+
+def test_forward_shows_the_modules_signature_and_docstring(pair):
+    from transformers.utils.generic import can_return_loss, find_labels
+
+    model, compiled = pair
+    assert inspect.signature(compiled.forward) == inspect.signature(model.forward)
+    assert "input_ids" in inspect.signature(compiled.forward).parameters
+    assert compiled.forward.__doc__ == model.forward.__doc__
+    # What Trainer reads from the class: the label names, whether it returns a loss.
+    assert find_labels(type(compiled)) == find_labels(type(model)) == ["labels"]
+    assert can_return_loss(type(compiled)) == can_return_loss(type(model))
+    assert type(compiled).__name__ == type(model).__name__
+    assert compiled._get_name() == model._get_name()
+    assert isinstance(compiled, CompiledModule) and isinstance(compiled, ltc_cache.CompiledModule)
+    assert not isinstance(compiled, type(model))  # a stand-in, not the class
+
+
+def test_a_forward_set_on_the_instance_shows_its_signature():
+    model = torch.nn.Linear(4, 4)
+
+    def forward(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Scaled."""
+        return torch.nn.functional.linear(x, model.weight, model.bias) * scale
+
+    model.forward = forward
+    compiled = ltc_cache.compile(model)
+    assert inspect.signature(compiled.forward) == inspect.signature(forward)
+    assert compiled.forward.__doc__ == "Scaled."
+
+
+@pytest.mark.filterwarnings("ignore:.*gradient_checkpointing:FutureWarning")
+def test_attributes_and_methods_reach_the_module(pair, tmp_path):
+    model, compiled = pair
+    assert compiled.config is model.config
+    assert compiled.device == model.device
+    assert compiled.supports_gradient_checkpointing
+    compiled.gradient_checkpointing_enable()
+    assert model.is_gradient_checkpointing
+    compiled.gradient_checkpointing_disable()
+    assert not model.is_gradient_checkpointing
+    compiled.some_flag = 3  # set on the module, as torch.compile's wrapper does
+    assert model.some_flag == 3 and compiled.some_flag == 3
+    compiled.eval()
+    assert not model.training and not compiled.training
+    model.train()
+    assert compiled.training
+    with pytest.raises(AttributeError, match="no_such_attribute"):
+        _ = compiled.no_such_attribute
+
+    compiled.save_pretrained(tmp_path / "saved")
+    loaded = type(model).from_pretrained(tmp_path / "saved")
+    for (name, a), (other, b) in zip(model.state_dict().items(), loaded.state_dict().items(),
+                                     strict=True):
+        assert name == other and torch.equal(a, b), name
+
+
+def test_names_are_the_modules_own(pair):
+    model, compiled = pair
+    for method in ("named_parameters", "named_buffers", "named_modules"):
+        got = [(n, id(v)) for n, v in getattr(compiled, method)()]
+        assert got == [(n, id(v)) for n, v in getattr(model, method)()], method
+        assert not any("_orig_mod" in n for n, _ in got), method
+    assert [n for n, _ in compiled.named_parameters(prefix="m")] == \
+        [n for n, _ in model.named_parameters(prefix="m")]
+    assert all(a is b for a, b in zip(compiled.parameters(), model.parameters(), strict=True))
+    assert all(a is b for a, b in zip(compiled.buffers(), model.buffers(), strict=True))
+    assert next(iter(compiled.modules())) is model
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    assert not any("_orig_mod" in n for n in compiled.state_dict())
+    # Names the two sets share line up, as optimizers' groups and checkpoint tools expect.
+    params = dict(compiled.named_parameters())
+    state = compiled.state_dict()
+    assert all(torch.equal(params[n], state[n]) for n in params)
+    name = next(iter(params))
+    assert compiled.get_parameter(name) is params[name]
+    submodule = name.rsplit(".", 1)[0]
+    assert compiled.get_submodule(submodule) is model.get_submodule(submodule)
+
+
+def test_a_saved_state_dict_loads_into_the_plain_model_and_back(pair, tmp_path):
+    model, compiled = pair
+    path = tmp_path / "state.pt"
+    torch.save(compiled.state_dict(), path)
+    torch.manual_seed(1)
+    plain = copy.deepcopy(model)
+    for p in plain.parameters():
+        torch.nn.init.normal_(p)
+    plain.load_state_dict(torch.load(path))  # strict: the same names
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+    # and a plain model's state_dict into the compiled one
+    for p in plain.parameters():
+        torch.nn.init.normal_(p)
+    torch.save(plain.state_dict(), path)
+    compiled.load_state_dict(torch.load(path))
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+
+
+def test_accelerate_and_transformers_see_a_compiled_model_and_unwrap_it(pair):
+    from accelerate.utils import extract_model_from_parallel, is_compiled_module
+    from transformers.modeling_utils import unwrap_model
+
+    model, compiled = pair
+    assert is_compiled_module(compiled) and not is_compiled_module(model)
+    assert compiled._orig_mod is model
+    # Trainer saves through this: the plain model, whose save_pretrained it calls.
+    assert extract_model_from_parallel(compiled, keep_torch_compile=False) is model
+    assert extract_model_from_parallel(compiled) is compiled
+    assert unwrap_model(compiled) is compiled
+    compiled._orig_mod = model  # what extract_model_from_parallel does, re-wrapping
+    with pytest.raises(AttributeError, match="cannot be replaced"):
+        compiled._orig_mod = copy.deepcopy(model)
+    assert ltc_cache.compile(compiled) is compiled
+
+
+def test_copies_and_pickles_compile_a_copy_of_the_module(pair):
+    model, compiled = pair
+    for copied in (copy.deepcopy(compiled), pickle.loads(pickle.dumps(compiled))):
+        assert type(copied) is type(compiled)
+        assert copied._orig_mod is not model
+        assert list(copied.state_dict()) == list(model.state_dict())
+        assert all(torch.equal(a, b) for a, b in zip(copied.parameters(), model.parameters(),
+                                                     strict=True))
+        assert copied.__dict__["_ltc_programs"] is not compiled.__dict__["_ltc_programs"]
+
+
+def test_the_stand_in_computes_as_the_module(cache_dir):
+    torch.manual_seed(0)
+    model = gpt2().eval()
+    compiled = ltc_cache.compile(model)
+    ids = torch.randint(0, 96, (2, 8))
+    with torch.no_grad():
+        got = compiled(input_ids=ids, labels=ids)
+        want = model(input_ids=ids, labels=ids)
+    assert torch.allclose(got.logits, want.logits, atol=1e-5)
+    assert torch.allclose(got.loss, want.loss, atol=1e-5)
+    # One program (a logging call once per process in GPT-2's loss is no graph break).
+    assert ltc_cache.stats().get("program_captures") == 1
+    assert ltc_cache.stats().get("program_fallbacks", 0) == 0
