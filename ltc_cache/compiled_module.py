@@ -10,6 +10,8 @@ Training loops look at the model they are given, not only call it:
   instance of Dynamo's ``OptimizedModule`` and unwrap it through
   ``_orig_mod`` (``accelerate.utils.extract_model_from_parallel``), to save
   the plain model (``save_pretrained``) and not to compile it a second time;
+  Lightning's ``Trainer.fit`` then wraps the module's methods with the
+  wrapper's ``dynamo_ctx``;
 - optimizers' parameter groups, checkpoint tools and ``get_submodule`` use
   the names of ``named_parameters``/``named_modules``/``state_dict``.
 
@@ -74,6 +76,7 @@ class CompiledModule(OptimizedModule):
         own = module.__dict__.get("forward")
         if own is not None:  # a forward set on the instance (a hook, a patch)
             self.__dict__["forward"] = _forward_like(own, programs)
+        self.__dict__["dynamo_ctx"] = _ProgramsContext(module, programs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_ltc_programs"](args, kwargs)
@@ -131,15 +134,57 @@ class CompiledModule(OptimizedModule):
         return f"ltc_cache.compile({self._orig_mod!r})"
 
 
-def _forward_like(original: Callable[..., Any], programs: _Programs) -> Callable[..., Any]:
-    """A ``forward`` for the instance (unbound, as one in an instance's
-    ``__dict__`` is called) that shows ``original``'s signature and
-    docstring (``inspect.signature`` follows ``__wrapped__``)."""
+class _ProgramsContext:
+    """What stands for Dynamo's context at ``dynamo_ctx``, where Lightning
+    reads it: ``Trainer.fit(compiled)`` unwraps the LightningModule and
+    wraps its ``forward`` and ``*_step`` methods with it. The forward
+    computes through the programs; a step method stays as it is (its
+    ``self(batch)`` reaches the programs through the wrapped forward, and
+    the rest of it, the loss and logging, is eager code)."""
 
+    def __init__(self, module: torch.nn.Module, programs: _Programs) -> None:
+        self._module = module
+        self._programs = programs
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if fn == self._module.forward:
+            return _forward_like(fn, self._programs)
+        return fn
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        # Saved with the module it is kept on (Lightning's _compiler_ctx),
+        # as a placeholder: see _ProgramsForward.
+        return (_saved_forward, ())
+
+
+def _forward_like(original: Callable[..., Any], programs: _Programs) -> _ProgramsForward:
+    return _ProgramsForward(original, programs)
+
+
+class _ProgramsForward:
+    """A ``forward`` for an instance (unbound, as one in an instance's
+    ``__dict__`` is called): computes through the programs, shows
+    ``original``'s signature and docstring (``inspect.signature`` follows
+    ``__wrapped__``). Dynamo saves a module's callables with the guards of a
+    program made through it (Lightning's ``validate`` after ``fit``); this
+    one pickles as a placeholder, not as the programs it holds."""
+
+    def __init__(self, original: Callable[..., Any], programs: _Programs) -> None:
+        self._programs = programs
+        functools.update_wrapper(self, original)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._programs(args, kwargs)
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return (_saved_forward, ())
+
+
+def _saved_forward() -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return programs(args, kwargs)
+        raise RuntimeError("a forward that ran through ltc_cache programs, unpickled: "
+                           "compile the module again with ltc_cache.compile")
 
-    functools.update_wrapper(forward, original)
     return forward
 
 

@@ -345,6 +345,38 @@ def _once_logging() -> Any:
     return config.patch(ignore_logging_functions=set(config.ignore_logging_functions) | once)
 
 
+# Torch's own constants, one object each for the whole process.
+_SHARED_CONSTANTS = (torch.dtype, torch.layout, torch.memory_format)
+
+
+@contextlib.contextmanager
+def _shared_constants_saved() -> Iterator[None]:
+    """Dynamo saves a module in the guards' state without the attributes
+    no guard reads, marking each such value "missing" by identity; a module
+    attribute holding one of torch's shared constants (LightningModule's
+    ``_dtype`` is ``torch.float32``) then makes every use of that constant
+    in the state missing, tensors' dtypes included, and the program fails
+    to load (``empty_strided(): argument 'dtype' must be torch.dtype, not
+    _Missing``). Those constants are kept: they pickle by name."""
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        result = original(self, obj)
+        if isinstance(obj, torch.nn.Module):
+            for key in [k for k, v in self.missing_values.items()
+                        if isinstance(v, _SHARED_CONSTANTS)]:
+                del self.missing_values[key]
+        return result
+
+    GuardsStatePickler.reducer_override = reducer_override  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GuardsStatePickler.reducer_override = original  # type: ignore[method-assign]
+
+
 # --- one loaded program --------------------------------------------------------
 
 
@@ -567,7 +599,7 @@ class _Programs:
         codes: list[types.CodeType] = []
         own_sources = self._own_sources()
         try:
-            with _recording_traced_code(codes), _once_logging():
+            with _recording_traced_code(codes), _once_logging(), _shared_constants_saved():
                 compiled = torch.compile(self._fn, fullgraph=True, dynamic=False,
                                          backend=_backend(self._name),
                                          options={"guard_filter_fn": guard_filter})
@@ -679,7 +711,11 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
     if isinstance(model, torch.nn.Module):
         fn, owner = _traced_fn(model)
         name = type(model).__name__
-        programs = _Programs(fn, owner, name, kwargs, model)
+        # What falls back to torch.compile is the function the programs
+        # run, bound, not the module: a forward replaced after this (Lightning
+        # wraps it with the stand-in's) would call the programs again.
+        fallback = types.MethodType(fn, owner) if owner is not None else fn
+        programs = _Programs(fn, owner, name, kwargs, fallback)
         return stand_in(model, programs, kwargs)
     if isinstance(model, types.FunctionType):
         programs = _Programs(model, None, model.__qualname__, kwargs, model)

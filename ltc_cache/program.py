@@ -24,6 +24,7 @@ Nothing here imports Dynamo; :mod:`ltc_cache.precompile` drives it.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import hashlib
@@ -269,6 +270,18 @@ def _describe(obj: Any, depth: int, path: tuple[int, ...]) -> Any:
         return ["op", str(obj)]
     if isinstance(obj, torch.dtype | torch.device):
         return ["v", type(obj).__name__, str(obj)]
+    if obj is dataclasses.MISSING:
+        return ["missing"]
+    if isinstance(obj, dataclasses.Field):
+        # A dataclass field, as the validators of transformers' configs
+        # hold in their closures (setting config.problem_type runs one).
+        return ["field", obj.name, describe(obj.type, depth + 1),
+                describe(obj.default, depth + 1), describe(obj.default_factory, depth + 1)]
+    if type(obj).__module__ == "typing" and not isinstance(obj, type):
+        # typing's special forms and aliases (Optional, Union[...], ...),
+        # which transformers' forwards reach (BERT's classifier), are
+        # what their repr names.
+        return ["typing", repr(obj)]
     raise Unportable(f"cannot describe a {type(obj).__module__}.{type(obj).__qualname__} "
                      "across processes")
 

@@ -179,3 +179,27 @@ def test_the_stand_in_computes_as_the_module(cache_dir):
     # One program (a logging call once per process in GPT-2's loss is no graph break).
     assert ltc_cache.stats().get("program_captures") == 1
     assert ltc_cache.stats().get("program_fallbacks", 0) == 0
+
+
+def test_typing_objects_and_dataclass_fields_are_described_across_processes():
+    """transformers' forwards reach typing's special forms (BERT's
+    classifier) and their configs' validators hold dataclass fields: a
+    guard on one becomes a portable check, equal exactly for equal ones."""
+    import dataclasses
+    import typing
+
+    from ltc_cache.program import describe
+
+    assert describe(typing.Optional) == describe(typing.Optional)
+    assert describe(typing.Optional) != describe(typing.Union)
+    assert describe(typing.List[int]) != describe(typing.List[str])  # noqa: UP006
+
+    @dataclasses.dataclass
+    class Config:
+        a: int = 1
+        b: str = "x"
+        c: list = dataclasses.field(default_factory=list)
+
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    assert describe(fields["a"]) == describe(dataclasses.fields(Config)[0])
+    assert len({repr(describe(f)) for f in fields.values()}) == 3

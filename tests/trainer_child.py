@@ -1,0 +1,40 @@
+"""A child process for tests/test_trainer.py: runs examples/trainer.py (a
+transformers ``Trainer``, or the hand-written loop) with AOTAutograd's graph
+captures counted here (tests/warm_children.py's wrapper) and ltc_cache's
+warnings collected.
+
+``python tests/trainer_child.py [examples/trainer.py's arguments]`` prints
+the example's JSON line with ``aot`` (AOTAutograd traces, counted apart from
+ltc_cache's counters) and ``warnings`` added.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import warnings
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))
+from warm_children import AOT, count_aot_traces  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    spec = importlib.util.spec_from_file_location(
+        "trainer_example", TESTS.parent / "examples" / "trainer.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    count_aot_traces()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = example.run(example.parser().parse_args(argv))
+    result["aot"] = AOT["traces"]
+    result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
