@@ -144,7 +144,8 @@ class GraphCache:
         except EntryError as exc:
             return self._corrupt(store, key.digest, str(exc))
         except Exception as exc:
-            return self._error("read", f"cannot read the cache ({exc}); continuing without it")
+            return self._error("read", f"cannot read the cache ({exc}); continuing without it"
+                               f"{self._where()}")
         if entry is not None:
             self.record("hits", key.digest)
         return entry
@@ -216,7 +217,8 @@ class GraphCache:
         except EntryError as exc:
             return self._corrupt(store, key, str(exc))
         except Exception as exc:
-            return self._error("read", f"cannot read the cache ({exc}); tracing instead")
+            return self._error("read", f"cannot read the cache ({exc}); tracing instead"
+                               f"{self._where()}")
         if data is None:
             return None
         try:
@@ -242,7 +244,7 @@ class GraphCache:
     def _corrupt(self, store: Store, key: str, problem: str) -> None:
         """Warn, count, and drop a bad entry, so the look after the lock
         misses cleanly and the trace replaces it."""
-        self._error("corrupt", f"{problem}; it will be traced again")
+        self._error("corrupt", f"{problem}; it will be traced again{self._where()}")
         if not self._readonly:
             with contextlib.suppress(Exception):
                 store.delete(key)
@@ -253,7 +255,8 @@ class GraphCache:
         try:
             store.put(entry.key, encode(entry, secret=self.config.secret))
         except Exception as exc:
-            self._error("write", f"cannot write the cache ({exc}); continuing uncached")
+            self._error("write", f"cannot write the cache ({exc}); continuing uncached"
+                        f"{self._where()}")
             return
         self.record("stores", entry.key)
 
@@ -281,10 +284,11 @@ class GraphCache:
                 try:
                     held.enter_context(store.lock(key, self.config.lock_timeout))
                 except LockTimeout as exc:
-                    warn_once("lock-timeout", f"{exc}; tracing in this process too")
+                    warn_once("lock-timeout", f"{exc}; tracing in this process too "
+                              "(LTC_CACHE_LOCK_TIMEOUT sets the wait)")
                 except OSError as exc:
                     self._error("lock", f"cannot lock in the cache directory ({exc}); "
-                                "tracing without the lock")
+                                f"tracing without the lock{self._where()}")
             yield
 
     def _bind(self, built: Built, model: fx.GraphModule,
@@ -295,6 +299,11 @@ class GraphCache:
             raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
         return CompiledGraph(entry, built.function, model, tensors=tensors)
+
+    def _where(self) -> str:
+        """Which settings name the cache a warning is about."""
+        remote = ", over LTC_CACHE_REMOTE" if self.config.remote else ""
+        return f" (the cache: LTC_CACHE_DIR={self.config.directory}{remote})"
 
     def _error(self, topic: str, message: str) -> None:
         self.record("errors")

@@ -525,7 +525,9 @@ class _Programs:
             secret = program_secret(cache.config.secret, cache.config.directory)
         except OSError as exc:
             warn_once("program-key", f"no key to sign programs with ({exc}); "
-                      "ltc_cache.compile runs as torch.compile(backend=\"ltc_cache\")")
+                      "ltc_cache.compile runs as torch.compile(backend=\"ltc_cache\") "
+                      "(LTC_CACHE_SECRET or LTC_CACHE_SECRET_FILE gives the key; else it is "
+                      "kept under XDG_CONFIG_HOME)")
             self._to_torch_compile(layout, "no program signing key")
             return None
         # Programs from the shared tier only where the fleet shares a key.

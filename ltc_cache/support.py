@@ -135,13 +135,15 @@ class OpSupport(OperatorSupportBase):
         try:
             data = self._store.get(support_record_key())
         except Exception as exc:
-            logger.warning("cannot read the op-support record (%s); probing again", exc)
+            logger.warning("cannot read the op-support record in the cache (LTC_CACHE_DIR) "
+                           "(%s); probing again", exc)
             return
         if data is None:
             return
         known = _decode_record(data)
         if known is None:
-            logger.warning("op-support record %s is unreadable; probing again",
+            logger.warning("op-support record %s in the cache (LTC_CACHE_DIR) is unreadable; "
+                           "probing again",
                            support_record_key())
             return
         self._known.update(known)
@@ -152,7 +154,8 @@ class OpSupport(OperatorSupportBase):
         try:
             self._store.put(support_record_key(), _encode_record(self._known))
         except Exception as exc:
-            logger.warning("cannot write the op-support record (%s)", exc)
+            logger.warning("cannot write the op-support record in the cache (LTC_CACHE_DIR) "
+                           "(%s)", exc)
 
     # Asking -----------------------------------------------------------------
 

@@ -96,7 +96,7 @@ class BytesOnlyDisk(diskcache.Disk):
         if problem is None:
             super().remove(file_path)
         else:
-            logger.warning("not removing %r: %s", file_path, problem)
+            logger.warning("not removing %r (in LTC_CACHE_DIR): %s", file_path, problem)
 
     def get(self, key, raw):
         # A key that is not raw was pickled by another program: never unpickled,
@@ -158,7 +158,8 @@ class DiskStore(Store):
                 raise
             replace_index(self._entries, self._locks, directory_id(self._entries))
             warn_once("corrupt-index", f"the cache index in {self._entries} was damaged "
-                      f"({type(exc).__name__}: {exc}); replaced it with an empty one")
+                      f"({type(exc).__name__}: {exc}); replaced it with an empty one "
+                      "(the cache directory is LTC_CACHE_DIR)")
             self._reopen()
             count_event("errors", self)
 

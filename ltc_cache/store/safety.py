@@ -225,5 +225,5 @@ def replace_index(entries: Path, locks: Path, seen: tuple[int, int] | None) -> b
         # The entries in it cannot be found without their index.
         with contextlib.suppress(OSError):
             shutil.rmtree(aside)
-        logger.warning("removed damaged cache index %s", entries)
+        logger.warning("removed damaged cache index %s (in LTC_CACHE_DIR)", entries)
         return True

@@ -79,7 +79,9 @@ class TieredStore(Store):
             self._down_until = time.monotonic() + self._retry_after
         count_event("errors", self.local)
         warn_once("remote", f"remote cache {self.remote!r} unavailable ({what}: {exc}); "
-                  "using the local cache only")
+                  f"using the local cache only, trying it again in {self._retry_after:g}s "
+                  "(the remote cache is LTC_CACHE_REMOTE; unset it to use the local one "
+                  "only)")
 
     def get(self, key: str) -> bytes | None:
         data = self.local.get(key)
@@ -108,7 +110,8 @@ class TieredStore(Store):
                 self.local.put(key, data)
             except Exception as exc:  # the entry is still good for this process
                 count_event("errors", self.local)
-                warn_once("write", f"cannot copy a remote entry to the local cache ({exc})")
+                warn_once("write", f"cannot copy a remote entry to the local cache "
+                          f"{self.local!r} ({exc}); the local cache is LTC_CACHE_DIR")
         return data
 
     def put(self, key: str, value: bytes) -> None:
@@ -137,8 +140,9 @@ class TieredStore(Store):
                     except LockTimeout as exc:
                         # Another machine is slow or stuck: trace here too. The
                         # local lock still keeps this machine's processes in line.
-                        warn_once("remote-lock-timeout", f"{exc} in the remote cache; "
-                                  "tracing on this machine too")
+                        warn_once("remote-lock-timeout", f"{exc} in the remote cache "
+                                  "(LTC_CACHE_REMOTE); tracing on this machine too "
+                                  "(LTC_CACHE_LOCK_TIMEOUT sets the wait)")
                     except OSError as exc:
                         self._went_down("lock", exc)
                 remote = taking.pop_all()  # released below, quietly

@@ -67,14 +67,17 @@ def open_tiers(config: CacheConfig, *, verify: Verify | None = None) -> Tiers:
         local = None if readonly else _read_only_fallback(config.directory, exc)
         if local is None:
             return Tiers(None, readonly, (("open", f"cannot use cache directory "
-                                           f"{config.directory} ({exc}); running uncached"),))
+                                           f"{config.directory} ({exc}); running uncached "
+                                           "(the directory is LTC_CACHE_DIR; "
+                                           "LTC_CACHE_DISABLE=1 turns the cache off)"),))
         readonly = True
     if not config.remote:
         return Tiers(local, readonly)
     try:
         remote = RedisStore(config.remote, ttl=config.remote_ttl)
     except (ImportError, ValueError) as exc:
-        return Tiers(local, readonly, (("remote", f"{exc}; using the local cache only"),))
+        return Tiers(local, readonly, (("remote", f"{exc}; using the local cache only "
+                                                  "(the remote cache is LTC_CACHE_REMOTE)"),))
     return Tiers(TieredStore(local, remote, write_through=not readonly, verify=verify), readonly)
 
 
@@ -90,5 +93,6 @@ def _read_only_fallback(directory: Path, exc: Exception) -> DiskStore | None:
     except Exception:
         return None
     warn_once("read-only", f"cannot write cache directory {directory} ({exc}); "
-              "using the entries in it and storing none")
+              "using the entries in it and storing none (the directory is LTC_CACHE_DIR; "
+              "LTC_CACHE_READONLY=1 reads it without this warning)")
     return local
