@@ -203,3 +203,69 @@ def test_typing_objects_and_dataclass_fields_are_described_across_processes():
     fields = {f.name: f for f in dataclasses.fields(Config)}
     assert describe(fields["a"]) == describe(dataclasses.fields(Config)[0])
     assert len({repr(describe(f)) for f in fields.values()}) == 3
+
+
+class _WithDtype(torch.nn.Module):
+    """Holds one of torch's shared constants, as a LightningModule does (_dtype)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+        self.kind = torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.layer(x))
+
+
+class _Breaks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layer(x)
+        torch._dynamo.graph_break()  # no program: torch.compile runs it
+        return y * 2
+
+
+def test_a_module_holding_a_dtype_gets_a_program(cache_dir):
+    torch.manual_seed(0)
+    model = _WithDtype()
+    x = torch.randn(2, 4)
+    assert torch.allclose(ltc_cache.compile(model)(x), model(x), atol=1e-6)
+    stats = ltc_cache.stats()
+    assert stats.get("program_captures") == 1 and stats.get("program_fallbacks", 0) == 0, stats
+
+
+def test_a_forward_wrapped_with_dynamo_ctx_falls_back_without_recursion(cache_dir):
+    """Lightning replaces the module's forward with dynamo_ctx(forward); a
+    graph break then sends the call to torch.compile, which must compile the
+    original forward, not the replaced one (that calls the programs again)."""
+    torch.manual_seed(0)
+    model = _Breaks()
+    x = torch.randn(2, 4)
+    want = model(x)
+    compiled = ltc_cache.compile(model)
+    model.forward = compiled.dynamo_ctx(model.forward)
+    assert inspect.signature(model.forward) == inspect.signature(_Breaks.forward.__get__(model))
+    assert compiled.dynamo_ctx(model.layer.forward) is not None  # other methods: as they are
+    assert torch.allclose(model(x), want, atol=1e-6)
+    assert ltc_cache.stats().get("program_fallbacks") == 1
+
+
+def test_private_torch_apis_the_stand_in_relies_on():
+    """Fails by name when torch changes what CompiledModule and the capture
+    lean on."""
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch._dynamo.guards import GuardsStatePickler
+
+    # CompiledModule sets what OptimizedModule's methods read, without its __init__.
+    assert "_orig_mod" in OptimizedModule._opt_mod_attributes
+    assert isinstance(OptimizedModule.__dict__["training"], property)
+    for name in ("__getattr__", "__setattr__", "__reduce__"):
+        assert name in OptimizedModule.__dict__, name
+    # The capture skips once-only log calls through this setting ...
+    assert isinstance(torch._dynamo.config.ignore_logging_functions, set)
+    # ... and keeps torch's constants in the saved guard state through these.
+    assert "reducer_override" in GuardsStatePickler.__dict__
+    assert "missing_values" in inspect.signature(GuardsStatePickler.__init__).parameters
