@@ -29,6 +29,7 @@ def child(*args: str) -> dict:
 
 def assert_warm(cold: dict, warm: dict, programs: int) -> None:
     assert cold["stats"]["program_captures"] == programs, cold["stats"]
+    assert cold["stats"].get("program_fallbacks", 0) == 0, cold["stats"]  # captured whole
     assert cold["aot"] >= 1 and cold["stats"]["traces"] > 0, cold
     stats = warm["stats"]
     assert warm["frames_captured"] == 0, warm

@@ -25,6 +25,8 @@ def main(argv: list[str]) -> int:
     spec = importlib.util.spec_from_file_location(
         "trainer_example", TESTS.parent / "examples" / "trainer.py")
     example = importlib.util.module_from_spec(spec)
+    # Importable by name, as a script's classes are: programs pickle them so.
+    sys.modules["trainer_example"] = example
     spec.loader.exec_module(example)
     count_aot_traces()
     with warnings.catch_warnings(record=True) as caught:
