@@ -155,6 +155,16 @@ def test_accelerate_and_transformers_see_a_compiled_model_and_unwrap_it(pair):
     assert ltc_cache.compile(compiled) is compiled
 
 
+def test_accelerate_with_a_dynamo_backend_does_not_compile_it_again(pair):
+    """TrainingArguments(torch_compile=True) reaches accelerate as a dynamo
+    backend; a model compiled already is left as it is."""
+    from accelerate import Accelerator
+
+    _, compiled = pair
+    prepared = Accelerator(cpu=True, dynamo_backend="inductor").prepare(compiled)
+    assert prepared is compiled
+
+
 def test_copies_and_pickles_compile_a_copy_of_the_module(pair):
     model, compiled = pair
     for copied in (copy.deepcopy(compiled), pickle.loads(pickle.dumps(compiled))):
