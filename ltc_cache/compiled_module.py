@@ -54,7 +54,10 @@ class CompiledModule(OptimizedModule):
       module and back;
     - it is an ``OptimizedModule`` whose ``_orig_mod`` is the module, which
       is how accelerate and transformers recognise a compiled model and
-      unwrap it (saving the plain model, never compiling it again).
+      unwrap it (saving the plain model, never compiling it again), and
+      whose ``dynamo_ctx`` turns the module's forward into one computing
+      through the programs (Lightning's ``Trainer.fit`` applies it);
+    - ``copy.deepcopy`` and pickle compile a copy of the module.
     """
 
     # Dynamo's wrapper sets a flag around each call that only matters while
