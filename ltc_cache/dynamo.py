@@ -166,7 +166,7 @@ class _Guarded:
     def _first_call(self, *args: Any) -> Any:
         try:
             out = self._compiled(*args)
-        except RuntimeError as exc:
+        except Exception as exc:  # whatever it is, eager computes the graph
             logger.debug("%s: first replay failed", self._name, exc_info=True)
             warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
                       f"({first_line(exc)}); running it eagerly")
@@ -208,11 +208,43 @@ class _Region:
             warn_once(f"eager-region:{self._name}",
                       f"{self._name}: LTC cannot extract this region; it runs eagerly "
                       f"({first_line(exc)})")
-            self._call = self._module
-            return self._module(*args)
-        self._call = _Guarded(compiled, self._module, self._name, self._cache, as_tuple=True,
-                              ops=self._ops)
+            self._call = _eager(self._module)
+            return self._call(*args)
+        self._call = _Guarded(compiled, _eager(self._module), self._name, self._cache,
+                              as_tuple=True, ops=self._ops)
         return self._call(*args)
+
+
+def _eager(module: fx.GraphModule) -> Callable[..., Any]:
+    """``module``, a region, run eagerly on its inputs laid out as it was
+    traced. AOTAutograd traced it on fake tensors with eager's strides, and
+    its ``view``s rely on them, while the LTC region before it may hand back
+    a contiguous tensor where eager's was a transposed view (and CPU flash
+    attention between them returns its output in its query's layout), so a
+    region that falls back to eager used to fail on its first ``view``."""
+    strides = []
+    for node in module.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        laid_out = isinstance(value, torch.Tensor) and not is_symbolic(value)
+        strides.append(tuple(value.stride()) if laid_out else None)
+    if not any(strides):
+        return module
+
+    def run(*args: Any) -> Any:
+        # A region writes none of its inputs (ops that mutate stay out of
+        # regions), so a copy of one in the traced layout is safe.
+        return module(*[_laid_out(arg, stride) for arg, stride in zip(args, strides,
+                                                                       strict=False)])
+
+    return run
+
+
+def _laid_out(value: Any, stride: tuple[int, ...] | None) -> Any:
+    if stride is None or not isinstance(value, torch.Tensor) or value.stride() == stride \
+            or len(stride) != value.dim():
+        return value
+    return torch.empty_strided(value.shape, stride, dtype=value.dtype,
+                               device=value.device).copy_(value)
 
 
 class _PerShape:
