@@ -485,6 +485,10 @@ class LtcBackend:
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
             decompositions=decompositions(),
+            # An input the graph updates (a static key/value cache's
+            # index_copy_) is written by the graph's own copy_, an eager op
+            # a plan holds, not by AOTAutograd's runtime wrapper.
+            keep_inference_input_mutations=True,
         )
         return aot(gm, example_inputs)
 
@@ -499,10 +503,10 @@ class LtcBackend:
         from .joint import joint_layout, trainable
         from .plan import (
             PlanError,
+            bare_inference,
             partitioned_from_wire,
             partitioned_to_wire,
             plan_entry,
-            runs_bare,
         )
 
         metadata = None
@@ -515,9 +519,9 @@ class LtcBackend:
             context = TracingContext.try_get()
             metadata = context.fw_metadata if context is not None else None
             placeholders = sum(1 for node in graph.graph.nodes if node.op == "placeholder")
-            fits = trainable if kind == "forward" else runs_bare
             if metadata is None or placeholders != len(example_inputs) \
-                    or not fits(metadata, example_inputs):
+                    or not (trainable(metadata, example_inputs) if kind == "forward"
+                            else bare_inference(graph, metadata, example_inputs)):
                 logger.info("%s: no plan stored (AOTAutograd wraps this graph)", name)
                 return parted
         try:
