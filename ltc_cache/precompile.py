@@ -53,6 +53,7 @@ from .program import (
     code_record,
     describe,
     negative_program_entry,
+    plain_object,
     portable_check,
     program_entry,
     program_key,
@@ -393,11 +394,23 @@ def _layout(value: Any) -> Any:
         return (value.shape, value.dtype, value.device, value.requires_grad)
     if value is None or isinstance(value, bool | int | float | str):
         return (type(value), value)
+    if isinstance(value, torch.dtype | torch.device | torch.memory_format | torch.layout):
+        return (type(value), str(value))  # equal ones need not be the same object
     if isinstance(value, tuple | list):
         return (type(value), tuple(_layout(v) for v in value))
     if isinstance(value, dict):
         return (type(value), tuple((k, _layout(v)) for k, v in value.items()))
+    if getattr(value, "is_compileable", True) is False:
+        # transformers' DynamicCache: a new layout every decoding step.
+        raise _Growing(type(value).__name__)
+    if plain_object(value):  # a StaticCache: the same layout every step
+        return (type(value), tuple((k, _layout(v)) for k, v in vars(value).items()))
     return (type(value), id(value))
+
+
+class _Growing(Exception):
+    """An argument whose layout changes on every call (a dynamic key/value
+    cache): a program per call would be a capture per decoding step."""
 
 
 class _Programs:
@@ -416,6 +429,7 @@ class _Programs:
         self._cache = cache
         self._by_layout: dict[Any, list[_Loaded]] = {}
         self._to_fallback: set[Any] = set()
+        self._growing = False
         self._closure = {f"ltc_cache.closure.{i}": cell.cell_contents
                          for i, cell in enumerate(fn.__closure__ or ())}
 
@@ -424,7 +438,14 @@ class _Programs:
         return self._cache if self._cache is not None else default_cache()
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        layout = (torch.is_grad_enabled(), _layout(args), _layout(kwargs))
+        try:
+            layout = (torch.is_grad_enabled(), _layout(args), _layout(kwargs))
+        except _Growing as exc:
+            if not self._growing:
+                self._growing = True
+                logger.info("%s: called with a %s, whose layout changes every call; running "
+                            "it through torch.compile(backend=\"ltc_cache\")", self._name, exc)
+            return self._fall_back(args, kwargs)
         programs = self._by_layout.get(layout)
         full = (self._owner, *args) if self._owner is not None else args
         if programs:
@@ -707,8 +728,21 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
 
         compiled._ltc_programs = programs  # type: ignore[attr-defined]
         return compiled
-    # Bound methods, callable objects: what torch.compile takes, compiled as
-    # it does (no program: Dynamo captures in every process).
+    if isinstance(model, types.MethodType) and isinstance(model.__self__, torch.nn.Module) \
+            and isinstance(model.__func__, types.FunctionType):
+        # ``model.forward = ltc_cache.compile(model.forward)``, as transformers
+        # documents compiling for generate(): programs of the module's method.
+        method, owner = model.__func__, model.__self__
+        programs = _Programs(method, owner, type(owner).__name__, kwargs, model)
+
+        @functools.wraps(method)
+        def compiled_method(*args: Any, **kw: Any) -> Any:
+            return programs(args, kw)
+
+        compiled_method._ltc_programs = programs  # type: ignore[attr-defined]
+        return compiled_method
+    # Other callables: what torch.compile takes, compiled as it does (no
+    # program: Dynamo captures in every process).
     logger.info("ltc_cache.compile: a %s is compiled with torch.compile(backend=\"ltc_cache\")",
                 type(model).__name__)
     from .dynamo import backend

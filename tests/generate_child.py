@@ -76,13 +76,19 @@ def prompt(length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, VOCAB, (1, length), generator=gen)
 
 
+# The static cache's length, fixed for the fleet: generate() otherwise sizes
+# it to each request (prompt + new tokens, at least the largest so far), so
+# the decoding graphs would depend on the order requests came in.
+MAX_CACHE_LEN = 64
+
+
 def generation_kwargs(cache: str, sample: bool, new_tokens: int) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                   do_sample=sample, pad_token_id=0)
     if sample:
         kwargs.update(top_k=20, temperature=0.9)
     if cache == "static":
-        kwargs["cache_implementation"] = "static"
+        kwargs.update(cache_implementation="static", max_cache_len=MAX_CACHE_LEN)
     return kwargs
 
 
