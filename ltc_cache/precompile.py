@@ -78,6 +78,10 @@ _COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "mode", "options", "disable
 # (Dynamo's recompile limit plays this part there).
 _MAX_PROGRAMS = 8
 _BUILTINS_DICT = re.compile(r"G\['(__builtins_dict___\d+)'\]")
+# ``type(tensor)``: Dynamo reads ``torch.Tensor`` through a global it
+# installs as ``_<id(torch)>_c<compile id>`` (``install_global_by_id("",
+# torch)`` in BuiltinVariable), a name no other process has.
+_TORCH_BY_ID = re.compile(r"G\['(_\d+_c\d+)'\]")
 _UNSERIALIZABLE = ("DICT_VERSION", "NN_MODULE", "ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH",
                    "MODULE_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE")
 
@@ -261,6 +265,8 @@ class _Checks:
         self._checks = parsed
         self.builtins_dicts = {m.group(1) for expr, _, _ in parsed
                                for m in _BUILTINS_DICT.finditer(expr)}
+        self.torch_by_id = {m.group(1) for expr, _, _ in parsed
+                            for m in _TORCH_BY_ID.finditer(expr)}
         self.fast: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None = None
 
     def resolve(self, f_locals: Mapping[str, Any], f_globals: Mapping[str, Any]) -> str | None:
@@ -355,6 +361,8 @@ class _Loaded:
         # Checks of builtins read them through the dict Dynamo names so.
         for name in checks.builtins_dicts:
             self._snapshot.setdefault(name, builtins.__dict__)
+        for name in checks.torch_by_id:
+            self._snapshot.setdefault(name, torch)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return self.artifact.prepare_f_locals(*args, **kwargs)

@@ -116,8 +116,9 @@ def captures() -> int:
     """Dynamo captures in this process: frames torch.compile captured, and
     programs ltc_cache.compile captured (AOT precompile, which Dynamo's
     frame counters do not count)."""
-    import ltc_cache
     from torch._dynamo.utils import counters
+
+    import ltc_cache
 
     return int(counters["frames"].get("ok", 0)) + ltc_cache.stats().get("program_captures", 0)
 
