@@ -93,7 +93,8 @@ def test_a_warm_worker_with_a_static_cache_captures_and_traces_nothing(cache_dir
     assert stats["program_hits"] == cold["stats"]["program_captures"]
     sampled = generate(model, [9], "--cache", "static", "--sample")
     assert sampled["captures"] == 0 and sampled["stats"]["traces"] == 0
-    assert len(sampled["requests"][0]["tokens"][0]) == 9 + 8
+    prefix = 1 if model == "t5" else 9  # the decoder's start token, or the prompt
+    assert len(sampled["requests"][0]["tokens"][0]) == prefix + 8
 
 
 @pytest.mark.slow  # two processes generating
@@ -124,3 +125,26 @@ def test_the_global_dynamo_reads_torch_tensor_through_is_torch():
     sources += inspect.getsource(torch._dynamo.codegen)
     empty_prefix = re.findall(r'install_global_by_id\(\s*""\s*,\s*(\w+)\s*\)', sources)
     assert empty_prefix == ["torch"]
+
+
+@pytest.mark.slow  # a fleet of two workers, then one
+def test_serve_example_answers_generation_requests_warm(cache_dir, tmp_path, monkeypatch):
+    """``examples/serve.py --model lm``: a cold fleet of two workers answers
+    generation requests of four prompt lengths with eager's tokens; a warm
+    worker answers them with no Dynamo capture, AOTAutograd or LTC trace."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    serve = Path(__file__).parents[1] / "examples" / "serve.py"
+
+    def fleet(workers: int) -> dict:
+        proc = subprocess.run([sys.executable, str(serve), "--model", "lm", "--workers",
+                               str(workers), "--requests", "4", "--new", "8", "--threads", "1",
+                               "--check", "--json"],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cold = fleet(2)
+    assert cold["max_abs_error"] == 0 and cold["captures"] > 0
+    warm = fleet(1)
+    assert warm["max_abs_error"] == 0 and warm["lengths"] == [5, 8, 11, 14]
+    assert warm["captures"] == 0 and warm["aot_traces"] == 0 and warm["traces"] == 0
