@@ -14,6 +14,14 @@ loads, with no Dynamo capture. With ``LTC_CACHE_REMOTE=redis://host:6379/0``
 (and ``LTC_CACHE_SECRET``, which programs from Redis need) set on several
 machines, the first machine's traces warm the others too.
 
+``--model lm`` serves generation requests instead: ``generate()`` of a
+small GPT-2 on prompts of eight lengths in turn, greedy, ``--new`` tokens,
+with transformers' static key/value cache at one length for the fleet, the
+forward compiled with ``model.forward = ltc_cache.compile(model.forward)``.
+A cold fleet captures one program per prompt length and one for decoding;
+a warm one captures, traces and runs AOTAutograd for none of them.
+``--remote redis://host:6379/0`` puts a Redis tier under the directory.
+
 It prints, per worker, the start-up time (process start to the first
 result), the compile time (first call to first result) and the cache
 counters; ``--json`` prints the same as one JSON object.
@@ -34,7 +42,12 @@ import torch
 
 import ltc_cache
 
-MODELS = ("gpt2", "mlp", "mlp1")
+MODELS = ("gpt2", "mlp", "mlp1", "lm")
+# --model lm: generation requests of these prompt lengths, in turn.
+LM_LENGTHS = (5, 8, 11, 14, 17, 20, 24, 29)
+# The static key/value cache's length, the same in every worker and request:
+# generate() otherwise sizes it to each request, and each size is a graph.
+LM_CACHE_LEN = 64
 
 
 class TwoStageMLP(torch.nn.Module):
@@ -74,6 +87,17 @@ def build_model(name: str):
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    if name == "lm":  # a small GPT-2 answering generate() requests
+        config = GPT2Config(vocab_size=1000, n_positions=128, n_embd=64, n_layer=2, n_head=4,
+                            bos_token_id=1, eos_token_id=2)
+        model = GPT2LMHeadModel(config).eval()
+
+        def make_prompt(seed: int) -> tuple[torch.Tensor, ...]:
+            gen = torch.Generator().manual_seed(seed)
+            length = LM_LENGTHS[seed % len(LM_LENGTHS)]
+            return (torch.randint(3, config.vocab_size, (1, length), generator=gen),)
+        return model, make_prompt
+
     config = GPT2Config(vocab_size=1000, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                         bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config).eval()
@@ -89,13 +113,36 @@ def as_tensor(out: Any):
     return out.logits if hasattr(out, "logits") else out
 
 
+def generation(model: torch.nn.Module, args: argparse.Namespace):
+    """``generate()`` of a request's prompt: greedy, ``args.new`` tokens,
+    transformers' static cache at one length for the whole fleet."""
+    def answer(ids: torch.Tensor) -> torch.Tensor:
+        return model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new,
+                              do_sample=False, pad_token_id=0, cache_implementation="static",
+                              max_cache_len=LM_CACHE_LEN)
+    return answer
+
+
+def compiled_model(model: torch.nn.Module, args: argparse.Namespace):
+    """The callable a worker serves with. For generation, the forward is
+    compiled (``generate()`` calls it for the prompt and every new token):
+    with ltc_cache.compile, a program per prompt length and one for decoding."""
+    if args.model == "lm":
+        if args.compile == "ltc_cache":
+            model.forward = ltc_cache.compile(model.forward)
+        else:
+            model.forward = torch.compile(model.forward, backend="ltc_cache")
+        return generation(model, args)
+    return (ltc_cache.compile(model, dynamic=False) if args.compile == "ltc_cache"
+            else torch.compile(model, backend="ltc_cache", dynamic=False))
+
+
 def worker(wid: int, spawned: float, args: argparse.Namespace,
            requests: mp.Queue, results: mp.Queue) -> None:
     torch.set_num_threads(args.threads)
     imported = time.time()
     model, make_input = build_model(args.model)
-    compiled = (ltc_cache.compile(model, dynamic=False) if args.compile == "ltc_cache"
-                else torch.compile(model, backend="ltc_cache", dynamic=False))
+    compiled = compiled_model(model, args)
     built = time.time()
     with torch.no_grad():
         compiled(*make_input(-1))  # warm-up: traces or loads every graph
@@ -110,14 +157,23 @@ def worker(wid: int, spawned: float, args: argparse.Namespace,
         "frames_captured": int(torch._dynamo.utils.counters["frames"]["ok"]),
         "pid": os.getpid(),
     }))
-    served = 0
+    served, firsts = 0, {}
     while (item := requests.get()) is not None:
+        inputs = make_input(item)
+        started = time.time()
         with torch.no_grad():
-            out = as_tensor(compiled(*make_input(item)))
+            out = as_tensor(compiled(*inputs))
+        # Each input length's first request: where a program or graph of
+        # that length is loaded (or captured) and the rest are hits.
+        firsts.setdefault(int(inputs[0].shape[-1]), time.time() - started)
         # A plain list: numpy is not needed to run the example.
         results.put(("result", wid, (item, out.tolist())))
         served += 1
-    results.put(("done", wid, {"served": served, "stats": ltc_cache.stats()}))
+    results.put(("done", wid, {
+        "served": served, "stats": ltc_cache.stats(), "firsts": firsts,
+        # Dynamo captures: torch.compile's frames and ltc_cache.compile's programs.
+        "captures": int(torch._dynamo.utils.counters["frames"]["ok"])
+        + ltc_cache.stats().get("program_captures", 0)}))
 
 
 def serve(args: argparse.Namespace) -> dict[str, Any]:
@@ -152,11 +208,19 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         else:
             workers[wid]["served"] = payload["served"]
             workers[wid]["final_stats"] = payload["stats"]
+            workers[wid]["firsts"] = payload["firsts"]
+            workers[wid]["captures"] = payload["captures"]
             done += 1
     for proc in procs:
         proc.join()
+    lengths = sorted({n for w in workers.values() for n in w["firsts"]})
     report: dict[str, Any] = {
         "model": args.model,
+        "lengths": lengths,
+        "slowest_first_request_s": max((t for w in workers.values()
+                                        for t in w["firsts"].values()), default=0.0),
+        "captures": sum(w["captures"] for w in workers.values()),
+        "aot_traces": sum(w["final_stats"].get("aot_traces", 0) for w in workers.values()),
         "workers": [workers[wid] | {"worker": wid} for wid in sorted(workers)],
         "requests": len(answers),
         # Graphs Dynamo handed the backend in each worker (the same in all),
@@ -166,8 +230,8 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
         # entry in one worker, and the others hit what it stored.
         "graphs": max(w["stats"].get("dynamo_graphs", 0) for w in workers.values()),
         "lookups": max(_graph_lookups(w["stats"]) for w in workers.values()),
-        "misses": sum(w["stats"]["misses"] for w in workers.values()),
-        "traces": sum(w["stats"]["traces"] for w in workers.values()),
+        "misses": sum(w["final_stats"]["misses"] for w in workers.values()),
+        "traces": sum(w["final_stats"]["traces"] for w in workers.values()),
         "wall_s": time.time() - started,
     }
     if args.check:
@@ -183,10 +247,11 @@ def _graph_lookups(stats: dict[str, int]) -> int:
 def check(args: argparse.Namespace, answers: dict[int, Any]) -> float:
     """The largest difference between a served answer and eager."""
     model, make_input = build_model(args.model)
+    call = generation(model, args) if args.model == "lm" else model
     worst = 0.0
     with torch.no_grad():
         for item, out in answers.items():
-            expected = as_tensor(model(*make_input(item)))
+            expected = as_tensor(call(*make_input(item)))
             worst = max(worst, (torch.tensor(out) - expected).abs().max().item())
     return worst
 
@@ -204,6 +269,11 @@ def print_report(report: dict[str, Any]) -> None:
           f"({report['lookups']} cache lookup(s)); in all workers "
           f"{report['misses']} miss(es) and {report['traces']} trace(s); fleet ready in "
           f"{slowest:.2f}s; {report['requests']} requests answered")
+    if report["model"] == "lm":
+        print(f"prompt lengths {', '.join(map(str, report['lengths']))}: slowest first "
+              f"request {report['slowest_first_request_s']:.2f}s; in all workers "
+              f"{report['captures']} Dynamo capture(s), {report['aot_traces']} AOTAutograd "
+              f"trace(s)")
     if "max_abs_error" in report:
         print(f"largest difference from eager: {report['max_abs_error']:.2e}")
 
@@ -218,8 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare answers with eager")
     parser.add_argument("--compile", choices=("ltc_cache", "torch"), default="ltc_cache",
                         help="ltc_cache.compile (default) or torch.compile(backend=ltc_cache)")
+    parser.add_argument("--new", type=int, default=16,
+                        help="--model lm: new tokens per request (default 16)")
+    parser.add_argument("--remote", metavar="URL",
+                        help="a Redis tier under the directory (sets LTC_CACHE_REMOTE; "
+                        "programs also need LTC_CACHE_SECRET)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.remote:
+        os.environ["LTC_CACHE_REMOTE"] = args.remote  # the spawned workers inherit it
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)

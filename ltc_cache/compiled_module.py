@@ -26,7 +26,9 @@ unprefixed ``state_dict`` keys in transformers, prefixed in plain torch).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -133,8 +135,42 @@ class CompiledModule(OptimizedModule):
         self._orig_mod.train(mode)  # the module's own train(), where it has one
         return self
 
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's own ``generate()`` (transformers), every forward it
+        makes (the prompt's and each decoding step's) through this module's
+        programs. As the module's attribute it would run eagerly."""
+        module = self._orig_mod
+        forward = self.__dict__.get("_ltc_generate_forward")
+        if forward is None:
+            # The module's forward method, compiled: its fallback calls the
+            # method, not the module, whose forward is this one meanwhile.
+            from .precompile import compile
+
+            programs = self.__dict__["_ltc_programs"]
+            forward = compile(types.MethodType(programs._fn, module), **programs._kwargs)
+            self.__dict__["_ltc_generate_forward"] = forward
+        with _forward_replaced(module, forward):
+            return module.generate(*args, **kwargs)
+
     def __repr__(self) -> str:
         return f"ltc_cache.compile({self._orig_mod!r})"
+
+
+@contextlib.contextmanager
+def _forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
+    """``module.forward`` is ``forward`` inside (``Module.__call__`` reads
+    the instance's attribute first); the programs call the class's
+    function, so nothing recurses."""
+    missing = object()
+    before = module.__dict__.get("forward", missing)
+    module.__dict__["forward"] = forward
+    try:
+        yield
+    finally:
+        if before is missing:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = before
 
 
 class _ProgramsContext:

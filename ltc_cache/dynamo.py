@@ -166,7 +166,7 @@ class _Guarded:
     def _first_call(self, *args: Any) -> Any:
         try:
             out = self._compiled(*args)
-        except RuntimeError as exc:
+        except Exception as exc:  # whatever it is, eager computes the graph
             logger.debug("%s: first replay failed", self._name, exc_info=True)
             warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
                       f"({first_line(exc)}); running it eagerly")
@@ -208,11 +208,43 @@ class _Region:
             warn_once(f"eager-region:{self._name}",
                       f"{self._name}: LTC cannot extract this region; it runs eagerly "
                       f"({first_line(exc)})")
-            self._call = self._module
-            return self._module(*args)
-        self._call = _Guarded(compiled, self._module, self._name, self._cache, as_tuple=True,
-                              ops=self._ops)
+            self._call = _eager(self._module)
+            return self._call(*args)
+        self._call = _Guarded(compiled, _eager(self._module), self._name, self._cache,
+                              as_tuple=True, ops=self._ops)
         return self._call(*args)
+
+
+def _eager(module: fx.GraphModule) -> Callable[..., Any]:
+    """``module``, a region, run eagerly on its inputs laid out as it was
+    traced. AOTAutograd traced it on fake tensors with eager's strides, and
+    its ``view``s rely on them, while the LTC region before it may hand back
+    a contiguous tensor where eager's was a transposed view (and CPU flash
+    attention between them returns its output in its query's layout), so a
+    region that falls back to eager used to fail on its first ``view``."""
+    strides = []
+    for node in module.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        laid_out = isinstance(value, torch.Tensor) and not is_symbolic(value)
+        strides.append(tuple(value.stride()) if laid_out else None)
+    if not any(strides):
+        return module
+
+    def run(*args: Any) -> Any:
+        # A region writes none of its inputs (ops that mutate stay out of
+        # regions), so a copy of one in the traced layout is safe.
+        return module(*[_laid_out(arg, stride) for arg, stride in zip(args, strides,
+                                                                       strict=False)])
+
+    return run
+
+
+def _laid_out(value: Any, stride: tuple[int, ...] | None) -> Any:
+    if stride is None or not isinstance(value, torch.Tensor) or value.stride() == stride \
+            or len(stride) != value.dim():
+        return value
+    return torch.empty_strided(value.shape, stride, dtype=value.dtype,
+                               device=value.device).copy_(value)
 
 
 class _PerShape:
@@ -453,6 +485,10 @@ class LtcBackend:
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
             decompositions=decompositions(),
+            # An input the graph updates (a static key/value cache's
+            # index_copy_) is written by the graph's own copy_, an eager op
+            # a plan holds, not by AOTAutograd's runtime wrapper.
+            keep_inference_input_mutations=True,
         )
         return aot(gm, example_inputs)
 
@@ -467,10 +503,10 @@ class LtcBackend:
         from .joint import joint_layout, trainable
         from .plan import (
             PlanError,
+            bare_inference,
             partitioned_from_wire,
             partitioned_to_wire,
             plan_entry,
-            runs_bare,
         )
 
         metadata = None
@@ -483,9 +519,9 @@ class LtcBackend:
             context = TracingContext.try_get()
             metadata = context.fw_metadata if context is not None else None
             placeholders = sum(1 for node in graph.graph.nodes if node.op == "placeholder")
-            fits = trainable if kind == "forward" else runs_bare
             if metadata is None or placeholders != len(example_inputs) \
-                    or not fits(metadata, example_inputs):
+                    or not (trainable(metadata, example_inputs) if kind == "forward"
+                            else bare_inference(graph, metadata, example_inputs)):
                 logger.info("%s: no plan stored (AOTAutograd wraps this graph)", name)
                 return parted
         try:

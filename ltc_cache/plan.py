@@ -13,7 +13,8 @@ partitioner), so they are stored as an entry of its own kind, ``plan``,
 under that key plus a digest of that code (:func:`plan_key`).
 
 A plan is kept only where AOTAutograd's runtime wrapper adds nothing to the
-graph's own call: no input mutated, no output that aliases an input or
+graph's own call: no input mutated (but by the graph itself, ``copy_`` into
+it: a static key/value cache), no output that aliases an input or
 another output, no tensor subclass, no effect tokens or RNG state
 (:func:`runs_bare`). It holds the partitioned graph
 (:class:`ltc_cache.partition.Partitioned`): the parent graph, which calls
@@ -46,8 +47,9 @@ from .nodes import is_symbolic
 from .partition import REGION_PREFIX, Partitioned
 from .wire import PLAN_FORMAT
 
-__all__ = ["PlanError", "graph_from_wire", "graph_to_wire", "partitioned_from_wire",
-           "partitioned_to_wire", "plan_entry", "plan_graph", "plan_key", "runs_bare"]
+__all__ = ["PlanError", "bare_inference", "graph_from_wire", "graph_to_wire",
+           "partitioned_from_wire", "partitioned_to_wire", "plan_entry", "plan_graph", "plan_key",
+           "runs_bare"]
 
 # 2: the partitioned graph, not AOTAutograd's graph before partitioning;
 # 3: a training plan's layout names the outputs AOTAutograd re-views
@@ -117,21 +119,61 @@ def plan_graph(entry: Entry) -> Partitioned:
 
 
 def runs_bare(metadata: Any, example_inputs: Sequence[Any], *,
-              output_types: frozenset[str] = frozenset({"non_alias"})) -> bool:
+              output_types: frozenset[str] = frozenset({"non_alias"}),
+              mutations_in_graph: bool = False) -> bool:
     """Whether AOTAutograd's inference graph, called on the flat inputs,
     returns exactly what the compiled function does (``metadata`` is its
     ``ViewAndMutationMeta``), given that the caller handles outputs of
-    ``output_types`` (names of AOTAutograd's ``OutputType``)."""
+    ``output_types`` (names of AOTAutograd's ``OutputType``). With
+    ``mutations_in_graph``, an input whose data the graph itself writes
+    (``copy_`` into it at the end: ``keep_inference_input_mutations``, a
+    static key/value cache's ``index_copy_``) is no wrapper's business."""
+    def mutated(i: Any) -> bool:
+        if mutations_in_graph and i.mutation_type.name == "MUTATED_IN_GRAPH" \
+                and not i.mutates_metadata and not i.mutates_storage_metadata:
+            return False
+        return bool(i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata)
+
     return (
         all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in example_inputs)
-        and not any(i.mutates_data or i.mutates_metadata or i.mutates_storage_metadata
-                    for i in metadata.input_info)
+        and not any(mutated(i) for i in metadata.input_info)
         and all(o.output_type.name in output_types for o in metadata.output_info)
         and metadata.num_intermediate_bases == 0
         and not metadata.tokens
         and not metadata.is_rng_op_functionalized
         and metadata.num_outputs_rng_offset == 0
     )
+
+
+def bare_inference(gm: fx.GraphModule, metadata: Any, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd's inference graph ``gm`` (partitioned) can run
+    without its runtime wrapper once it returns, itself, the outputs its
+    wrapper hands back as the inputs they are (``OutputType.is_input``: a
+    static key/value cache's buffers, updated in place and returned); makes
+    ``gm`` return them so where it can. Inputs the graph updates must be
+    updated by the graph (:func:`runs_bare`'s ``mutations_in_graph``)."""
+    if not runs_bare(metadata, example_inputs, output_types=frozenset({"non_alias", "is_input"}),
+                     mutations_in_graph=True) or metadata.num_mutated_inp_runtime_indices:
+        return False
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    (output,) = [node for node in gm.graph.nodes if node.op == "output"]
+    outputs = list(output.args[0]) if isinstance(output.args[0], list | tuple) else None
+    if outputs is None or len(outputs) != len(metadata.output_info):
+        return False
+    changed = False
+    for index, info in enumerate(metadata.output_info):
+        if info.output_type.name != "is_input":
+            continue
+        if not isinstance(info.base_idx, int) or not 0 <= info.base_idx < len(placeholders):
+            return False
+        if outputs[index] is not placeholders[info.base_idx]:
+            outputs[index] = placeholders[info.base_idx]
+            changed = True
+    if changed:
+        output.args = (type(output.args[0])(outputs),)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return True
 
 
 # --- to the wire ---------------------------------------------------------------

@@ -54,6 +54,7 @@ from .program import (
     code_record,
     describe,
     negative_program_entry,
+    plain_object,
     portable_check,
     program_entry,
     program_key,
@@ -78,6 +79,10 @@ _COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "mode", "options", "disable
 # (Dynamo's recompile limit plays this part there).
 _MAX_PROGRAMS = 8
 _BUILTINS_DICT = re.compile(r"G\['(__builtins_dict___\d+)'\]")
+# ``type(tensor)``: Dynamo reads ``torch.Tensor`` through a global it
+# installs as ``_<id(torch)>_c<compile id>`` (``install_global_by_id("",
+# torch)`` in BuiltinVariable), a name no other process has.
+_TORCH_BY_ID = re.compile(r"G\['(_\d+_c\d+)'\]")
 _UNSERIALIZABLE = ("DICT_VERSION", "NN_MODULE", "ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH",
                    "MODULE_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE")
 
@@ -261,6 +266,8 @@ class _Checks:
         self._checks = parsed
         self.builtins_dicts = {m.group(1) for expr, _, _ in parsed
                                for m in _BUILTINS_DICT.finditer(expr)}
+        self.torch_by_id = {m.group(1) for expr, _, _ in parsed
+                            for m in _TORCH_BY_ID.finditer(expr)}
         self.fast: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None = None
 
     def resolve(self, f_locals: Mapping[str, Any], f_globals: Mapping[str, Any]) -> str | None:
@@ -401,6 +408,8 @@ class _Loaded:
         # Checks of builtins read them through the dict Dynamo names so.
         for name in checks.builtins_dicts:
             self._snapshot.setdefault(name, builtins.__dict__)
+        for name in checks.torch_by_id:
+            self._snapshot.setdefault(name, torch)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return self.artifact.prepare_f_locals(*args, **kwargs)
@@ -440,11 +449,23 @@ def _layout(value: Any) -> Any:
         return (value.shape, value.dtype, value.device, value.requires_grad)
     if value is None or isinstance(value, bool | int | float | str):
         return (type(value), value)
+    if isinstance(value, torch.dtype | torch.device | torch.memory_format | torch.layout):
+        return (type(value), str(value))  # equal ones need not be the same object
     if isinstance(value, tuple | list):
         return (type(value), tuple(_layout(v) for v in value))
     if isinstance(value, dict):
         return (type(value), tuple((k, _layout(v)) for k, v in value.items()))
+    if getattr(value, "is_compileable", True) is False:
+        # transformers' DynamicCache: a new layout every decoding step.
+        raise _Growing(type(value).__name__)
+    if plain_object(value):  # a StaticCache: the same layout every step
+        return (type(value), tuple((k, _layout(v)) for k, v in vars(value).items()))
     return (type(value), id(value))
+
+
+class _Growing(Exception):
+    """An argument whose layout changes on every call (a dynamic key/value
+    cache): a program per call would be a capture per decoding step."""
 
 
 class _Programs:
@@ -463,6 +484,7 @@ class _Programs:
         self._cache = cache
         self._by_layout: dict[Any, list[_Loaded]] = {}
         self._to_fallback: set[Any] = set()
+        self._growing = False
         self._closure = {f"ltc_cache.closure.{i}": cell.cell_contents
                          for i, cell in enumerate(fn.__closure__ or ())}
 
@@ -471,7 +493,14 @@ class _Programs:
         return self._cache if self._cache is not None else default_cache()
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        layout = (torch.is_grad_enabled(), _layout(args), _layout(kwargs))
+        try:
+            layout = (torch.is_grad_enabled(), _layout(args), _layout(kwargs))
+        except _Growing as exc:
+            if not self._growing:
+                self._growing = True
+                logger.info("%s: called with a %s, whose layout changes every call; running "
+                            "it through torch.compile(backend=\"ltc_cache\")", self._name, exc)
+            return self._fall_back(args, kwargs)
         programs = self._by_layout.get(layout)
         full = (self._owner, *args) if self._owner is not None else args
         if programs:
@@ -728,8 +757,21 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
 
         compiled._ltc_programs = programs  # type: ignore[attr-defined]
         return compiled
-    # Bound methods, callable objects: what torch.compile takes, compiled as
-    # it does (no program: Dynamo captures in every process).
+    if isinstance(model, types.MethodType) and isinstance(model.__self__, torch.nn.Module) \
+            and isinstance(model.__func__, types.FunctionType):
+        # ``model.forward = ltc_cache.compile(model.forward)``, as transformers
+        # documents compiling for generate(): programs of the module's method.
+        method, owner = model.__func__, model.__self__
+        programs = _Programs(method, owner, type(owner).__name__, kwargs, model)
+
+        @functools.wraps(method)
+        def compiled_method(*args: Any, **kw: Any) -> Any:
+            return programs(args, kw)
+
+        compiled_method._ltc_programs = programs  # type: ignore[attr-defined]
+        return compiled_method
+    # Other callables: what torch.compile takes, compiled as it does (no
+    # program: Dynamo captures in every process).
     logger.info("ltc_cache.compile: a %s is compiled with torch.compile(backend=\"ltc_cache\")",
                 type(model).__name__)
     from .dynamo import backend

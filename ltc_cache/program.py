@@ -86,8 +86,21 @@ def _spec(value: Any) -> str:
     if isinstance(value, dict):
         items = ",".join(f"{k!r}={_spec(v)}" for k, v in value.items())
         return f"{type(value).__name__}:{{{items}}}"
+    if plain_object(value):  # a key/value cache: its class and its state
+        cls = type(value)
+        items = ",".join(f"{k}={_spec(v)}" for k, v in sorted(vars(value).items()))
+        return f"{cls.__module__}.{cls.__qualname__}:{{{items}}}"
     raise UncacheableGraph(f"no stable program key for an argument of type "
                            f"{type(value).__name__}")
+
+
+def plain_object(value: Any) -> bool:
+    """An object described by its class and its attributes (a transformers
+    ``StaticCache`` and its layers: tensors, numbers, lists): not a module,
+    a function, a class, nor anything else whose identity matters."""
+    return (hasattr(value, "__dict__") and type(value).__module__ != "builtins"
+            and not isinstance(value, torch.nn.Module | types.ModuleType | type
+                               | types.FunctionType | types.MethodType))
 
 
 def spec_text(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:

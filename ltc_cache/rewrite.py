@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import logging
 import math
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -52,8 +53,8 @@ from .extract import Extraction
 from .layout import Source
 
 __all__ = ["VIEW_OF_COPY", "bool_list_constants", "drop_dead_code", "fold_scalars",
-           "functional_aranges", "linears", "rewrite", "scalar_exponents", "silu_backwards",
-           "tanh_gelus", "views_for_copies"]
+           "functional_aranges", "linears", "parse_traced", "rewrite", "scalar_exponents",
+           "silu_backwards", "tanh_gelus", "views_for_copies"]
 
 logger = logging.getLogger("ltc_cache.rewrite")
 
@@ -778,6 +779,53 @@ def drop_dead_code(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return removed
 
 
+# A tensor constant as LTC prints it: ``prim::Constant[value={-1}]()``.
+_TENSOR_CONSTANT = re.compile(r"= prim::Constant\[value=\{([^{}]*)\}\]\(\)")
+
+
+def parse_traced(ir: str) -> torch._C.Graph:
+    """``ir`` parsed with its tensor constants (LTC writes slice bounds as
+    one-element tensor constants), each holding the number the text gives.
+
+    ``parse_ir`` drops the sign of a tensor constant: ``{-1}`` reads back as
+    ``tensor(1)`` (fact 22 in docs/design.md). Folded, ``x[:, -1:]`` (a
+    language model's last position, as ``generate`` asks for it) sliced
+    from the second row instead, and the graph failed on its first call.
+    The constants are read again from the text, in order, and every one
+    the parser got wrong is replaced."""
+    graph = torch._C.parse_ir(ir, parse_tensor_constants=True)
+    written = _TENSOR_CONSTANT.findall(ir)
+    parsed = [node for node in graph.nodes() if node.kind() == "prim::Constant"
+              and _tensor_constant(node.output()) is not None]
+    if len(written) != len(parsed):
+        raise ValueError(f"{len(written)} tensor constants written, {len(parsed)} parsed")
+    for text, node in zip(written, parsed, strict=True):
+        tensor = _tensor_constant(node.output())
+        value = _written_number(text)
+        if tensor is None or value is None or tensor.numel() != 1 or tensor.item() == value:
+            continue
+        fixed = torch.full(tensor.shape, value, dtype=tensor.dtype)
+        if fixed.item() != value:  # not a value of its dtype: leave it to fail as it did
+            continue
+        with graph.insert_point_guard(node):
+            constant = graph.insertConstant(fixed)
+        node.output().replaceAllUsesWith(constant)
+        node.destroy()
+    return graph
+
+
+def _written_number(text: str) -> int | float | None:
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def rewrite(extraction: Extraction) -> Extraction:
     """``extraction`` with its IR rewritten by every rewrite above and its
     input layout to match; the extraction unchanged where a rewrite fails or
@@ -785,8 +833,7 @@ def rewrite(extraction: Extraction) -> Extraction:
     if not extraction.ir:
         return extraction
     try:
-        # LTC writes slice bounds as one-element tensor constants.
-        graph = torch._C.parse_ir(extraction.ir, parse_tensor_constants=True)
+        graph = parse_traced(extraction.ir)
         inputs = list(extraction.inputs)
         if len(inputs) != len(list(graph.inputs())):
             raise ValueError(f"{len(inputs)} inputs laid out for a graph of "

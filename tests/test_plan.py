@@ -234,16 +234,43 @@ def test_a_corrupt_plan_is_replaced_and_the_model_still_runs(cache_dir):
     assert compile_and_check(model, x)["plan_hits"] == 1
 
 
-@pytest.mark.parametrize("model", [MutatesInput(), ReturnsItsInput()],
-                         ids=["mutates its input", "returns a view of its input"])
-def test_no_plan_where_aot_autograd_wraps_the_graph(cache_dir, model):
-    """AOTAutograd copies mutations back and regenerates aliases around such
-    graphs; a bare plan would lose that, so none is stored, and every
+def test_no_plan_where_aot_autograd_wraps_the_graph(cache_dir):
+    """AOTAutograd regenerates an output's alias of an input around such a
+    graph; a bare plan would lose that, so none is stored, and every
     process runs AOTAutograd, with eager's results."""
     x = torch.randn(3, 4)
     for _ in range(2):
-        assert compile_and_check(model, x)["aot_graphs"] == 1
+        assert compile_and_check(ReturnsItsInput(), x)["aot_graphs"] == 1
     assert plans(cache_dir) == []
+
+
+class ReturnsItsUpdatedInput(torch.nn.Module):
+    """A static key/value cache's update: written in place and returned."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x.index_copy_(0, torch.tensor([1]), torch.ones(1, 4))
+        return x, torch.sign(x) + x.exp()
+
+
+@pytest.mark.parametrize("model", [MutatesInput(), ReturnsItsUpdatedInput()],
+                         ids=["mutates its input", "returns its updated input"])
+def test_a_graph_that_updates_its_input_keeps_the_update_in_its_plan(cache_dir, model):
+    """The update is the graph's own ``copy_`` (AOTAutograd's
+    keep_inference_input_mutations), an eager op of the plan: the warm
+    start runs no AOTAutograd, and the argument is updated as eager's is;
+    an output that is the input is the input itself."""
+    x = torch.randn(3, 4)
+    assert compile_and_check(model, x)["aot_graphs"] == 1
+    [(_, entry)] = plans(cache_dir)
+    assert "aten.copy_.default" in entry.payload["plan"]["eager_ops"]
+    warm = compile_and_check(model, x)
+    assert warm["aot_graphs"] == 0 and warm["plan_hits"] == 1 and warm["traces"] == 0
+    if isinstance(model, ReturnsItsUpdatedInput):
+        torch._dynamo.reset()
+        y = x.clone()
+        with torch.no_grad():
+            out, _ = torch.compile(model, backend=LtcBackend(GraphCache(CacheConfig.from_env())))(y)
+        assert out is y
 
 
 @pytest.mark.slow  # the CLI in processes that import torch

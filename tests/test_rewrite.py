@@ -28,7 +28,13 @@ from ltc_cache.entry import decode
 from ltc_cache.extract import Extraction
 from ltc_cache.keys import compute_key, module_tensors
 from ltc_cache.layout import Source
-from ltc_cache.rewrite import drop_dead_code, linears, rewrite, views_for_copies
+from ltc_cache.rewrite import (
+    drop_dead_code,
+    linears,
+    parse_traced,
+    rewrite,
+    views_for_copies,
+)
 from ltc_cache.store import DiskStore
 
 # ---------------------------------------------------------------- models
@@ -208,6 +214,19 @@ class Positions(nn.Module):
         return self.fc(x + self.pos(ids)), (ids * 2).float()
 
 
+class LastPositions(nn.Module):
+    """A language model's head on its last positions (``generate`` asks for
+    ``hidden[:, -1:]``): slice bounds LTC writes as negative tensor
+    constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(4, 6)
+
+    def forward(self, x):
+        return self.head(x[:, -1:]), x[:, -3:-1] * 2
+
+
 MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "mlp": (Mlp, [(5, 6)]),
     "weight_view": (WeightView, [(3, 6)]),
@@ -221,6 +240,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "linears": (Linears, [(2, 3, 4), (6, 4)]),
     "powers": (Powers, [(2, 3, 8), (4,)]),
     "positions": (Positions, [(2, 5, 4)]),
+    "last_positions": (LastPositions, [(2, 7, 4)]),
 }
 
 
@@ -742,6 +762,28 @@ def test_a_linear_reads_the_weight_where_the_product_did():
     torch.testing.assert_close(early, x @ w.t(), rtol=0, atol=0)
     torch.testing.assert_close(late, torch.addmm(b, x, (w * 2).t()), rtol=0, atol=0)
     torch.testing.assert_close(args[1], w * 2, rtol=0, atol=0)
+
+
+def test_negative_tensor_constants_keep_their_sign():
+    # parse_ir reads {-1} back as tensor(1) (fact 22 in docs/design.md);
+    # the rewrites read every tensor constant as the text wrote it.
+    ir = """graph(%x : Tensor):
+      %a : Long(requires_grad=0, device=cpu) = prim::Constant[value={-1}]()
+      %b : Double(requires_grad=0, device=cpu) = prim::Constant[value={-2.5}]()
+      %c : Long(requires_grad=0, device=cpu) = prim::Constant[value={3}]()
+      return (%a, %b, %c)"""
+    graph = parse_traced(ir)
+    values = [n.output().toIValue() for n in graph.nodes() if n.kind() == "prim::Constant"]
+    assert [v.item() for v in values] == [-1, -2.5, 3]
+    assert [v.dtype for v in values] == [torch.int64, torch.float64, torch.int64]
+
+
+def test_negative_slice_bounds_replay_as_eager(cache_dir):
+    # x[:, -1:] sliced from the second row and the replay failed: the first
+    # cold generate() of every language model (issue 20).
+    result = check_against_eager("last_positions")
+    assert "slice" in result["ir"]
+    assert ltc_cache.stats()["errors"] == 0
 
 
 def test_ir_that_cannot_be_rewritten_is_stored_as_traced():

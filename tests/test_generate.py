@@ -1,0 +1,150 @@
+"""``generate()`` of language models through ltc_cache (issue 20).
+
+The regression of the first cold ``generate()`` (a negative slice bound
+read back positive, fact 22 in docs/design.md) and of a region that falls
+back to eager on inputs laid out otherwise than traced (fact 23); cold then
+warm generation in fresh child processes (``tests/generate_child.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx
+
+from ltc_cache.dynamo import _eager
+
+
+def _region_traced_on_a_transposed_input() -> fx.GraphModule:
+    """A region as AOTAutograd makes it after CPU flash attention: a
+    ``view`` that merges two dimensions, valid only in the traced layout."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(1, 7, 4, 16, device="meta").transpose(1, 2)
+    t = graph.call_function(torch.ops.aten.transpose.int, (x, 1, 2))
+    v = graph.call_function(torch.ops.aten.view.default, (t, [1, 7, 64]))
+    graph.output((v,))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_region_falling_back_to_eager_gets_its_inputs_in_the_traced_layout():
+    region = _region_traced_on_a_transposed_input()
+    x = torch.randn(1, 4, 7, 16)  # contiguous, as an LTC replay returns it
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        region(x)  # as the region's eager fallback ran before
+    (out,) = _eager(region)(x)
+    torch.testing.assert_close(out, x.transpose(1, 2).reshape(1, 7, 64), rtol=0, atol=0)
+    assert x.is_contiguous()  # the argument itself is left as it was
+
+
+# -- generate() in child processes, cold then warm -------------------------------------
+
+CHILD = Path(__file__).with_name("generate_child.py")
+
+
+def generate(model: str, lengths: list[int], *options: str) -> dict:
+    """``tests/generate_child.py`` in a fresh process over the test's cache."""
+    proc = subprocess.run([sys.executable, str(CHILD), model,
+                           "--lengths", ",".join(map(str, lengths)), *options],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["warnings"] == [], report["warnings"]
+    for request in report["requests"]:
+        if request["eager"] is not None:  # greedy: eager's tokens, exactly
+            assert request["tokens"] == request["eager"], request["length"]
+    return report
+
+
+@pytest.mark.slow  # four processes generating
+@pytest.mark.parametrize("route", ["forward", "torch"])
+def test_the_first_cold_generate_of_gpt2_no_longer_crashes(cache_dir, route):
+    """Issue 20 as reported: a 2-layer GPT-2 (hidden 64), greedy, 16 new
+    tokens, transformers' dynamic cache, the forward compiled the way
+    transformers documents; cold it failed with "view size is not
+    compatible". Cold and warm now give eager's tokens with no warning,
+    and the warm process traces nothing and runs no AOTAutograd."""
+    cold = generate("gpt2", [7], "--route", route, "--new", "16")
+    assert cold["stats"]["errors"] == 0 and cold["stats"]["traces"] > 0
+    warm = generate("gpt2", [7], "--route", route, "--new", "16")
+    assert warm["stats"]["traces"] == 0 and warm["stats"]["errors"] == 0
+    assert warm["stats"].get("aot_traces", 0) == 0
+
+
+@pytest.mark.slow  # six processes generating
+@pytest.mark.parametrize("model", ["gpt2", "llama", "t5"])
+def test_a_warm_worker_with_a_static_cache_captures_and_traces_nothing(cache_dir, model):
+    """The static cache, ``model.forward = ltc_cache.compile(model.forward)``:
+    the cold worker stores one program per prompt length and one for
+    decoding; a warm worker meeting those lengths in another order runs no
+    Dynamo capture, no AOTAutograd and no LTC trace, and its greedy tokens
+    are eager's. Sampled decoding over the same cache runs too."""
+    cold = generate(model, [5, 9], "--cache", "static")
+    assert cold["captures"] > 0 and cold["stats"]["errors"] == 0
+    warm = generate(model, [9, 5], "--cache", "static")
+    stats = warm["stats"]
+    assert warm["captures"] == 0
+    assert stats.get("aot_traces", 0) == 0 and stats["traces"] == 0 and stats["misses"] == 0
+    assert stats["program_hits"] == cold["stats"]["program_captures"]
+    sampled = generate(model, [9], "--cache", "static", "--sample")
+    assert sampled["captures"] == 0 and sampled["stats"]["traces"] == 0
+    prefix = 1 if model == "t5" else 9  # the decoder's start token, or the prompt
+    assert len(sampled["requests"][0]["tokens"][0]) == prefix + 8
+
+
+@pytest.mark.slow  # two processes generating
+def test_generate_of_a_compiled_module_goes_through_its_programs(cache_dir):
+    """``ltc_cache.compile(model).generate(...)`` ran eagerly (the model's
+    attribute): it now runs every forward through the programs, the same
+    ones ``ltc_cache.compile(model.forward)`` stores."""
+    cold = generate("gpt2", [6], "--route", "module", "--cache", "static")
+    assert cold["stats"]["program_captures"] == 2  # the prompt's and decoding's
+    warm = generate("gpt2", [6], "--route", "forward", "--cache", "static")
+    assert warm["captures"] == 0 and warm["stats"]["program_hits"] == 2
+
+
+def test_the_global_dynamo_reads_torch_tensor_through_is_torch():
+    """Pins what precompile's ``_TORCH_BY_ID`` relies on: the only global
+    Dynamo installs under an empty prefix, ``_<id>_c<n>``, is ``torch``
+    (for ``type(tensor)``, which T5's generate() reaches). Fails loudly
+    when torch changes it: a program's check of ``G['_<id>_c<n>'].Tensor``
+    would then be given the wrong object."""
+    import inspect
+    import re
+
+    import torch._dynamo.variables as variables
+
+    sources = "".join(inspect.getsource(m) for m in (variables.builtin, variables.misc,
+                                                     variables.torch, variables.user_defined))
+    sources += inspect.getsource(torch._dynamo.symbolic_convert)
+    sources += inspect.getsource(torch._dynamo.codegen)
+    empty_prefix = re.findall(r'install_global_by_id\(\s*""\s*,\s*(\w+)\s*\)', sources)
+    assert empty_prefix == ["torch"]
+
+
+@pytest.mark.slow  # a fleet of two workers, then one
+def test_serve_example_answers_generation_requests_warm(cache_dir, tmp_path, monkeypatch):
+    """``examples/serve.py --model lm``: a cold fleet of two workers answers
+    generation requests of four prompt lengths with eager's tokens; a warm
+    worker answers them with no Dynamo capture, AOTAutograd or LTC trace."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    serve = Path(__file__).parents[1] / "examples" / "serve.py"
+
+    def fleet(workers: int) -> dict:
+        proc = subprocess.run([sys.executable, str(serve), "--model", "lm", "--workers",
+                               str(workers), "--requests", "4", "--new", "8", "--threads", "1",
+                               "--check", "--json"],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    cold = fleet(2)
+    assert cold["max_abs_error"] == 0 and cold["captures"] > 0
+    warm = fleet(1)
+    assert warm["max_abs_error"] == 0 and warm["lengths"] == [5, 8, 11, 14]
+    assert warm["captures"] == 0 and warm["aot_traces"] == 0 and warm["traces"] == 0

@@ -1,0 +1,220 @@
+"""Serving ``generate()``: fresh worker processes, cold then warm, eager
+against ltc_cache and Inductor, side by side.
+
+    python tools/bench_generate.py [--models gpt2,llama] [--new 32] [--json]
+
+A worker is a fresh process that builds a tiny language model
+(``tests/generate_child.py``) in ``eval()``, compiles its forward, and
+answers one greedy request per prompt length (eight distinct lengths,
+transformers' static cache of a fixed length, 32 new tokens), then the
+first length four more times to measure steady decoding. For each route,
+on directories of its own, a cold worker (empty caches) then a warm one
+(the caches the cold one filled; it meets the lengths in reverse order):
+
+- ``eager``: no compiler;
+- ``ltc_cache``: ``model.forward = ltc_cache.compile(model.forward)``;
+- ``inductor``: ``model.forward = torch.compile(model.forward)``, its FX
+  graph and AOTAutograd caches on.
+
+It reports, per route and start: the time from the worker's process start
+to its first generated token; each length's first request (the sum, the
+largest, and the warm worker's against Inductor's warm worker's); steady
+decoding in tokens per second (between the first and the last new token of
+a request, the median of four) with the default number of threads and with
+one; the Dynamo captures, AOTAutograd traces and LTC traces of the warm
+worker; and whether every greedy answer equals eager's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from markdown_table import table  # noqa: E402
+
+LENGTHS = (5, 8, 11, 14, 17, 20, 24, 29)
+ROUTES = ("eager", "ltc_cache", "inductor")
+STEADY_RUNS = 4
+
+
+def _env(directory: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "LTC_CACHE_DIR": str(directory / "ltc"),
+        "XDG_CONFIG_HOME": str(directory / "config"),
+        "TORCHINDUCTOR_CACHE_DIR": str(directory / "inductor"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+    })
+    env.pop("OMP_NUM_THREADS", None)
+    return env
+
+
+# --- the worker ----------------------------------------------------------------
+
+
+def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
+           started: float) -> dict[str, Any]:
+    import warnings
+
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from generate_child import build, captures, generation_kwargs, prompt
+
+    import ltc_cache
+
+    warnings.simplefilter("ignore")
+
+    class Clock(BaseStreamer):
+        """When each new token came (the first ``put`` is the prompt)."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.prompt_seen = False
+
+        def put(self, value: Any) -> None:
+            if self.prompt_seen:
+                self.times.append(time.time())
+            self.prompt_seen = True
+
+        def end(self) -> None:
+            pass
+
+    model = build(model_name)
+    kwargs = generation_kwargs("static", False, new_tokens)
+    if route == "ltc_cache":
+        model.forward = ltc_cache.compile(model.forward)
+    elif route == "inductor":
+        model.forward = torch.compile(model.forward)
+
+    def request(n: int) -> tuple[list[int], Clock, float]:
+        clock = Clock()
+        start = time.time()
+        with torch.no_grad():
+            tokens = model.generate(prompt(n), streamer=clock, **kwargs)
+        return tokens[0].tolist(), clock, start
+
+    first_token = None
+    firsts, answers = {}, {}
+    for n in lengths:
+        tokens, clock, start = request(n)
+        first_token = first_token or clock.times[0] - started
+        firsts[n] = clock.times[-1] - start
+        answers[n] = tokens
+    counts = {"captures": captures(), **ltc_cache.stats()}
+
+    def steady() -> float:
+        rates = []
+        for _ in range(STEADY_RUNS):
+            _, clock, _ = request(lengths[0])
+            rates.append((len(clock.times) - 1) / (clock.times[-1] - clock.times[0]))
+        return statistics.median(rates)
+
+    default_threads = torch.get_num_threads()
+    rate_default = steady()
+    torch.set_num_threads(1)
+    rate_one = steady()
+    return {"first_token": first_token, "firsts": firsts, "answers": answers,
+            "steady_default": rate_default, "steady_one": rate_one,
+            "threads": default_threads, "counts": counts}
+
+
+# --- the parent ----------------------------------------------------------------
+
+
+def run_worker(model: str, route: str, lengths: list[int], new_tokens: int,
+               env: dict[str, str]) -> dict[str, Any]:
+    started = time.time()
+    proc = subprocess.run([sys.executable, __file__, "--worker", model, route,
+                           ",".join(map(str, lengths)), str(new_tokens), repr(started)],
+                          capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(model: str, new_tokens: int, scratch: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for route in ROUTES:
+        env = _env(Path(tempfile.mkdtemp(prefix=f"{model}-{route}-", dir=scratch)))
+        cold = run_worker(model, route, list(LENGTHS), new_tokens, env)
+        warm = run_worker(model, route, list(reversed(LENGTHS)), new_tokens, env)
+        results[route] = {"cold": cold, "warm": warm}
+        print(f"# {model} {route}: done", file=sys.stderr)
+    return results
+
+
+def _same_answers(result: dict[str, Any], eager: dict[str, Any]) -> str:
+    if "failed" in result or "failed" in eager:
+        return "-"
+    return "yes" if all(result["answers"][n] == eager["answers"][n]
+                        for n in eager["answers"]) else "no"
+
+
+def report(model: str, results: dict[str, Any]) -> str:
+    eager = results["eager"]["cold"]
+    inductor_warm = results["inductor"]["warm"]
+    rows = [["route", "start", "process start to first token", "first requests (sum)",
+             "largest first request", "vs Inductor warm (sum)", "steady tok/s (default)",
+             "steady tok/s (1 thread)", "captures / AOT / LTC traces", "greedy = eager"]]
+    for route in ROUTES:
+        for start in ("cold", "warm"):
+            r = results[route][start]
+            if "failed" in r:
+                rows.append([route, start, f"failed: {r['failed']}", *["-"] * 7])
+                continue
+            firsts = list(r["firsts"].values())
+            vs = "-"
+            if "failed" not in inductor_warm:
+                vs = f"{sum(firsts) / sum(inductor_warm['firsts'].values()):.3f}x"
+            c = r["counts"]
+            rows.append([route, start, f"{r['first_token']:.2f} s", f"{sum(firsts):.2f} s",
+                         f"{max(firsts):.2f} s", vs, f"{r['steady_default']:.1f}",
+                         f"{r['steady_one']:.1f}",
+                         f"{c['captures']} / {c.get('aot_traces', 0)} / {c.get('traces', 0)}",
+                         _same_answers(r, eager)])
+    return f"### {model}\n\n" + table(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        model, route, lengths, new_tokens, started = argv[1:6]
+        result = worker(model, route, [int(n) for n in lengths.split(",")], int(new_tokens),
+                        float(started))
+        print(json.dumps(result))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2",
+                        help="comma-separated, from tests/generate_child.py's MODELS")
+    parser.add_argument("--new", type=int, default=32, help="new tokens per request")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch:
+        measured = {m: measure(m, args.new, Path(scratch)) for m in args.models.split(",")}
+    if args.json:
+        print(json.dumps(measured))
+        return 0
+    print(f"prompt lengths {', '.join(map(str, LENGTHS))}; {args.new} new tokens; "
+          f"static cache; load average {os.getloadavg()[0]:.1f}\n")
+    for model, results in measured.items():
+        print(report(model, results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
