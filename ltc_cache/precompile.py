@@ -221,6 +221,12 @@ class _GuardFilter:
                 continue
             try:
                 expr = portable_expression(guard.name, self._fn_globals)
+                if e.guard_type == "DUPLICATE_INPUT" and expr != guard.name:
+                    # "this is that" where this is a module's attribute
+                    # reached through the module's name: the other source's
+                    # own guards say what it is.
+                    keep.append(False)
+                    continue
                 self.checks.append(portable_check(expr, e.guard_type,
                                                   tuple(e.derived_guard_types), e.has_value,
                                                   e.value))

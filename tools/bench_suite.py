@@ -12,7 +12,9 @@ in eager on a copy, and reports: the error against eager (outputs; for
 training the loss and every gradient, relative to the largest gradient),
 the share of aten ops in LTC, the LTC regions, what the process traced
 (LTC traces, AOTAutograd traces counted by wrapping AOTAutograd's own
-capture functions, Dynamo frames) and the time of the first call.
+capture functions, and captures: Dynamo frames, programs captured and calls
+that fell back from a program to torch.compile) and the time of the first
+call.
 "warm/cold" is the warm first call over the cold one. One intra-op thread.
 """
 
@@ -146,18 +148,20 @@ def row(result: dict) -> list[str]:
         crash = (cold.get("crash") or warm.get("crash") or [""])[0]
         return [result["model"], result["mode"], "crash: " + crash[:80], "", "", "", ""]
     stats = warm["stats"]
+    captures = (warm["frames"] + stats.get("program_captures", 0)
+                + stats.get("program_fallbacks", 0))
     share = stats["ltc_ops"] / stats["aten_ops"] if stats.get("aten_ops") else 0.0
     error = max(cold["error"], warm["error"])
     correct = error <= 1e-4 and not cold.get("missing_grads")
     return [result["model"], result["mode"],
             f"{'yes' if correct else 'NO'} ({error:.1e})",
             f"{share:.0%}", str(cold["regions"]),
-            f"{stats['traces']}/{warm['aot']}/{warm['frames']}",
+            f"{stats['traces']}/{warm['aot']}/{captures}",
             f"{warm['first_s'] / cold['first_s']:.2f}"]
 
 
 HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
-          "warm traces/AOT/frames", "warm/cold first call"]
+          "warm traces/AOT/captures", "warm/cold first call"]
 
 
 def main(argv: list[str] | None = None) -> int:
