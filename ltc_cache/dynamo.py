@@ -453,7 +453,12 @@ class LtcBackend:
                 if plan is not None:
                     parted = self._planned(parted, kind, example_inputs, f"{name}.{kind}", cache,
                                            plan, pending)
-                return make_boxed_func(self._with_regions(parted, f"{name}.{kind}", cache).forward)
+                module = self._with_regions(parted, f"{name}.{kind}", cache)
+                # AOTAutograd's own graph, run eagerly, is what the
+                # partitioned one computes: where the latter fails on its
+                # first call (forward or backward), the former runs instead.
+                return make_boxed_func(_Guarded(module.forward, graph.forward,
+                                                f"{name}.{kind}", cache, as_tuple=False, ops=0))
             return compile_graph
 
         aot = aot_autograd(
