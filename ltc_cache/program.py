@@ -37,6 +37,7 @@ import re
 import secrets
 import sys
 import types
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,9 @@ def _describe(obj: Any, depth: int, path: tuple[int, ...]) -> Any:
         return ["op", str(obj)]
     if isinstance(obj, torch.dtype | torch.device):
         return ["v", type(obj).__name__, str(obj)]
+    name = getattr(obj, "_name", None)
+    if isinstance(obj, typing._SpecialForm) and getattr(typing, str(name), None) is obj:
+        return ["typing", name]  # Optional, Union, Any ...: one object per process, by name
     raise Unportable(f"cannot describe a {type(obj).__module__}.{type(obj).__qualname__} "
                      "across processes")
 

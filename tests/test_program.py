@@ -204,6 +204,17 @@ def type_checked():
     assert warm["outputs"] == cold["outputs"]
 
 
+def test_typing_special_forms_are_described_by_name():
+    """Encoder-decoder models guard ``typing.Optional`` and the like (their
+    programs could not be saved): one object per process, by name."""
+    import typing
+
+    from ltc_cache.program import describe
+
+    assert describe(typing.Optional) == ["typing", "Optional"]
+    assert describe(typing.Union) != describe(typing.Optional)
+
+
 def test_a_global_named_after_an_object_id_is_never_checked_by_that_name():
     """The rewrite on its own: a module global goes by the module's name; any
     other value named after an object id is refused (the program is not
