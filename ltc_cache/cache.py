@@ -270,6 +270,20 @@ class GraphCache:
                                payload={"reason": reason}))
         self._remember_name(store, key, graph_name)
 
+    def remember_replay_failure(self, compiled: CompiledGraph, exc: BaseException) -> None:
+        """A graph that traced but whose replay failed on its first call:
+        its entry becomes a negative one, so that later processes run the
+        graph eagerly at once instead of failing the same way (the entry's
+        key and its parts come from the entry itself)."""
+        entry = compiled.entry
+        store = self.store
+        if store is None or not entry.key or entry.kind == "negative":
+            return
+        self._built.pop(entry.key, None)
+        key = CacheKey(entry.key, dict(entry.meta.get("key_parts") or {}))
+        self._remember_failure(store, key, entry.graph_name,
+                               RuntimeError(f"replay failed: {type(exc).__name__}: {exc}"))
+
     def _remember_name(self, store: Store, key: CacheKey, graph_name: str) -> None:
         if not self._readonly:
             from .names import remember_name

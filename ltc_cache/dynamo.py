@@ -44,6 +44,7 @@ from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
 from .keys import CacheKey, compute_key
 from .nodes import is_symbolic, node_value
+from .replay import CompiledGraph
 
 if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
     from .partition import Partitioned
@@ -169,8 +170,15 @@ class _Guarded:
         except Exception as exc:  # whatever it is, eager computes the graph
             logger.debug("%s: first replay failed", self._name, exc_info=True)
             warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
-                      f"({first_line(exc)}); running it eagerly")
+                      f"({type(exc).__name__}: {first_line(exc)}); running it eagerly")
             self._cache.record("errors")
+            if isinstance(self._compiled, CompiledGraph):
+                # Remembered, so no later process fails the same way.
+                try:
+                    self._cache.remember_replay_failure(self._compiled, exc)
+                except Exception:
+                    logger.debug("%s: cannot store the negative entry", self._name,
+                                 exc_info=True)
             self._call = self._fallback
             return self._fallback(*args)
         counters.bump(LTC_OPS, self._ops)
@@ -203,7 +211,7 @@ class _Region:
             with _disable_current_modes(), torch.no_grad():
                 compiled = self._cache.extract_compiled_graph(self._module, args,
                                                               name=self._name)
-        except RuntimeError as exc:
+        except Exception as exc:  # a region LTC cannot take runs eagerly, whatever the error
             logger.debug("%s: extraction failed", self._name, exc_info=True)
             warn_once(f"eager-region:{self._name}",
                       f"{self._name}: LTC cannot extract this region; it runs eagerly "
@@ -477,7 +485,12 @@ class LtcBackend:
                 if plan is not None:
                     parted = self._planned(parted, kind, example_inputs, f"{name}.{kind}", cache,
                                            plan, pending)
-                return make_boxed_func(self._with_regions(parted, f"{name}.{kind}", cache).forward)
+                module = self._with_regions(parted, f"{name}.{kind}", cache)
+                # AOTAutograd's own graph, run eagerly, is what the
+                # partitioned one computes: where the latter fails on its
+                # first call (forward or backward), the former runs instead.
+                return make_boxed_func(_Guarded(module.forward, graph.forward,
+                                                f"{name}.{kind}", cache, as_tuple=False, ops=0))
             return compile_graph
 
         aot = aot_autograd(

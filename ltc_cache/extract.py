@@ -126,7 +126,14 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
 
     if not graph_tensors:
         return Extraction("", (), outputs, tuple(updates), "")
-    ir = normalize_ir(lazy_debug.dump_ir(graph_tensors, "backend"))
+    ir = lazy_debug.dump_ir(graph_tensors, "backend")
+    if _returns(ir) != len(graph_tensors):
+        graph_tensors = _with_ir_values(graph_tensors)
+        ir = lazy_debug.dump_ir(graph_tensors, "backend")
+        if _returns(ir) != len(graph_tensors):
+            raise RuntimeError(f"LTC's graph returns {_returns(ir)} of the "
+                               f"{len(graph_tensors)} values traced")
+    ir = normalize_ir(ir)
     input_ids, input_values = computation.get_tensors_ts_device_data_node(graph_tensors)
     inputs = tuple(_input_source(tid, value, arg_ids, attr_ids)
                    for tid, value in zip(input_ids, input_values, strict=True))
@@ -135,6 +142,26 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     # fails here, at trace time, rather than in a later process.
     lazy.sync_multi(graph_tensors, [])
     return Extraction(ir, inputs, outputs, tuple(updates), graph_hash)
+
+
+def _returns(ir: str) -> int:
+    """How many values the dumped TorchScript graph returns."""
+    for line in reversed(ir.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("return"):
+            inner = line[len("return"):].strip().strip("()")
+            return len([v for v in inner.split(",") if v.strip()])
+    return 0
+
+
+def _with_ir_values(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` with each one that holds only data (no IR node: a tensor
+    made from data inside the graph, such as ``x.new_tensor([1., 2.])``)
+    replaced by a clone of it. LTC's dump skips such tensors, both among
+    the graph's results and its inputs, so the graph would return fewer
+    values than were traced and take other parameters than were listed;
+    a clone is an IR node over the data, as every other result is."""
+    return [t.clone() if not lazy_debug.dump_ir([t], "backend") else t for t in tensors]
 
 
 _init_lock = threading.Lock()

@@ -172,6 +172,11 @@ def joint_graphs(entry: Entry) -> tuple[Partitioned, Partitioned, JointLayout]:
     return forward, backward, layout
 
 
+def _detached_views(tensors: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(t.detach() if isinstance(t, torch.Tensor) and t._is_view() else t
+                 for t in tensors)
+
+
 class _Joint(torch.autograd.Function):
     """The autograd node of one call: forward, saving what backward reads."""
 
@@ -183,8 +188,14 @@ class _Joint(torch.autograd.Function):
         for i in layout.unsafe_views:
             user[i] = _unsafe_view(user[i], user[i].shape)
         checked_end = layout.outputs + layout.saved
-        ctx.save_for_backward(*outs[layout.outputs:checked_end])
-        ctx.unchecked = tuple(outs[checked_end:])
+        # Saved views are detached, as AOTAutograd's wrapper detaches them
+        # (``_AutogradSavedState.save_from_forward``): a transposed weight
+        # saved as a view (fact 18 in docs/design.md) otherwise comes back
+        # from ``ctx.saved_tensors`` requiring grad, and the backward's
+        # regions were asked for under another key than the cold process
+        # stored (fact 24 in docs/design.md).
+        ctx.save_for_backward(*_detached_views(outs[layout.outputs:checked_end]))
+        ctx.unchecked = _detached_views(outs[checked_end:])
         ctx.joint = joint
         ctx.mark_non_differentiable(*(t for t, grad in zip(user, layout.requires_grad,
                                                             strict=True) if not grad))

@@ -53,9 +53,11 @@ from .program import (
     changed_source,
     code_record,
     describe,
+    names_process_specific,
     negative_program_entry,
     plain_object,
     portable_check,
+    portable_expression,
     program_entry,
     program_key,
     program_parts,
@@ -191,14 +193,19 @@ class _GuardFilter:
     (:func:`ltc_cache.program.portable_check`). A guard that can be neither
     makes the program unportable (it is not stored)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fn_globals: Mapping[str, Any]) -> None:
         self.checks: list[list[Any]] = []
         self.globals: list[str] = []
         self.unportable: str | None = None
+        # Where Dynamo installs the globals it names after object ids.
+        self._fn_globals = fn_globals
 
     def __call__(self, entries: Sequence[Any]) -> list[bool]:
         self.checks, self.unportable = [], None
-        dropped = {e.orig_guard.name for e in entries if self._unserializable(e)}
+        # A guard through a global named after an object id would never hold
+        # in another process, saved or not: a portable check stands in for it.
+        dropped = {e.orig_guard.name for e in entries
+                   if self._unserializable(e) or names_process_specific(e.orig_guard.name)}
         # Guards reached through a function Dynamo cannot save (its closure,
         # its defaults) do not load without it: checked here too. Through a
         # module or class they load (those are saved by name) and stay.
@@ -219,7 +226,14 @@ class _GuardFilter:
                     direct.add(root)
                 continue
             try:
-                self.checks.append(portable_check(guard.name, e.guard_type,
+                expr = portable_expression(guard.name, self._fn_globals)
+                if e.guard_type == "DUPLICATE_INPUT" and expr != guard.name:
+                    # "this is that" where this is a module's attribute
+                    # reached through the module's name: the other source's
+                    # own guards say what it is.
+                    keep.append(False)
+                    continue
+                self.checks.append(portable_check(expr, e.guard_type,
                                                   tuple(e.derived_guard_types), e.has_value,
                                                   e.value))
                 keep.append(False)
@@ -626,7 +640,7 @@ class _Programs:
         from torch._dynamo.package import SourceInfo
 
         counters.bump(PROGRAM_CAPTURES)
-        guard_filter = _GuardFilter()
+        guard_filter = _GuardFilter(self._fn.__globals__)
         codes: list[types.CodeType] = []
         own_sources = self._own_sources()
         try:

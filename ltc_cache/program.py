@@ -34,9 +34,11 @@ import linecache
 import logging
 import os
 import platform
+import re
 import secrets
 import sys
 import types
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -312,6 +314,36 @@ def _cell(cell: types.CellType) -> Any:
 _IDENTITY_GUARDS = frozenset({"ID_MATCH", "CLASS_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH",
                               "MODULE_MATCH", "BUILTIN_MATCH"})
 _VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
+
+
+# Globals Dynamo installs under a name made of an object id and the compile
+# id (``OutputGraph.install_global_by_id``: ``f"{prefix}_{id(value)}_c{n}"``;
+# ``type(x)`` of a tensor reads ``torch.Tensor`` through one). The name
+# exists only in the capturing process.
+_BY_ID_GLOBAL = re.compile(r"G\['(\w*_\d{6,}_c\d+)'\]")
+
+
+def portable_expression(expr: str, globals_: Mapping[str, Any]) -> str:
+    """``expr`` (a guard's source) with every global that Dynamo named
+    after an object id replaced by an expression that finds the same
+    object in any process: ``__import__(name)`` for a module. Raises
+    Unportable where such a global holds anything else (its name, and so
+    the check, would hold in this process only)."""
+
+    def stand_in(match: re.Match[str]) -> str:
+        name = match.group(1)
+        value = globals_.get(name)
+        if isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is value:
+            return f"__import__({value.__name__!r}, fromlist=['_'])"
+        raise Unportable(f"a guard names {name}, a global named after an object id "
+                         f"({type(value).__name__})")
+
+    return _BY_ID_GLOBAL.sub(stand_in, expr)
+
+
+def names_process_specific(expr: str) -> bool:
+    """Whether ``expr`` names a global named after an object id."""
+    return _BY_ID_GLOBAL.search(expr) is not None
 
 
 def portable_check(expr: str, guard_type: str, derived: Sequence[str], has_value: bool,

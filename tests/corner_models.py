@@ -79,6 +79,15 @@ class Factory(nn.Module):
         return a + torch.ones(4) * 0.5
 
 
+class DataOutput(nn.Module):
+    """Returns a tensor made from data inside the graph: on the lazy device
+    it holds data and no IR node, which LTC's dump leaves out of the graph's
+    results and inputs unless it is given one."""
+
+    def forward(self, x):
+        return x * 2, x.new_tensor([1.0, 2.0]), x + 1
+
+
 class MaxDim(nn.Module):
     """LTC types max.dim's result as a NamedTuple, which parse_ir refuses."""
 
@@ -113,6 +122,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "tensor_constant": (TensorConstant, [(3, 4)]),
     "factory": (Factory, [(3, 4)]),
     "max_dim": (MaxDim, [(3, 4)]),
+    "data_output": (DataOutput, [(2, 3)]),
     "weighted": (Weighted, [(5, 4)]),
 }
 ORIGINAL_CASES = ["const_scale", "sub", "addcmul", "return_multi", "return_dup_tensor",

@@ -13,6 +13,7 @@ import logging
 import msgpack
 import pytest
 import torch
+from conftest import delta
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
@@ -326,3 +327,43 @@ def test_a_failing_compiler_leaves_the_model_eager(cache_dir, monkeypatch):
         got = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 3)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
     assert ltc_cache.stats()["errors"] >= 1
+
+
+def test_a_replay_that_fails_runs_eagerly_once_warned_and_remembered(cache_dir, monkeypatch):
+    """Any exception in a region's first replay (here an IndexError, as a
+    graph returning fewer values than it was traced with raised) runs that
+    region eagerly with one warning, in training too, and leaves a negative
+    entry: the next process neither replays nor traces it."""
+    from ltc_cache.replay import CompiledGraph
+
+    original = CompiledGraph.__call__
+    failed: list[str] = []
+
+    def failing(self, *args):
+        if self.entry.graph_name.endswith("backward.r0") and not failed:
+            failed.append(self.entry.key)
+            raise IndexError("tuple index out of range")
+        return original(self, *args)
+
+    monkeypatch.setattr(CompiledGraph, "__call__", failing)
+    x = torch.randn(8, 16)
+    torch.manual_seed(3)
+    reference = MLP()
+    want = train(copy.deepcopy(reference), x, 3)
+    with pytest.warns(RuntimeWarning, match="does not run") as caught:
+        got = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 3)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+    assert len([w for w in caught if "does not run" in str(w.message)]) == 1
+    assert "IndexError" in str(next(w for w in caught if "does not run" in str(w.message)).message)
+    assert failed
+    stored = entries(cache_dir)
+    assert stored[failed[0]].kind == "negative"
+    assert "IndexError" in stored[failed[0]].payload["reason"]
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(CompiledGraph, "__call__", original)
+    before = ltc_cache.stats()
+    again = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 3)
+    torch.testing.assert_close(torch.tensor(again), torch.tensor(want))
+    after = delta(before)
+    assert after["traces"] == 0 and after["negative_hits"] == 1, after

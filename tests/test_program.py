@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,61 @@ def test_training_cold_then_warm(models, cache_dir):
         assert result["stats"]["ltc_ops"] > 0, result
     assert cold["stats"].get("aot_graphs", 0) > 0, cold
     assert warm["stats"].get("aot_traces", 0) == 0 and warm["stats"].get("plan_hits", 0) > 0, warm
+
+
+@pytest.mark.slow  # two child processes
+def test_a_guard_through_a_global_named_after_an_object_id_loads_warm(models, cache_dir):
+    """``type(x) is torch.Tensor`` makes Dynamo install ``torch`` as a global
+    named after its object id (``_<id>_c0``) and guard ``torch.Tensor``
+    through it (DeBERTa-v2, FNet and LayoutLM do this): such a check never
+    held in the next process, which captured again on every start. It is
+    stored through the module's name instead, so the warm process loads."""
+    (models / "progmodels.py").write_text(MODELS + '''
+
+class TypeChecked(Net):
+    def forward(self, x):
+        if type(x) is torch.Tensor:
+            x = x * 3.0
+        return super().forward(x)
+
+
+def type_checked():
+    torch.manual_seed(0)
+    return TypeChecked()
+''')
+    cold = run(models, "--model", "type_checked")
+    assert_captured(cold)
+    store = DiskStore(cache_dir, readonly=True)
+    try:
+        (key,) = program_keys(cache_dir)
+        checks = decode(store.peek(key)).payload["checks"]
+    finally:
+        store.close()
+    exprs = [expr for expr, _, _ in checks]
+    assert any("__import__('torch'" in expr and expr.endswith(".Tensor") for expr in exprs), exprs
+    assert not any(re.search(r"_\d{6,}_c\d", expr) for expr in exprs), exprs
+    warm = run(models, "--model", "type_checked")
+    assert_warm(warm)
+    assert warm["outputs"] == cold["outputs"]
+
+
+def test_a_global_named_after_an_object_id_is_never_checked_by_that_name():
+    """The rewrite on its own: a module global goes by the module's name; any
+    other value named after an object id is refused (the program is not
+    stored, rather than stored to fail every later load)."""
+    import torch
+
+    from ltc_cache.program import Unportable, names_process_specific, portable_expression
+
+    name = f"_{id(torch)}_c0"
+    expr = f"G[{name!r}].Tensor"
+    assert names_process_specific(expr) and not names_process_specific("G['torch'].Tensor")
+    portable = portable_expression(expr, {name: torch})
+    assert portable == "__import__('torch', fromlist=['_']).Tensor"
+    assert eval(portable, {"__builtins__": __builtins__}) is torch.Tensor
+    assert portable_expression("G['torch'].Tensor", {}) == "G['torch'].Tensor"
+    with pytest.raises(Unportable, match="object id"):
+        portable_expression(f"G['__weakref_{id(expr)}_c1']()", {f"__weakref_{id(expr)}_c1": 1})
 
 
 @pytest.mark.slow  # child processes

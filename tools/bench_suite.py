@@ -1,0 +1,199 @@
+"""The models of PyTorch's Dynamo benchmark suites (tools/suite_models.py)
+through ``ltc_cache.compile``, cold then warm in fresh processes.
+
+    python tools/bench_suite.py [--models ResNet,ViT] [--family hf|vision]
+                                [--modes train,infer] [--markdown] [--json FILE]
+
+For each model and mode, two fresh processes over one new cache directory:
+the cold one, then the warm one. Each builds the model (seed 0), runs one
+call (``infer``: under no_grad, in eval(); ``train``: forward, loss, backward
+in train() with dropouts 0) through ``ltc_cache.compile`` and the same call
+in eager on a copy, and reports: the error against eager (outputs; for
+training the loss and every gradient, relative to the largest gradient),
+the share of aten ops in LTC, the LTC regions, what the process traced
+(LTC traces, AOTAutograd traces counted by wrapping AOTAutograd's own
+capture functions, and captures: Dynamo frames, programs captured and calls
+that fell back from a program to torch.compile) and the time of the first
+call.
+"warm/cold" is the warm first call over the cold one. One intra-op thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+ROOT = TOOLS.parent
+AOT = {"traces": 0}
+
+
+def _count_aot_traces() -> None:
+    from torch._functorch._aot_autograd import graph_compile
+
+    for name in ("aot_dispatch_autograd_graph", "aot_dispatch_base_graph"):
+        original = getattr(graph_compile, name)
+
+        def counted(*args, _original=original, **kwargs):
+            AOT["traces"] += 1
+            return _original(*args, **kwargs)
+
+        setattr(graph_compile, name, counted)
+
+
+def _regions(lines: list[str]) -> int:
+    """LTC regions over the graphs this process compiled, from the backend's
+    per-graph log lines ("... in N LTC regions")."""
+    total = 0
+    for line in lines:
+        if " LTC regions" in line:
+            total += int(line.split(" LTC regions")[0].rsplit(" ", 1)[1])
+    return total
+
+
+def child(name: str, mode: str) -> dict:
+    import copy
+    import logging
+    import warnings
+
+    import torch
+
+    sys.path.insert(0, str(TOOLS))
+    import suite_models
+
+    import ltc_cache
+
+    torch.set_num_threads(1)
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("ltc_cache")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(Collect())
+    _count_aot_traces()
+    torch.manual_seed(0)
+    model, inputs = suite_models.build(name)
+    train = mode == "train"
+    model.train(train)
+    eager = copy.deepcopy(model)
+    result: dict = {"model": name, "mode": mode}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = ltc_cache.compile(model)
+        start = time.perf_counter()
+        if train:
+            loss = suite_models.loss_of(compiled(**inputs))
+            loss.backward()
+        else:
+            with torch.no_grad():
+                got = suite_models.main_output(compiled(**inputs))
+        result["first_s"] = time.perf_counter() - start
+    if train:
+        want = suite_models.loss_of(eager(**inputs))
+        want.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        wanted = {n: p.grad for n, p in eager.named_parameters() if p.grad is not None}
+        scale = max((g.abs().max().item() for g in wanted.values()), default=1.0) or 1.0
+        missing = set(wanted) ^ set(grads)
+        worst = max((((grads[n] - wanted[n]).abs().max().item()) for n in wanted if n in grads),
+                    default=0.0)
+        result["error"] = max(worst / scale,
+                              abs(loss.item() - want.item()) / max(abs(want.item()), 1e-12))
+        result["missing_grads"] = sorted(missing)
+    else:
+        with torch.no_grad():
+            want = suite_models.main_output(eager(**inputs))
+        scale = want.abs().max().item() or 1.0
+        result["error"] = (got - want).abs().max().item() / scale
+    stats = ltc_cache.stats()
+    result["stats"] = stats
+    result["aot"] = AOT["traces"]
+    result["frames"] = sum(torch._dynamo.utils.counters["frames"].values())
+    result["regions"] = _regions(lines)
+    result["warnings"] = [str(w.message)[:300] for w in caught if "ltc_cache" in str(w.message)]
+    result["misses"] = [line for line in lines if line.startswith("miss")][:5]
+    result["program_log"] = [line[:300] for line in lines if "program" in line][:5]
+    return result
+
+
+def run_child(name: str, mode: str, directory: str) -> dict:
+    env = {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", name, mode],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    if proc.returncode != 0:
+        return {"model": name, "mode": mode, "crash": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def pair(name: str, mode: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ltc-suite-") as directory:
+        cold = run_child(name, mode, directory)
+        warm = run_child(name, mode, directory) if "crash" not in cold else cold
+    return {"model": name, "mode": mode, "cold": cold, "warm": warm}
+
+
+def row(result: dict) -> list[str]:
+    cold, warm = result["cold"], result["warm"]
+    if "crash" in cold or "crash" in warm:
+        crash = (cold.get("crash") or warm.get("crash") or [""])[0]
+        return [result["model"], result["mode"], "crash: " + crash[:80], "", "", "", ""]
+    stats = warm["stats"]
+    captures = (warm["frames"] + stats.get("program_captures", 0)
+                + stats.get("program_fallbacks", 0))
+    share = stats["ltc_ops"] / stats["aten_ops"] if stats.get("aten_ops") else 0.0
+    error = max(cold["error"], warm["error"])
+    correct = error <= 1e-4 and not cold.get("missing_grads")
+    return [result["model"], result["mode"],
+            f"{'yes' if correct else 'NO'} ({error:.1e})",
+            f"{share:.0%}", str(cold["regions"]),
+            f"{stats['traces']}/{warm['aot']}/{captures}",
+            f"{warm['first_s'] / cold['first_s']:.2f}"]
+
+
+HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
+          "warm traces/AOT/captures", "warm/cold first call"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"))
+    parser.add_argument("--models", default="")
+    parser.add_argument("--family", choices=["hf", "vision"], default=None)
+    parser.add_argument("--modes", default="infer,train")
+    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--json", default=None, help="write every result to this file")
+    options = parser.parse_args(argv)
+    if options.child:
+        print(json.dumps(child(*options.child)))
+        return 0
+    sys.path.insert(0, str(TOOLS))
+    import suite_models
+
+    models = options.models.split(",") if options.models else suite_models.names(options.family)
+    results = []
+    for name in models:
+        for mode in options.modes.split(","):
+            result = pair(name, mode)
+            results.append(result)
+            print(" | ".join(row(result)), flush=True)
+    if options.json:
+        Path(options.json).write_text(json.dumps(results, indent=1))
+    if options.markdown:
+        from markdown_table import table
+
+        print(table([HEADER, *(row(r) for r in results)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
