@@ -38,7 +38,6 @@ import re
 import secrets
 import sys
 import types
-import typing
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
