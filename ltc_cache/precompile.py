@@ -46,8 +46,10 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from .cache import GraphCache, default_cache
 from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
+from .frames import FramesProgram, describe_breaks, load_frames
 from .keys import CacheKey
 from .program import (
+    ProgramParts,
     Unportable,
     changed_source,
     code_record,
@@ -418,6 +420,11 @@ class _Programs:
         self._to_fallback: set[Any] = set()
         self._closure = {f"ltc_cache.closure.{i}": cell.cell_contents
                          for i, cell in enumerate(fn.__closure__ or ())}
+        # The function's frames where Dynamo compiles it as several (graph
+        # breaks): one package a process, which each layout's program adds to.
+        self._frames: FramesProgram | None = None
+        self._frames_keys: dict[Any, tuple[CacheKey, bool]] = {}
+        self._frames_logged = False
 
     @property
     def cache(self) -> GraphCache:
@@ -429,6 +436,8 @@ class _Programs:
         full = (self._owner, *args) if self._owner is not None else args
         if programs:
             for program in programs:
+                if program is self._frames:
+                    return self._run_frames(layout, full, kwargs)
                 if program.check(program.bind(full, kwargs)):
                     return program.run(full, kwargs)
         elif layout in self._to_fallback:
@@ -436,6 +445,8 @@ class _Programs:
         program = self._obtain(layout, args, kwargs, full)
         if program is None:
             return self._fall_back(args, kwargs)
+        if program is self._frames:
+            return self._run_frames(layout, full, kwargs)
         return program.run(full, kwargs)
 
     # -- fallback ----------------------------------------------------------------
@@ -458,6 +469,8 @@ class _Programs:
     def _obtain(self, layout: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 full: tuple[Any, ...]) -> _Loaded | None:
         programs = self._by_layout.setdefault(layout, [])
+        if self._frames is not None:  # Dynamo's guards pick frames; new ones are stored
+            return self._frames_for(layout, args, kwargs, programs)
         if len(programs) >= _MAX_PROGRAMS:
             self._to_torch_compile(layout, f"{_MAX_PROGRAMS} programs for one input layout")
             return None
@@ -496,6 +509,11 @@ class _Programs:
             logger.info("%s: %s; trying to capture a program again", self._name, changed)
         elif entry is not None:
             program = self._load(entry, key, secret, cache, full, kwargs, local_only)
+        if program is self._frames and program is not None:
+            self._frames_keys[layout] = (key, local_only)
+            counters.bump(PROGRAM_HITS)
+            programs.append(program)
+            return program
         if program is None:
             program = self._capture(key, secret, cache, layout, full, kwargs, local_only)
             if program is None:
@@ -519,6 +537,8 @@ class _Programs:
             logger.info("%s: program %s is stale: %s; capturing again", self._name,
                         key.digest[:12], changed)
             return None
+        if parts.frames is not None:
+            return self._load_frames(parts, key)
         try:
             program = self._materialise(parts.artifact, parts.checks, parts.globals)
         except Exception as exc:
@@ -562,6 +582,13 @@ class _Programs:
 
             if guard_filter.unportable:  # the guard kept for that made saving fail
                 why = f"its program cannot be saved ({guard_filter.unportable})"
+            elif isinstance(exc, Unsupported) and self._frames is None:
+                # A graph break: Dynamo compiles it as several frames, stored
+                # as one program when they are run (:meth:`_run_frames`).
+                self._frames = FramesProgram.fresh(self._fn, self._name, _backend(self._name),
+                                                   _GuardFilter())
+                self._frames_keys[layout] = (key, local_only)
+                return self._frames
             else:
                 kind = "graph break" if isinstance(exc, Unsupported) else type(exc).__name__
                 why = f"not captured as one graph ({kind}: {first_line(exc)})"
@@ -601,6 +628,75 @@ class _Programs:
         logger.info("%s: captured and stored program %s (%d sources, %d portable checks)",
                     self._name, key.digest[:12], len(sources), len(guard_filter.checks))
         return program
+
+    # -- several frames (ltc_cache.frames) ----------------------------------------
+
+    def _load_frames(self, parts: ProgramParts, key: CacheKey) -> FramesProgram | None:
+        try:
+            program = load_frames(self._fn, self._name, _backend(self._name), _GuardFilter(),
+                                  parts.artifact, parts.checks,
+                                  (parts.frames or {}).get("breaks") or ())
+        except Exception as exc:
+            logger.info("%s: program %s does not load (%s: %s); capturing again", self._name,
+                        key.digest[:12], type(exc).__name__, first_line(exc))
+            return None
+        logger.info("%s: loaded program %s of %d frames (graph breaks: %s)", self._name,
+                    key.digest[:12], program.frame_count(), describe_breaks(program.breaks))
+        self._frames = program
+        return program
+
+    def _frames_for(self, layout: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    programs: list[Any]) -> FramesProgram | None:
+        """A new input layout of a function compiled as frames: Dynamo's
+        guards pick (or capture) its frames; the package is stored under
+        this layout's key too once it holds new ones."""
+        try:
+            key = program_key(self._fn, self._owner if isinstance(self._owner, torch.nn.Module)
+                              else None, args, kwargs)
+        except UncacheableGraph as exc:
+            self._to_torch_compile(layout, str(exc))
+            return None
+        self._frames_keys[layout] = (key, self.cache.config.secret is None)
+        programs.append(self._frames)
+        return self._frames
+
+    def _run_frames(self, layout: Any, full: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        frames = self._frames
+        assert frames is not None
+        out = frames.run(full, kwargs)
+        if frames.needs_store():
+            key, local_only = self._frames_keys[layout]
+            self._store_frames(frames, key, local_only)
+        return out
+
+    def _store_frames(self, frames: FramesProgram, key: CacheKey, local_only: bool) -> None:
+        cache = self.cache
+        try:
+            secret = program_secret(cache.config.secret, cache.config.directory)
+            artifact, checks, described = frames.artifact()
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, Unportable) else \
+                f"{type(exc).__name__}: {first_line(exc)}"
+            frames.unsaveable = why
+            logger.info("%s: compiled as %d frames (graph breaks: %s); its program cannot "
+                        "be saved (%s): Dynamo captures it in every process", self._name,
+                        frames.frame_count(), describe_breaks(frames.breaks), why)
+            return
+        sources = list(frames.package.ltc_sources)
+        nodes = sum(len(g.gm.graph.nodes) for g in frames.package.cached_backends.values()
+                    if isinstance(g, LtcProgramGraph))
+        entry = program_entry(key, f"{self._name}.program", sources=sources, checks=checks,
+                              globals_=[], artifact=artifact, secret=secret, node_count=nodes,
+                              frames=described)
+        cache.store_entry(entry, key, local_only=local_only)
+        # One INFO line a function: later stores (frames a new branch or
+        # shape added) at DEBUG.
+        first, self._frames_logged = not self._frames_logged, True
+        logger.log(logging.INFO if first else logging.DEBUG,
+                   "%s: compiled as %d frames (graph breaks: %s); stored program %s "
+                   "(%d sources, %d frames with portable checks)", self._name,
+                   frames.frame_count(), describe_breaks(frames.breaks), key.digest[:12],
+                   len(sources), len(checks))
 
     def _own_sources(self) -> list[Any]:
         try:

@@ -1,0 +1,357 @@
+"""Programs of several frames: a function Dynamo compiles with graph breaks.
+
+Dynamo's AOT precompile (:mod:`ltc_cache.precompile`) takes one graph only.
+A function with a graph break is compiled as several frames: the function
+itself, cut at the break, and one *resume function* for the rest, each with
+its own graph and guards (and so on for each break). torch 2.13 records
+those in a ``CompilePackage`` (``torch._dynamo.package``) when one is handed
+to ``torch._dynamo.optimize``: every frame's original code, its transformed
+bytecode and guards, the resume functions' code, and the backend of each
+graph. ``CompilePackage.install`` puts them back, in a later process, as
+*precompile entries* on each code object, which the eval-frame hook checks
+before it would capture. So a warm process captures nothing, and a frame
+whose entries do not fit (a new shape, a failing check) is captured again
+alone, by Dynamo, as any recompile.
+
+This module keeps what ``ltc_cache.compile`` promises of a program:
+
+- the sources of every function Dynamo traced in any frame are recorded
+  (:func:`ltc_cache.program.code_record`) and compared on load, instead of
+  Dynamo's own record (whole module texts it never compares);
+- guards Dynamo cannot save become portable checks per frame, added to that
+  frame's guard manager (live in the capturing process, and on install in a
+  later one) as one lambda guard that resolves them on its first call;
+- the artifact (the package's state and every frame's graph) is signed with
+  the program's key and unpickled only once the signature holds;
+- names the package installs in module globals (resume functions, Dynamo's
+  builtins dict) are kept clear of Dynamo's later captures in the process
+  (:func:`_advance_unique_ids`): torch 2.13 names them from a process-wide
+  counter, and a recompile after a load would otherwise reuse one and fail
+  (``Name '__builtins_dict___0' already exists in scope``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import pickle
+import re
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .errors import first_line
+from .program import Unportable, code_record
+
+__all__ = ["FramesProgram", "describe_breaks", "graph_break_reasons", "load_frames",
+           "pinned_apis"]
+
+logger = logging.getLogger("ltc_cache.precompile")
+
+# Names Dynamo numbers from its process-wide unique-id counter.
+_NUMBERED = re.compile(r"^__(?:resume_at_\d+|builtins_dict__)_(\d+)$")
+
+
+def pinned_apis() -> dict[str, Any]:
+    """The private torch 2.13 pieces this module relies on (pinned by
+    ``tests/test_frames.py``)."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo import bytecode_transformation, package
+
+    return {
+        "CompilePackage": package.CompilePackage,
+        "load_guard_manager": package.load_guard_manager,
+        "cache_entries": _debug_get_cache_entry_list,
+        "unique_id_counter": bytecode_transformation._unique_id_counter,
+    }
+
+
+def graph_break_reasons() -> dict[str, int]:
+    """Dynamo's graph-break reasons (first line -> count) as they stand: its
+    ``unimplemented`` counter (what it could not trace) and ``graph_break``
+    (breaks it reports by message)."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    reasons: dict[str, int] = {}
+    for group in ("unimplemented", "graph_break"):
+        for reason, count in dynamo_counters[group].items():
+            line = (str(reason).strip().splitlines() or ["?"])[0][:200]
+            reasons[line] = reasons.get(line, 0) + int(count)
+    return reasons
+
+
+# --- per-frame portable checks -------------------------------------------------
+
+
+class _FrameGuard:
+    """The portable checks of one frame, as a lambda guard of its guard
+    manager: resolved against the first call that reaches it (objects
+    described as recorded), then the identity checks they compile to."""
+
+    def __init__(self, checks: Sequence[Any], f_globals: dict[str, Any]) -> None:
+        from .precompile import _Checks
+
+        self._checks = _Checks(checks)
+        self._globals = f_globals
+        self._failed = False
+        # Checks of builtins read them through the dict Dynamo names so.
+        import builtins
+
+        for name in self._checks.builtins_dicts:
+            f_globals.setdefault(name, builtins.__dict__)
+
+    def __call__(self, f_locals: Mapping[str, Any]) -> bool:
+        fast = self._checks.fast
+        if fast is not None:
+            return fast(f_locals, self._globals)
+        if self._failed:
+            return False
+        try:
+            why = self._checks.resolve(f_locals, self._globals)
+        except Exception as exc:  # a check that cannot be built: never run the frame
+            why = f"{type(exc).__name__}: {first_line(exc)}"
+        if why is not None:
+            self._failed = True
+            logger.info("a stored frame does not fit this call (%s); Dynamo captures it "
+                        "again", why)
+            return False
+        return True
+
+
+def _add_checks(guard_manager: Any, checks: Sequence[Any], f_globals: dict[str, Any]) -> None:
+    if checks:
+        guard_manager.root.add_lambda_guard(_FrameGuard(checks, f_globals),
+                                            ["ltc_cache portable checks"], None)
+
+
+# --- the package ---------------------------------------------------------------
+
+
+def _package_class() -> type:
+    from torch._dynamo.package import CompilePackage
+
+    class _Package(CompilePackage):
+        """A CompilePackage that records, for each frame it is given, the
+        portable checks its guard filter made, and the sources Dynamo
+        traced as code records (not the module texts)."""
+
+        def __init__(self, fn: Any, dynamo: Any = None, guard_filter: Any = None) -> None:
+            self.ltc_filter = guard_filter
+            self.ltc_frames: list[tuple[types.CodeType, types.CodeType, list[Any]]] = []
+            self.ltc_sources: list[Any] = []
+            self.ltc_unportable: str | None = None
+            super().__init__(fn, dynamo, ignore_inlined_sources=True)
+
+        def add_guarded_code(self, guards_state: bytes, dynamo_code: types.CodeType) -> None:
+            entry = self._current_entry
+            super().add_guarded_code(guards_state, dynamo_code)
+            if entry is None or entry.bypassed:
+                return
+            code = next(c for c, e in self._codes.items() if e is entry)
+            flt = self.ltc_filter
+            if flt is not None and flt.unportable:
+                self.ltc_unportable = self.ltc_unportable or flt.unportable
+            self.ltc_frames.append((code, dynamo_code, list(flt.checks) if flt else []))
+
+        def add_inlined_source(self, sources: list[types.CodeType]) -> None:
+            for code in sources:
+                if code in self._resume_codes:
+                    continue
+                try:
+                    record = code_record(code)
+                except Unportable as exc:
+                    self.ltc_unportable = self.ltc_unportable or str(exc)
+                    continue
+                if record is not None and record not in self.ltc_sources:
+                    self.ltc_sources.append(record)
+
+    return _Package
+
+
+def _advance_unique_ids(f_globals: Mapping[str, Any]) -> None:
+    """Move Dynamo's name counter past every numbered name in ``f_globals``
+    (those a package installed), so later captures pick fresh ones."""
+    from torch._dynamo import bytecode_transformation as bt
+
+    top = max((int(m.group(1)) for name in f_globals
+               if (m := _NUMBERED.match(name))), default=-1)
+    current = next(bt._unique_id_counter)
+    bt._unique_id_counter = itertools.count(max(current, top + 1))
+
+
+class _Backend:
+    """What ``CompilePackage.install`` wants of a stored backend."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def after_deserialization(self) -> Any:
+        return self._fn
+
+
+# --- one function's frames ------------------------------------------------------
+
+
+class FramesProgram:
+    """The frames of one function in this process: a package (captured
+    here, or loaded and installed), the function compiled through Dynamo
+    with that package attached, and what is stored of it."""
+
+    def __init__(self, fn: types.FunctionType, name: str, backend: Callable[..., Any],
+                 package: Any, guard_filter: Any, loaded_frames: int = 0) -> None:
+        self._fn = fn
+        self._name = name
+        self.package = package
+        self._filter = guard_filter
+        self._compiled = torch._dynamo.optimize(backend, package=package,
+                                                guard_filter_fn=guard_filter)(fn)
+        self._stored_frames = loaded_frames  # frames in the stored artifact
+        self.breaks: dict[str, int] = {}  # Dynamo's graph-break reasons, captured here
+        self.unsaveable: str | None = None
+
+    @classmethod
+    def fresh(cls, fn: types.FunctionType, name: str, backend: Callable[..., Any],
+              guard_filter: Any) -> FramesProgram:
+        package = _package_class()(fn, None, guard_filter)
+        return cls(fn, name, backend, package, guard_filter)
+
+    def frame_count(self) -> int:
+        return len(self.package.ltc_frames)
+
+    def check(self, f_locals: Mapping[str, Any]) -> bool:
+        return True  # each frame's guards are Dynamo's (and ours) on the way
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        before, reasons = len(self.package.ltc_frames), graph_break_reasons()
+        out = self._compiled(*args, **kwargs)
+        if len(self.package.ltc_frames) != before:
+            self._check_new_frames(before)
+            for reason, count in graph_break_reasons().items():
+                if count > reasons.get(reason, 0):
+                    self.breaks[reason] = self.breaks.get(reason, 0) + count - \
+                        reasons.get(reason, 0)
+        return out
+
+    def _check_new_frames(self, before: int) -> None:
+        """Frames captured by the call just made carry their portable checks
+        from now on, in this process too."""
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        for code, dynamo_code, checks in self.package.ltc_frames[before:]:
+            if not checks:
+                continue
+            scope = sys.modules[self.package._codes[code].python_module].__dict__
+            for entry in _debug_get_cache_entry_list(code):
+                if entry.code is dynamo_code:
+                    _add_checks(entry.guard_manager, checks, scope)
+
+    def needs_store(self) -> bool:
+        return self.frame_count() > self._stored_frames and self.unsaveable is None
+
+    def artifact(self) -> tuple[bytes, list[Any], dict[str, Any]]:
+        """The stored form: the pickled package state with every frame's
+        graph, the per-frame checks ``[code index, guarded index, checks]``,
+        and a description of each code (for ``ltc-cache show``). Raises
+        Unportable."""
+        from .precompile import LtcProgramGraph
+
+        package = self.package
+        if package.ltc_unportable:
+            raise Unportable(package.ltc_unportable)
+        entry = package.cache_entry()
+        if any(code.bypassed for code in entry.codes):
+            raise Unportable("Dynamo bypassed a frame of the package")
+        backends = {}
+        for backend_id in entry.backend_ids:
+            graph = package.cached_backends.get(backend_id)
+            if not isinstance(graph, LtcProgramGraph):
+                raise Unportable(f"frame graph {backend_id} is a {type(graph).__name__}, "
+                                 "not the ltc_cache backend's")
+            backends[backend_id] = LtcProgramGraph.serialize_compile_artifacts(graph)
+        codes = list(package._codes)
+        position = {code: i for i, code in enumerate(codes)}
+        counts: dict[int, int] = {}
+        checks = []
+        for code, _, frame_checks in package.ltc_frames:
+            i = position[code]
+            j = counts.get(i, 0)
+            counts[i] = j + 1
+            if frame_checks:
+                checks.append([i, j, frame_checks])
+        frames = {"codes": [[c.co_qualname, c.co_filename, c.co_firstlineno,
+                             len(package._codes[c].guarded_codes)] for c in codes],
+                  "breaks": [[reason, count] for reason, count in self.breaks.items()]}
+        state = pickle.dumps({"dynamo": entry, "backends": backends})
+        self._stored_frames = self.frame_count()
+        return state, checks, frames
+
+
+def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
+                guard_filter: Any, artifact: bytes, checks: Sequence[Any],
+                breaks: Sequence[Any] = ()) -> FramesProgram:
+    """A stored package installed for ``fn`` (its signature and sources
+    checked already by the caller); raises on anything that does not load."""
+    from .precompile import LtcProgramGraph
+
+    # Only ever reached from a program entry whose signature held.
+    state = pickle.loads(artifact)
+    dynamo, blobs = state["dynamo"], state["backends"]
+    package = _package_class()(fn, dynamo, guard_filter)
+    backends = {key: _Backend(LtcProgramGraph.deserialize_compile_artifacts(blob))
+                for key, blob in blobs.items()}
+    by_frame: dict[tuple[int, int], list[Any]] = {}
+    for item in checks:
+        i, j, frame_checks = item
+        by_frame[(int(i), int(j))] = list(frame_checks)
+    codes = list(package._codes)
+    _install(package, backends, by_frame, codes)
+    _advance_unique_ids(sys.modules[fn.__module__].__dict__)
+    frames = sum(len(e.guarded_codes) for e in package._codes.values())
+    # What was stored is what this package holds: frames added here (a
+    # recompile) are stored again.
+    package.ltc_frames = [(code, None, by_frame.get((i, j), []))
+                          for i, code in enumerate(codes)
+                          for j in range(len(package._codes[code].guarded_codes))]
+    program = FramesProgram(fn, name, backend, package, guard_filter, loaded_frames=frames)
+    program.breaks = {str(reason): int(count) for reason, count in breaks}
+    return program
+
+
+def describe_breaks(breaks: Mapping[str, int]) -> str:
+    """Dynamo's graph-break reasons in one line (for the log)."""
+    if not breaks:
+        return "no graph break reason recorded"
+    return "; ".join(reason + (f" (x{count})" if count > 1 else "")
+                     for reason, count in breaks.items())
+
+
+def _install(package: Any, backends: Mapping[str, Any],
+             checks: Mapping[tuple[int, int], list[Any]],
+             codes: Sequence[types.CodeType]) -> None:
+    """``package.install(backends)``, with each frame's guard manager given
+    its portable checks: install builds them code by code, guarded code by
+    guarded code, in the package's order, which is the order they were
+    recorded in."""
+    from torch._dynamo import package as torch_package
+
+    original = torch_package.load_guard_manager
+    order = [(i, j) for i, code in enumerate(codes)
+             for j in range(len(package._codes[code].guarded_codes))]
+    built = iter(order)
+
+    def load_guard_manager(state: Any, target_code: types.CodeType, scope: Any) -> Any:
+        manager = original(state, target_code, scope)
+        _add_checks(manager, checks.get(next(built), []), scope)
+        return manager
+
+    torch_package.load_guard_manager = load_guard_manager
+    try:
+        package.install(dict(backends))
+    finally:
+        torch_package.load_guard_manager = original
