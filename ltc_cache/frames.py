@@ -32,13 +32,15 @@ This module keeps what ``ltc_cache.compile`` promises of a program:
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import itertools
 import logging
 import pickle
 import re
 import sys
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -143,7 +145,55 @@ def _package_class() -> type:
             self.ltc_frames: list[tuple[types.CodeType, types.CodeType, list[Any]]] = []
             self.ltc_sources: list[Any] = []
             self.ltc_unportable: str | None = None
+            self.ltc_left_out: list[str] = []  # frames not in the package (their names)
+            self.ltc_installed: dict[str, Any] = {}  # globals Dynamo installed, by name
             super().__init__(fn, dynamo, ignore_inlined_sources=True)
+
+        def code_context(self, code: types.CodeType) -> Any:
+            # Dynamo compiles a frame of its own for user code it does not
+            # inline; the package names it by its module and qualname, which
+            # fails for some (a property's getter): those are named here, and
+            # a frame that cannot be named is left out of the package (a
+            # later process captures that frame alone) instead of failing
+            # the capture.
+            if code not in self._codes and not self._located(code):
+                return self._left_out(code)
+            return super().code_context(code)
+
+        def _located(self, code: types.CodeType) -> bool:
+            from torch._dynamo.exc import PackageError
+
+            try:
+                self._add_user_function(code)
+                return True
+            except PackageError:
+                pass
+            found = _property_source(code)
+            if found is None:
+                return False
+            module, function_name, code_source = found
+            self._add_function(code, module, function_name=function_name,
+                               code_source=code_source)
+            return True
+
+        @contextlib.contextmanager
+        def _left_out(self, code: types.CodeType) -> Iterator[None]:
+            from torch._dynamo.package import SerializedCode, _DynamoCodeCacheEntry
+
+            self.ltc_left_out.append(code.co_qualname)
+            if self._current_entry is not None:
+                raise AssertionError("_current_entry is already set in code_context")
+            # A bypassed entry takes what Dynamo records of the frame and is
+            # stored nowhere.
+            self._current_entry = _DynamoCodeCacheEntry(
+                python_code=SerializedCode.from_code_object(code),
+                python_module=getattr(inspect.getmodule(code), "__name__", "?"),
+                function_names=[], guarded_codes=[], import_sources={}, backend_ids=[],
+                code_source=None, install_to_global=False, bypassed=True)
+            try:
+                yield
+            finally:
+                self._current_entry = None
 
         def add_guarded_code(self, guards_state: bytes, dynamo_code: types.CodeType) -> None:
             entry = self._current_entry
@@ -151,10 +201,31 @@ def _package_class() -> type:
             if entry is None or entry.bypassed:
                 return
             code = next(c for c, e in self._codes.items() if e is entry)
+            why = self._globals_saved(entry, dynamo_code)
+            if why is not None:  # this frame alone is captured again in a later process
+                entry.guarded_codes.pop()
+                self.ltc_left_out.append(f"{code.co_qualname} ({why})")
+                return
             flt = self.ltc_filter
             if flt is not None and flt.unportable:
                 self.ltc_unportable = self.ltc_unportable or flt.unportable
             self.ltc_frames.append((code, dynamo_code, list(flt.checks) if flt else []))
+
+        def _globals_saved(self, entry: Any, dynamo_code: types.CodeType) -> str | None:
+            """Globals the frame's bytecode reads that Dynamo installed for
+            it (a module it reconstructs, a helper) are not in the package:
+            modules are added as its imports; anything else leaves the frame
+            out (None where all are saved)."""
+            for name in _global_names(dynamo_code):
+                value = self.ltc_installed.get(name, _MISSING)
+                if value is _MISSING or name.startswith(_PACKAGED):
+                    continue
+                if isinstance(value, types.ModuleType) and \
+                        sys.modules.get(value.__name__) is value:
+                    entry.import_sources[name] = value.__name__
+                    continue
+                return f"reads {name}, a {type(value).__name__} Dynamo installed"
+            return None
 
         def add_inlined_source(self, sources: list[types.CodeType]) -> None:
             for code in sources:
@@ -169,6 +240,57 @@ def _package_class() -> type:
                     self.ltc_sources.append(record)
 
     return _Package
+
+
+_MISSING = object()
+# Globals CompilePackage saves and installs itself.
+_PACKAGED = ("__compiled_fn_", "__resume_at_", "__builtins_dict__")
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)
+
+
+@contextlib.contextmanager
+def _recording_installed_globals(into: dict[str, Any]) -> Iterator[None]:
+    """Record each global Dynamo installs while capturing (name -> value)."""
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.install_global_unsafe
+
+    def install_global_unsafe(self: Any, name: str, value: Any) -> None:
+        into[name] = value
+        original(self, name, value)
+
+    OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OutputGraph.install_global_unsafe = original  # type: ignore[method-assign]
+
+
+def _property_source(code: types.CodeType) -> tuple[str, str, str] | None:
+    """``(module, qualname, "fget.__code__")`` where ``code`` is a property's
+    getter (setter, deleter) reached by its qualname from its module: what
+    ``torch._dynamo.package._lookup_code`` resolves in a later process."""
+    module = inspect.getmodule(code)
+    if module is None:
+        return None
+    owner: Any = module
+    for part in code.co_qualname.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    if not isinstance(owner, property):
+        return None
+    for accessor in ("fget", "fset", "fdel"):
+        function = getattr(owner, accessor)
+        if getattr(function, "__code__", None) is code:
+            return module.__name__, code.co_qualname, f"{accessor}.__code__"
+    return None
 
 
 def _advance_unique_ids(f_globals: Mapping[str, Any]) -> None:
@@ -229,7 +351,8 @@ class FramesProgram:
 
     def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         before, reasons = len(self.package.ltc_frames), graph_break_reasons()
-        out = self._compiled(*args, **kwargs)
+        with _recording_installed_globals(self.package.ltc_installed):
+            out = self._compiled(*args, **kwargs)
         if len(self.package.ltc_frames) != before:
             self._check_new_frames(before)
             for reason, count in graph_break_reasons().items():
