@@ -147,6 +147,7 @@ def _package_class() -> type:
             self.ltc_unportable: str | None = None
             self.ltc_left_out: list[str] = []  # frames not in the package (their names)
             self.ltc_installed: dict[str, Any] = {}  # globals Dynamo installed, by name
+            self.ltc_skips: list[list[Any]] = []  # codes Dynamo runs as they are
             super().__init__(fn, dynamo, ignore_inlined_sources=True)
 
         def code_context(self, code: types.CodeType) -> Any:
@@ -255,21 +256,91 @@ def _global_names(code: types.CodeType) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _recording_installed_globals(into: dict[str, Any]) -> Iterator[None]:
-    """Record each global Dynamo installs while capturing (name -> value)."""
+def _recording(package: Any) -> Iterator[None]:
+    """While a call runs through Dynamo: record each global it installs
+    (name -> value), and each code it decides to run as it is from then on
+    (the frames the eager parts between graphs call: a logger's, say),
+    which a later process is told at load instead of visiting each again."""
+    from torch._dynamo.convert_frame import ConvertFrame
     from torch._dynamo.output_graph import OutputGraph
 
-    original = OutputGraph.install_global_unsafe
+    installed, skips = package.ltc_installed, package.ltc_skips
+    install_original, call_original = OutputGraph.install_global_unsafe, ConvertFrame.__call__
 
     def install_global_unsafe(self: Any, name: str, value: Any) -> None:
-        into[name] = value
-        original(self, name, value)
+        installed[name] = value
+        install_original(self, name, value)
+
+    def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+        result = call_original(self, frame, *args, **kwargs)
+        try:
+            strategy = result.frame_exec_strategy
+            if result.apply_to_code and result.guarded_code is None \
+                    and int(strategy.cur_action) == _SKIP:
+                record = _skip_record(frame.f_code, frame.f_globals.get("__name__"),
+                                      int(strategy.recursive_action))
+                if record is not None and record not in skips:
+                    skips.append(record)
+        except Exception:  # only a record for later processes: never in the way
+            logger.debug("ltc_cache: no skip record for a frame", exc_info=True)
+        return result
 
     OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]
+    ConvertFrame.__call__ = call  # type: ignore[method-assign]
     try:
         yield
     finally:
-        OutputGraph.install_global_unsafe = original  # type: ignore[method-assign]
+        OutputGraph.install_global_unsafe = install_original  # type: ignore[method-assign]
+        ConvertFrame.__call__ = call_original  # type: ignore[method-assign]
+
+
+_SKIP = 1  # torch._C._dynamo.eval_frame._FrameAction.SKIP (pinned by a test)
+
+
+def _skip_record(code: types.CodeType, module: Any, recursive: int) -> list[Any] | None:
+    if not isinstance(module, str):
+        return None
+    name: str | None = code.co_qualname
+    if _resolve_code(module, code.co_qualname) is not code:
+        # A lambda bound to a module global (logging.currentframe): by that name.
+        name = next((key for key in list(vars(sys.modules.get(module, types)))
+                     if _resolve_code(module, key) is code), None)
+    if name is None:
+        return None
+    return [module, name, code.co_firstlineno, recursive]
+
+
+def _resolve_code(module_name: str, qualname: str) -> types.CodeType | None:
+    """The code of ``module.qualname`` (a function, a method, a property's
+    getter) in this process, without importing anything."""
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        if obj is None or part == "<locals>":
+            return None
+        obj = inspect.getattr_static(obj, part, None)
+    obj = getattr(obj, "fget", obj)  # a property: its getter
+    obj = getattr(obj, "__func__", obj)  # a staticmethod, classmethod
+    obj = getattr(obj, "__wrapped__", obj)  # functools.lru_cache, wraps
+    code = getattr(obj, "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _apply_skips(records: Sequence[Any]) -> None:
+    """Tell the eval-frame hook to run these codes as they are, as it was
+    told in the process that captured the program (a code that is not the
+    same here, or not there, is left alone)."""
+    from torch._C._dynamo.eval_frame import (
+        _FrameAction,
+        _FrameExecStrategy,
+        set_code_exec_strategy,
+    )
+
+    for module_name, qualname, first_line_no, recursive in records:
+        code = _resolve_code(str(module_name), str(qualname))
+        if code is None or code.co_firstlineno != first_line_no:
+            continue
+        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction(_SKIP),
+                                                        _FrameAction(int(recursive))))
 
 
 def _property_source(code: types.CodeType) -> tuple[str, str, str] | None:
@@ -351,7 +422,7 @@ class FramesProgram:
 
     def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         before, reasons = len(self.package.ltc_frames), graph_break_reasons()
-        with _recording_installed_globals(self.package.ltc_installed):
+        with _recording(self.package):
             out = self._compiled(*args, **kwargs)
         if len(self.package.ltc_frames) != before:
             self._check_new_frames(before)
@@ -409,7 +480,8 @@ class FramesProgram:
                 checks.append([i, j, frame_checks])
         frames = {"codes": [[c.co_qualname, c.co_filename, c.co_firstlineno,
                              len(package._codes[c].guarded_codes)] for c in codes],
-                  "breaks": [[reason, count] for reason, count in self.breaks.items()]}
+                  "breaks": [[reason, count] for reason, count in self.breaks.items()],
+                  "skips": list(package.ltc_skips)}
         state = pickle.dumps({"dynamo": entry, "backends": backends})
         self._stored_frames = self.frame_count()
         return state, checks, frames
@@ -417,7 +489,7 @@ class FramesProgram:
 
 def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
                 guard_filter: Any, artifact: bytes, checks: Sequence[Any],
-                breaks: Sequence[Any] = ()) -> FramesProgram:
+                breaks: Sequence[Any] = (), skips: Sequence[Any] = ()) -> FramesProgram:
     """A stored package installed for ``fn`` (its signature and sources
     checked already by the caller); raises on anything that does not load."""
     from .precompile import LtcProgramGraph
@@ -435,6 +507,8 @@ def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
     codes = list(package._codes)
     _install(package, backends, by_frame, codes)
     _advance_unique_ids(sys.modules[fn.__module__].__dict__)
+    _apply_skips(skips)
+    package.ltc_skips = [list(record) for record in skips]
     frames = sum(len(e.guarded_codes) for e in package._codes.values())
     # What was stored is what this package holds: frames added here (a
     # recompile) are stored again.

@@ -633,9 +633,10 @@ class _Programs:
 
     def _load_frames(self, parts: ProgramParts, key: CacheKey) -> FramesProgram | None:
         try:
+            described = parts.frames or {}
             program = load_frames(self._fn, self._name, _backend(self._name), _GuardFilter(),
-                                  parts.artifact, parts.checks,
-                                  (parts.frames or {}).get("breaks") or ())
+                                  parts.artifact, parts.checks, described.get("breaks") or (),
+                                  described.get("skips") or ())
         except Exception as exc:
             logger.info("%s: program %s does not load (%s: %s); capturing again", self._name,
                         key.digest[:12], type(exc).__name__, first_line(exc))
