@@ -47,9 +47,10 @@ def _build(options: argparse.Namespace):
     sys.path.insert(0, options.models)
     import framemodels
 
-    if options.set:
+    if options.set:  # NAME=FLOAT, or NAME=OTHER (another global of the module)
         name, value = options.set.split("=")
-        setattr(framemodels, name, float(value))
+        setattr(framemodels, name, getattr(framemodels, value) if hasattr(framemodels, value)
+                else float(value))
     torch.manual_seed(0)
     model = getattr(framemodels, options.model)()
     return model, (torch.randn(4, 16),), {}
