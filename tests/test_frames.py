@@ -213,9 +213,11 @@ def test_a_poisoned_frame_never_runs(models, cache_dir, tmp_path, part):
         store.close()
     warm = run("branchy", models)
     assert not marker.exists(), "a poisoned frame was unpickled"
-    assert_correct(warm)
-    assert warm["stats"]["program_captures"] == 1, warm  # refused, captured, stored again
-    assert any("signature" in w for w in warm["warnings"] + warm["logs"]), warm
+    assert warm["losses"] == pytest.approx(warm["eager"], abs=1e-5), warm
+    # Refused with one warning (counted as a bad entry), captured, stored again.
+    assert warm["stats"]["errors"] == 1, warm
+    assert any("signature" in w for w in warm["warnings"]), warm
+    assert warm["stats"]["program_captures"] == 1, warm
     assert_warm(run("branchy", models))
 
 
