@@ -399,7 +399,9 @@ class FramesProgram:
         self._name = name
         self.package = package
         self._filter = guard_filter
-        self._compiled = torch._dynamo.optimize(backend, package=package,
+        # Static shapes, as a single-graph program: a new shape is a
+        # recompile of the frames it reaches (and stored under its layout).
+        self._compiled = torch._dynamo.optimize(backend, package=package, dynamic=False,
                                                 guard_filter_fn=guard_filter)(fn)
         self._stored_frames = loaded_frames  # frames in the stored artifact
         self.breaks: dict[str, int] = {}  # Dynamo's graph-break reasons, captured here
@@ -422,7 +424,12 @@ class FramesProgram:
 
     def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         before, reasons = len(self.package.ltc_frames), graph_break_reasons()
-        with _recording(self.package):
+        # Inside DistributedDataParallel's forward, Dynamo hands each frame
+        # to its DDPOptimizer through a callback of its own, without the
+        # package (nothing would be recorded): each frame is one graph here,
+        # as in a single-graph program, and DDP's own hooks reduce the
+        # gradients as backward makes them.
+        with _recording(self.package), torch._dynamo.config.patch(optimize_ddp=False):
             out = self._compiled(*args, **kwargs)
         if len(self.package.ltc_frames) != before:
             self._check_new_frames(before)
@@ -505,7 +512,11 @@ def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
         i, j, frame_checks = item
         by_frame[(int(i), int(j))] = list(frame_checks)
     codes = list(package._codes)
-    _install(package, backends, by_frame, codes)
+    try:
+        _install(package, backends, by_frame, codes)
+    except BaseException:
+        package.uninstall()  # no half-installed frames left behind
+        raise
     _advance_unique_ids(sys.modules[fn.__module__].__dict__)
     _apply_skips(skips)
     package.ltc_skips = [list(record) for record in skips]

@@ -437,7 +437,7 @@ class _Programs:
         if programs:
             for program in programs:
                 if program is self._frames:
-                    return self._run_frames(layout, full, kwargs)
+                    return self._run_frames(layout, args, full, kwargs)
                 if program.check(program.bind(full, kwargs)):
                     return program.run(full, kwargs)
         elif layout in self._to_fallback:
@@ -446,7 +446,7 @@ class _Programs:
         if program is None:
             return self._fall_back(args, kwargs)
         if program is self._frames:
-            return self._run_frames(layout, full, kwargs)
+            return self._run_frames(layout, args, full, kwargs)
         return program.run(full, kwargs)
 
     # -- fallback ----------------------------------------------------------------
@@ -661,10 +661,25 @@ class _Programs:
         programs.append(self._frames)
         return self._frames
 
-    def _run_frames(self, layout: Any, full: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run_frames(self, layout: Any, args: tuple[Any, ...], full: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        from torch._dynamo.exc import TorchDynamoException
+
         frames = self._frames
         assert frames is not None
-        out = frames.run(full, kwargs)
+        try:
+            out = frames.run(full, kwargs)
+        except TorchDynamoException as exc:
+            # Dynamo failed on the package (not the user's code, whose errors
+            # pass through): this function goes to torch.compile from now on.
+            warn_once(f"frames-{self._name}", f"ltc_cache.compile: {self._name}'s frames "
+                      f"failed ({type(exc).__name__}: {first_line(exc)}); it runs through "
+                      "torch.compile(backend=\"ltc_cache\")")
+            for known in list(self._by_layout):
+                self._by_layout[known] = [p for p in self._by_layout[known] if p is not frames]
+                self._to_fallback.add(known)
+            self._frames = None
+            return self._fall_back(args, kwargs)
         if frames.needs_store():
             key, local_only = self._frames_keys[layout]
             self._store_frames(frames, key, local_only)
