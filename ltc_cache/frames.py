@@ -88,6 +88,16 @@ def graph_break_reasons() -> dict[str, int]:
 # --- per-frame portable checks -------------------------------------------------
 
 
+# Why stored frames did not fit, logged once the call is over.
+_PENDING: list[str] = []
+
+
+def _log_pending(name: str) -> None:
+    while _PENDING:
+        logger.info("%s: a stored frame does not fit this call (%s); Dynamo captures that "
+                    "frame again", name, _PENDING.pop(0))
+
+
 class _FrameGuard:
     """The portable checks of one frame, as a lambda guard of its guard
     manager: resolved against the first call that reaches it (objects
@@ -117,8 +127,9 @@ class _FrameGuard:
             why = f"{type(exc).__name__}: {first_line(exc)}"
         if why is not None:
             self._failed = True
-            logger.info("a stored frame does not fit this call (%s); Dynamo captures it "
-                        "again", why)
+            # Logged after the call: a guard runs inside the eval-frame hook,
+            # which would visit the logger's frames.
+            _PENDING.append(why)
             return False
         return True
 
@@ -148,6 +159,7 @@ def _package_class() -> type:
             self.ltc_left_out: list[str] = []  # frames not in the package (their names)
             self.ltc_installed: dict[str, Any] = {}  # globals Dynamo installed, by name
             self.ltc_skips: list[list[Any]] = []  # codes Dynamo runs as they are
+            self.ltc_dynamo_error: BaseException | None = None
             super().__init__(fn, dynamo, ignore_inlined_sources=True)
 
         def code_context(self, code: types.CodeType) -> Any:
@@ -272,12 +284,16 @@ def _recording(package: Any) -> Iterator[None]:
         install_original(self, name, value)
 
     def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
-        result = call_original(self, frame, *args, **kwargs)
+        try:
+            result = call_original(self, frame, *args, **kwargs)
+        except BaseException as exc:
+            package.ltc_dynamo_error = exc  # Dynamo's failure, not the user's code's
+            raise
         try:
             strategy = result.frame_exec_strategy
             if result.apply_to_code and result.guarded_code is None \
                     and int(strategy.cur_action) == _SKIP:
-                record = _skip_record(frame.f_code, frame.f_globals.get("__name__"),
+                record = _skip_record(frame.f_code, frame.f_globals,
                                       int(strategy.recursive_action))
                 if record is not None and record not in skips:
                     skips.append(record)
@@ -297,32 +313,74 @@ def _recording(package: Any) -> Iterator[None]:
 _SKIP = 1  # torch._C._dynamo.eval_frame._FrameAction.SKIP (pinned by a test)
 
 
-def _skip_record(code: types.CodeType, module: Any, recursive: int) -> list[Any] | None:
-    if not isinstance(module, str):
-        return None
-    name: str | None = code.co_qualname
-    if _resolve_code(module, code.co_qualname) is not code:
-        # A lambda bound to a module global (logging.currentframe): by that name.
-        name = next((key for key in list(vars(sys.modules.get(module, types)))
-                     if _resolve_code(module, key) is code), None)
-    if name is None:
-        return None
-    return [module, name, code.co_firstlineno, recursive]
+def _skip_record(code: types.CodeType, f_globals: Mapping[str, Any],
+                 recursive: int) -> list[Any] | None:
+    """``[module, path, qualname, first line, recursive action]``: where a
+    later process finds ``code`` (``module``'s attribute ``path``, or
+    through it), or None where it cannot be named."""
+    module = f_globals.get("__name__")
+    if not isinstance(module, str) or getattr(sys.modules.get(module), "__dict__", None) \
+            is not f_globals:
+        # A module that names itself otherwise (_collections_abc is
+        # "collections.abc"): by the name it is imported under.
+        module = next((name for name, m in list(sys.modules.items())
+                       if getattr(m, "__dict__", None) is f_globals), None)
+        if module is None:
+            return None
+    record = [module, "", code.co_qualname, code.co_firstlineno, recursive]
+    for path in _paths(sys.modules[module], code.co_qualname):
+        record[1] = path
+        if _find_code(record) is code:
+            return record
+    return None
 
 
-def _resolve_code(module_name: str, qualname: str) -> types.CodeType | None:
-    """The code of ``module.qualname`` (a function, a method, a property's
-    getter) in this process, without importing anything."""
-    obj: Any = sys.modules.get(module_name)
-    for part in qualname.split("."):
+def _paths(module: types.ModuleType, qualname: str) -> Iterator[str]:
+    """Where to look for a code: its qualname, then each module global and
+    each attribute of a module-level class (a lambda bound to a global, a
+    decorator's wrapper)."""
+    yield qualname
+    if ".<locals>." in qualname:  # a nested function or generator: through its parent
+        yield qualname.partition(".<locals>.")[0]
+    for name, value in list(vars(module).items()):
+        yield name
+        if isinstance(value, type) and value.__module__ == module.__name__:
+            for attribute in list(vars(value)):
+                yield f"{name}.{attribute}"
+
+
+def _find_code(record: Sequence[Any]) -> types.CodeType | None:
+    """The code a skip record names, in this process, importing nothing."""
+    module_name, path, qualname, first_line_no = record[:4]
+    obj: Any = sys.modules.get(str(module_name))
+    for part in str(path).split("."):
         if obj is None or part == "<locals>":
             return None
         obj = inspect.getattr_static(obj, part, None)
-    obj = getattr(obj, "fget", obj)  # a property: its getter
-    obj = getattr(obj, "__func__", obj)  # a staticmethod, classmethod
-    obj = getattr(obj, "__wrapped__", obj)  # functools.lru_cache, wraps
-    code = getattr(obj, "__code__", None)
-    return code if isinstance(code, types.CodeType) else None
+    # The object, a property's getter, a static or class method's function,
+    # what functools.wraps wrapped.
+    for candidate in (obj, getattr(obj, "fget", None), getattr(obj, "__func__", None),
+                      getattr(obj, "__wrapped__", None)):
+        code = getattr(candidate, "__code__", None)
+        found = _nested(code, str(qualname), first_line_no) \
+            if isinstance(code, types.CodeType) else None
+        if found is not None:
+            return found
+    return None
+
+
+def _nested(code: types.CodeType, qualname: str, first_line_no: Any) -> types.CodeType | None:
+    """``code`` or a code defined inside it with this qualname and line."""
+    if code.co_qualname == qualname and code.co_firstlineno == first_line_no:
+        return code
+    if not qualname.startswith(code.co_qualname + ".<locals>."):
+        return None
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found = _nested(const, qualname, first_line_no)
+            if found is not None:
+                return found
+    return None
 
 
 def _apply_skips(records: Sequence[Any]) -> None:
@@ -335,12 +393,13 @@ def _apply_skips(records: Sequence[Any]) -> None:
         set_code_exec_strategy,
     )
 
-    for module_name, qualname, first_line_no, recursive in records:
-        code = _resolve_code(str(module_name), str(qualname))
-        if code is None or code.co_firstlineno != first_line_no:
+    for record in records:
+        if not isinstance(record, list) or len(record) != 5:
             continue
-        set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction(_SKIP),
-                                                        _FrameAction(int(recursive))))
+        code = _find_code(record)
+        if code is not None:
+            set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction(_SKIP),
+                                                            _FrameAction(int(record[4]))))
 
 
 def _property_source(code: types.CodeType) -> tuple[str, str, str] | None:
@@ -423,14 +482,20 @@ class FramesProgram:
         return {}
 
     def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """The call, through Dynamo; raises what it raises (where Dynamo
+        itself failed, ``dynamo_failed()`` says so)."""
+        self.package.ltc_dynamo_error = None
         before, reasons = len(self.package.ltc_frames), graph_break_reasons()
         # Inside DistributedDataParallel's forward, Dynamo hands each frame
         # to its DDPOptimizer through a callback of its own, without the
         # package (nothing would be recorded): each frame is one graph here,
         # as in a single-graph program, and DDP's own hooks reduce the
         # gradients as backward makes them.
-        with _recording(self.package), torch._dynamo.config.patch(optimize_ddp=False):
-            out = self._compiled(*args, **kwargs)
+        try:
+            with _recording(self.package), torch._dynamo.config.patch(optimize_ddp=False):
+                out = self._compiled(*args, **kwargs)
+        finally:
+            _log_pending(self._name)
         if len(self.package.ltc_frames) != before:
             self._check_new_frames(before)
             for reason, count in graph_break_reasons().items():
@@ -438,6 +503,10 @@ class FramesProgram:
                     self.breaks[reason] = self.breaks.get(reason, 0) + count - \
                         reasons.get(reason, 0)
         return out
+
+    def dynamo_failed(self) -> BaseException | None:
+        """What Dynamo raised converting a frame in the last call, if it did."""
+        return self.package.ltc_dynamo_error
 
     def _check_new_frames(self, before: int) -> None:
         """Frames captured by the call just made carry their portable checks
@@ -517,7 +586,9 @@ def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
     except BaseException:
         package.uninstall()  # no half-installed frames left behind
         raise
-    _advance_unique_ids(sys.modules[fn.__module__].__dict__)
+    # Every module the package installed names in.
+    for module in {sys.modules[fn.__module__], *package._installed_globals}:
+        _advance_unique_ids(module.__dict__)
     _apply_skips(skips)
     package.ltc_skips = [list(record) for record in skips]
     frames = sum(len(e.guarded_codes) for e in package._codes.values())

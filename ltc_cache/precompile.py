@@ -663,15 +663,15 @@ class _Programs:
 
     def _run_frames(self, layout: Any, args: tuple[Any, ...], full: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
-        from torch._dynamo.exc import TorchDynamoException
-
         frames = self._frames
         assert frames is not None
         try:
             out = frames.run(full, kwargs)
-        except TorchDynamoException as exc:
-            # Dynamo failed on the package (not the user's code, whose errors
-            # pass through): this function goes to torch.compile from now on.
+        except Exception as exc:
+            if frames.dynamo_failed() is None:
+                raise  # the user's code's own error
+            # Dynamo failed on a frame (the user's code's errors pass through):
+            # this function goes to torch.compile from now on.
             warn_once(f"frames-{self._name}", f"ltc_cache.compile: {self._name}'s frames "
                       f"failed ({type(exc).__name__}: {first_line(exc)}); it runs through "
                       "torch.compile(backend=\"ltc_cache\")")

@@ -72,6 +72,25 @@ def _steps(model, ids, steps: int, reduce=None) -> tuple[list[float], float]:
     return losses, first
 
 
+def _count_visits() -> list[str]:
+    """The code of each frame Dynamo's callback is handed (what
+    ``counters["frames"]`` counts), by name."""
+    from torch._dynamo import convert_frame
+
+    visited: list[str] = []
+    original = convert_frame.ConvertFrame.__call__
+
+    def call(self, frame, *args, **kwargs):
+        back = frame.f_back
+        caller = f", from {back.f_code.co_qualname}" if back is not None else ""
+        visited.append(f"{frame.f_code.co_qualname} ({Path(frame.f_code.co_filename).name}"
+                       f"{caller})")
+        return original(self, frame, *args, **kwargs)
+
+    convert_frame.ConvertFrame.__call__ = call
+    return visited
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("order", choices=("ddp_of_compiled", "compiled_ddp",
@@ -88,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     import ltc_cache
 
     count_aot_traces()
+    visited = _count_visits()
     logs: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
@@ -117,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"rank": rank, "world": world, "order": options.order, "losses": losses,
               "first_step_s": first, "stats": ltc_cache.stats(),
               "frames_ok": int(torch._dynamo.utils.counters["frames"]["ok"]),
-              "aot_traces": AOT["traces"], "logs": logs}
+              "aot_traces": AOT["traces"], "logs": logs,
+              "visited": visited}
     if reference_model is not None:
         result["reference"], _ = _steps(reference_model, ids, options.steps)
     Path(options.out, f"rank{rank}.json").write_text(json.dumps(result))
