@@ -45,7 +45,6 @@ def _model():
 
 def _batch(world: int):
     import torch
-
     from compile_models import VOCAB
 
     generator = torch.Generator().manual_seed(1)
@@ -88,7 +87,18 @@ def _count_visits() -> list[str]:
         return original(self, frame, *args, **kwargs)
 
     convert_frame.ConvertFrame.__call__ = call
+    # Captures: Dynamo tracing a frame (a visit may end sooner, on a skip).
+    original_compile = convert_frame._compile
+
+    def compile_frame(code, *args, **kwargs):
+        CAPTURES.append(code.co_qualname)
+        return original_compile(code, *args, **kwargs)
+
+    convert_frame._compile = compile_frame
     return visited
+
+
+CAPTURES: list[str] = []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
               "first_step_s": first, "stats": ltc_cache.stats(),
               "frames_ok": int(torch._dynamo.utils.counters["frames"]["ok"]),
               "aot_traces": AOT["traces"], "logs": logs,
-              "visited": visited}
+              "visited": visited,
+              "captures": len(CAPTURES)}
     if reference_model is not None:
         result["reference"], _ = _steps(reference_model, ids, options.steps)
     Path(options.out, f"rank{rank}.json").write_text(json.dumps(result))

@@ -298,3 +298,59 @@ def test_names_after_a_load_do_not_collide(dynamo_reset):
     scope = {"__resume_at_60_4000": None, "__builtins_dict___4001": {}}
     _advance_unique_ids(scope)
     assert int(unique_id("__builtins_dict__").rsplit("_", 1)[1]) > 4001
+
+
+# --- data-parallel training (torchrun, 2 ranks) ------------------------------------
+
+
+def torchrun(order: str, out: Path, port: int) -> list[dict]:
+    for old in out.glob("rank*.json"):
+        old.unlink()
+    command = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
+               f"--master_port={port}", str(TESTS / "ddp_child.py"), order, str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def graph_entries(directory: Path) -> int:
+    store = DiskStore(directory, readonly=True)
+    try:
+        return sum(1 for k in list(store.keys())
+                   if is_entry_key(k) and decode(store.peek(k)).kind == "graph")
+    finally:
+        store.close()
+
+
+@pytest.mark.slow  # two torchrun launches of two ranks each
+@pytest.mark.parametrize("order", ["ddp_of_compiled", "compiled_ddp", "torch_compile_ddp"])
+def test_ddp_ranks_cold_then_warm(order, cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    out = tmp_path / "out"
+    out.mkdir()
+    port = 29500 + os.getpid() % 400
+    cold = torchrun(order, out, port)
+    reference = cold[0]["reference"]
+    for rank in cold:
+        assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
+        assert rank["stats"]["errors"] == 0, rank
+    # Across ranks each LTC graph is traced once (the other rank waits, then hits).
+    assert sum(rank["stats"]["traces"] for rank in cold) == graph_entries(cache_dir) > 0
+
+    warm = torchrun(order, out, port + 1)
+    for rank in warm:
+        assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
+        assert rank["aot_traces"] == 0, rank
+        assert rank["stats"]["traces"] == 0, rank
+        if order == "torch_compile_ddp":
+            # torch.compile's own wrapper: Dynamo captures in every process
+            # (README: write ltc_cache.compile instead).
+            continue
+        assert rank["stats"].get("program_hits", 0) == 1, rank
+        assert rank["stats"].get("program_captures", 0) == 0, rank
+        # No capture; at most a visit of a frame Dynamo runs as it is.
+        assert rank["captures"] == 0, rank
+        assert rank["frames_ok"] <= 1, rank["visited"]
+    if order == "torch_compile_ddp":
+        assert all(rank["captures"] > 0 for rank in warm), warm
