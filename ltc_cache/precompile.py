@@ -24,9 +24,10 @@ What keeps a program from being stale or wrong:
   before the artifact, a pickle, is unpickled.
 
 A changed source, a failing guard or a program that does not load is
-captured again (and stored again); a function Dynamo cannot capture whole
-(a graph break), or whose program cannot be saved, runs through
-``torch.compile(backend="ltc_cache")`` as before, with one INFO line.
+captured again (and stored again). A function Dynamo cannot capture whole
+(a graph break) is compiled as several frames and stored as a program of
+frames (:mod:`ltc_cache.frames`); one whose program cannot be saved runs
+through ``torch.compile(backend="ltc_cache")`` as before, with one INFO line.
 """
 
 from __future__ import annotations
