@@ -55,7 +55,9 @@ __all__ = ["VERSION", "ProgramParts", "Unportable", "changed_source", "check_pro
 
 logger = logging.getLogger("ltc_cache.program")
 
-VERSION = 1
+# 2: a graph break is a program of several frames (an old negative entry for
+# it would keep the function on torch.compile).
+VERSION = 2
 # The per-user signing key, created on first use (mode 0600).
 KEY_FILE = "program.key"
 _KEY_BYTES = 32
