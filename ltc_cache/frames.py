@@ -25,7 +25,7 @@ This module keeps what ``ltc_cache.compile`` promises of a program:
   the program's key and unpickled only once the signature holds;
 - names the package installs in module globals (resume functions, Dynamo's
   builtins dict) are kept clear of Dynamo's later captures in the process
-  (:func:`_advance_unique_ids`): torch 2.13 names them from a process-wide
+  (:func:`ltc_cache.frame_names.advance_unique_ids`): torch 2.13 names them from a process-wide
   counter, and a recompile after a load would otherwise reuse one and fail
   (``Name '__builtins_dict___0' already exists in scope``).
 """
@@ -34,27 +34,28 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import itertools
 import logging
 import pickle
-import re
 import sys
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import first_line
-from .program import Unportable, code_record
+from .frame_names import SKIP, advance_unique_ids, apply_skips, property_source, skip_record
+from .keys import CacheKey
+from .program import ProgramParts, Unportable, code_record, program_entry, program_secret
+
+if TYPE_CHECKING:
+    from .cache import GraphCache
 
 __all__ = ["FramesProgram", "describe_breaks", "graph_break_reasons", "load_frames",
-           "pinned_apis"]
+           "load_program", "pinned_apis", "store_program"]
 
 logger = logging.getLogger("ltc_cache.precompile")
 
-# Names Dynamo numbers from its process-wide unique-id counter.
-_NUMBERED = re.compile(r"^__(?:resume_at_\d+|builtins_dict__)_(\d+)$")
 
 
 def pinned_apis() -> dict[str, Any]:
@@ -181,7 +182,7 @@ def _package_class() -> type:
                 return True
             except PackageError:
                 pass
-            found = _property_source(code)
+            found = property_source(code)
             if found is None:
                 return False
             module, function_name, code_source = found
@@ -292,8 +293,8 @@ def _recording(package: Any) -> Iterator[None]:
         try:
             strategy = result.frame_exec_strategy
             if result.apply_to_code and result.guarded_code is None \
-                    and int(strategy.cur_action) == _SKIP:
-                record = _skip_record(frame.f_code, frame.f_globals,
+                    and int(strategy.cur_action) == SKIP:
+                record = skip_record(frame.f_code, frame.f_globals,
                                       int(strategy.recursive_action))
                 if record is not None and record not in skips:
                     skips.append(record)
@@ -308,130 +309,6 @@ def _recording(package: Any) -> Iterator[None]:
     finally:
         OutputGraph.install_global_unsafe = install_original  # type: ignore[method-assign]
         ConvertFrame.__call__ = call_original  # type: ignore[method-assign]
-
-
-_SKIP = 1  # torch._C._dynamo.eval_frame._FrameAction.SKIP (pinned by a test)
-
-
-def _skip_record(code: types.CodeType, f_globals: Mapping[str, Any],
-                 recursive: int) -> list[Any] | None:
-    """``[module, path, qualname, first line, recursive action]``: where a
-    later process finds ``code`` (``module``'s attribute ``path``, or
-    through it), or None where it cannot be named."""
-    module = f_globals.get("__name__")
-    if not isinstance(module, str) or getattr(sys.modules.get(module), "__dict__", None) \
-            is not f_globals:
-        # A module that names itself otherwise (_collections_abc is
-        # "collections.abc"): by the name it is imported under.
-        module = next((name for name, m in list(sys.modules.items())
-                       if getattr(m, "__dict__", None) is f_globals), None)
-        if module is None:
-            return None
-    record = [module, "", code.co_qualname, code.co_firstlineno, recursive]
-    for path in _paths(sys.modules[module], code.co_qualname):
-        record[1] = path
-        if _find_code(record) is code:
-            return record
-    return None
-
-
-def _paths(module: types.ModuleType, qualname: str) -> Iterator[str]:
-    """Where to look for a code: its qualname, then each module global and
-    each attribute of a module-level class (a lambda bound to a global, a
-    decorator's wrapper)."""
-    yield qualname
-    if ".<locals>." in qualname:  # a nested function or generator: through its parent
-        yield qualname.partition(".<locals>.")[0]
-    for name, value in list(vars(module).items()):
-        yield name
-        if isinstance(value, type) and value.__module__ == module.__name__:
-            for attribute in list(vars(value)):
-                yield f"{name}.{attribute}"
-
-
-def _find_code(record: Sequence[Any]) -> types.CodeType | None:
-    """The code a skip record names, in this process, importing nothing."""
-    module_name, path, qualname, first_line_no = record[:4]
-    obj: Any = sys.modules.get(str(module_name))
-    for part in str(path).split("."):
-        if obj is None or part == "<locals>":
-            return None
-        obj = inspect.getattr_static(obj, part, None)
-    # The object, a property's getter, a static or class method's function,
-    # what functools.wraps wrapped.
-    for candidate in (obj, getattr(obj, "fget", None), getattr(obj, "__func__", None),
-                      getattr(obj, "__wrapped__", None)):
-        code = getattr(candidate, "__code__", None)
-        found = _nested(code, str(qualname), first_line_no) \
-            if isinstance(code, types.CodeType) else None
-        if found is not None:
-            return found
-    return None
-
-
-def _nested(code: types.CodeType, qualname: str, first_line_no: Any) -> types.CodeType | None:
-    """``code`` or a code defined inside it with this qualname and line."""
-    if code.co_qualname == qualname and code.co_firstlineno == first_line_no:
-        return code
-    if not qualname.startswith(code.co_qualname + ".<locals>."):
-        return None
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            found = _nested(const, qualname, first_line_no)
-            if found is not None:
-                return found
-    return None
-
-
-def _apply_skips(records: Sequence[Any]) -> None:
-    """Tell the eval-frame hook to run these codes as they are, as it was
-    told in the process that captured the program (a code that is not the
-    same here, or not there, is left alone)."""
-    from torch._C._dynamo.eval_frame import (
-        _FrameAction,
-        _FrameExecStrategy,
-        set_code_exec_strategy,
-    )
-
-    for record in records:
-        if not isinstance(record, list) or len(record) != 5:
-            continue
-        code = _find_code(record)
-        if code is not None:
-            set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction(_SKIP),
-                                                            _FrameAction(int(record[4]))))
-
-
-def _property_source(code: types.CodeType) -> tuple[str, str, str] | None:
-    """``(module, qualname, "fget.__code__")`` where ``code`` is a property's
-    getter (setter, deleter) reached by its qualname from its module: what
-    ``torch._dynamo.package._lookup_code`` resolves in a later process."""
-    module = inspect.getmodule(code)
-    if module is None:
-        return None
-    owner: Any = module
-    for part in code.co_qualname.split("."):
-        owner = getattr(owner, part, None)
-        if owner is None:
-            return None
-    if not isinstance(owner, property):
-        return None
-    for accessor in ("fget", "fset", "fdel"):
-        function = getattr(owner, accessor)
-        if getattr(function, "__code__", None) is code:
-            return module.__name__, code.co_qualname, f"{accessor}.__code__"
-    return None
-
-
-def _advance_unique_ids(f_globals: Mapping[str, Any]) -> None:
-    """Move Dynamo's name counter past every numbered name in ``f_globals``
-    (those a package installed), so later captures pick fresh ones."""
-    from torch._dynamo import bytecode_transformation as bt
-
-    top = max((int(m.group(1)) for name in f_globals
-               if (m := _NUMBERED.match(name))), default=-1)
-    current = next(bt._unique_id_counter)
-    bt._unique_id_counter = itertools.count(max(current, top + 1))
 
 
 class _Backend:
@@ -588,8 +465,8 @@ def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
         raise
     # Every module the package installed names in.
     for module in {sys.modules[fn.__module__], *package._installed_globals}:
-        _advance_unique_ids(module.__dict__)
-    _apply_skips(skips)
+        advance_unique_ids(module.__dict__)
+    apply_skips(skips)
     package.ltc_skips = [list(record) for record in skips]
     frames = sum(len(e.guarded_codes) for e in package._codes.values())
     # What was stored is what this package holds: frames added here (a
@@ -634,3 +511,54 @@ def _install(package: Any, backends: Mapping[str, Any],
         package.install(dict(backends))
     finally:
         torch_package.load_guard_manager = original
+
+
+# --- as cache entries ----------------------------------------------------------
+
+
+def load_program(fn: types.FunctionType, name: str, backend: Callable[..., Any],
+                 guard_filter: Any, parts: ProgramParts, key: CacheKey) -> FramesProgram | None:
+    """The frames of a program entry whose signature and sources held,
+    installed; None (logged) where they do not load."""
+    described = parts.frames or {}
+    try:
+        program = load_frames(fn, name, backend, guard_filter, parts.artifact, parts.checks,
+                              described.get("breaks") or (), described.get("skips") or ())
+    except Exception as exc:
+        logger.info("%s: program %s does not load (%s: %s); capturing again", name,
+                    key.digest[:12], type(exc).__name__, first_line(exc))
+        return None
+    logger.info("%s: loaded program %s of %d frames (graph breaks: %s)", name,
+                key.digest[:12], program.frame_count(), describe_breaks(program.breaks))
+    return program
+
+
+def store_program(frames: FramesProgram, key: CacheKey, local_only: bool, cache: GraphCache,
+                  name: str, first: bool) -> None:
+    """Store the frames as a signed program entry under ``key``; where they
+    cannot be saved, say so (``first``: at INFO, else at DEBUG) and keep
+    them in this process only."""
+    from .precompile import LtcProgramGraph
+
+    level = logging.INFO if first else logging.DEBUG
+    try:
+        secret = program_secret(cache.config.secret, cache.config.directory)
+        artifact, checks, described = frames.artifact()
+    except Exception as exc:
+        why = str(exc) if isinstance(exc, Unportable) else \
+            f"{type(exc).__name__}: {first_line(exc)}"
+        frames.unsaveable = why
+        logger.log(level, "%s: compiled as %d frames (graph breaks: %s); its program cannot "
+                   "be saved (%s): Dynamo captures it in every process", name,
+                   frames.frame_count(), describe_breaks(frames.breaks), why)
+        return
+    sources = list(frames.package.ltc_sources)
+    nodes = sum(len(g.gm.graph.nodes) for g in frames.package.cached_backends.values()
+                if isinstance(g, LtcProgramGraph))
+    entry = program_entry(key, f"{name}.program", sources=sources, checks=checks,
+                          globals_=[], artifact=artifact, secret=secret, node_count=nodes,
+                          frames=described)
+    cache.store_entry(entry, key, local_only=local_only)
+    logger.log(level, "%s: compiled as %d frames (graph breaks: %s); stored program %s "
+               "(%d sources, %d frames with portable checks)", name, frames.frame_count(),
+               describe_breaks(frames.breaks), key.digest[:12], len(sources), len(checks))

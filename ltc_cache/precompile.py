@@ -47,7 +47,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from .cache import GraphCache, default_cache
 from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
-from .frames import FramesProgram, describe_breaks, load_frames
+from .frames import FramesProgram, load_program, store_program
 from .keys import CacheKey
 from .program import (
     ProgramParts,
@@ -633,18 +633,10 @@ class _Programs:
     # -- several frames (ltc_cache.frames) ----------------------------------------
 
     def _load_frames(self, parts: ProgramParts, key: CacheKey) -> FramesProgram | None:
-        try:
-            described = parts.frames or {}
-            program = load_frames(self._fn, self._name, _backend(self._name), _GuardFilter(),
-                                  parts.artifact, parts.checks, described.get("breaks") or (),
-                                  described.get("skips") or ())
-        except Exception as exc:
-            logger.info("%s: program %s does not load (%s: %s); capturing again", self._name,
-                        key.digest[:12], type(exc).__name__, first_line(exc))
-            return None
-        logger.info("%s: loaded program %s of %d frames (graph breaks: %s)", self._name,
-                    key.digest[:12], program.frame_count(), describe_breaks(program.breaks))
-        self._frames = program
+        program = load_program(self._fn, self._name, _backend(self._name), _GuardFilter(),
+                               parts, key)
+        if program is not None:
+            self._frames = program
         return program
 
     def _frames_for(self, layout: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -687,33 +679,10 @@ class _Programs:
         return out
 
     def _store_frames(self, frames: FramesProgram, key: CacheKey, local_only: bool) -> None:
-        cache = self.cache
-        try:
-            secret = program_secret(cache.config.secret, cache.config.directory)
-            artifact, checks, described = frames.artifact()
-        except Exception as exc:
-            why = str(exc) if isinstance(exc, Unportable) else \
-                f"{type(exc).__name__}: {first_line(exc)}"
-            frames.unsaveable = why
-            logger.info("%s: compiled as %d frames (graph breaks: %s); its program cannot "
-                        "be saved (%s): Dynamo captures it in every process", self._name,
-                        frames.frame_count(), describe_breaks(frames.breaks), why)
-            return
-        sources = list(frames.package.ltc_sources)
-        nodes = sum(len(g.gm.graph.nodes) for g in frames.package.cached_backends.values()
-                    if isinstance(g, LtcProgramGraph))
-        entry = program_entry(key, f"{self._name}.program", sources=sources, checks=checks,
-                              globals_=[], artifact=artifact, secret=secret, node_count=nodes,
-                              frames=described)
-        cache.store_entry(entry, key, local_only=local_only)
         # One INFO line a function: later stores (frames a new branch or
         # shape added) at DEBUG.
         first, self._frames_logged = not self._frames_logged, True
-        logger.log(logging.INFO if first else logging.DEBUG,
-                   "%s: compiled as %d frames (graph breaks: %s); stored program %s "
-                   "(%d sources, %d frames with portable checks)", self._name,
-                   frames.frame_count(), describe_breaks(frames.breaks), key.digest[:12],
-                   len(sources), len(checks))
+        store_program(frames, key, local_only, self.cache, self._name, first)
 
     def _own_sources(self) -> list[Any]:
         try:

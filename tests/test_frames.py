@@ -252,7 +252,7 @@ def test_private_torch_apis_frames_rely_on(dynamo_reset):
     from torch._dynamo import bytecode_transformation, convert_frame, output_graph, package
     from torch._dynamo.types import ConvertFrameReturn
 
-    from ltc_cache import frames
+    from ltc_cache import frame_names, frames
 
     apis = frames.pinned_apis()
     package_class = apis["CompilePackage"]
@@ -279,7 +279,7 @@ def test_private_torch_apis_frames_rely_on(dynamo_reset):
     # Resume functions and the builtins dict are named from this counter.
     assert "_unique_id_counter" in bytecode_transformation.unique_id.__code__.co_names
     assert next(apis["unique_id_counter"]) >= 0
-    assert int(_FrameAction.SKIP) == frames._SKIP
+    assert int(_FrameAction.SKIP) == frame_names.SKIP
     assert callable(set_code_exec_strategy)
     assert {"frame_exec_strategy", "apply_to_code", "guarded_code"} <= set(
         ConvertFrameReturn.__dataclass_fields__)
@@ -293,10 +293,10 @@ def test_names_after_a_load_do_not_collide(dynamo_reset):
     """A recompile after a load picks names past the installed ones."""
     from torch._dynamo.bytecode_transformation import unique_id
 
-    from ltc_cache.frames import _advance_unique_ids
+    from ltc_cache.frame_names import advance_unique_ids
 
     scope = {"__resume_at_60_4000": None, "__builtins_dict___4001": {}}
-    _advance_unique_ids(scope)
+    advance_unique_ids(scope)
     assert int(unique_id("__builtins_dict__").rsplit("_", 1)[1]) > 4001
 
 
