@@ -161,6 +161,11 @@ def _package_class() -> type:
             self.ltc_installed: dict[str, Any] = {}  # globals Dynamo installed, by name
             self.ltc_skips: list[list[Any]] = []  # codes Dynamo runs as they are
             self.ltc_dynamo_error: BaseException | None = None
+            # Every frame compiled here with its checks, stored or not: the
+            # filter dropped its identity guards, so its live entry gets
+            # the checks in their place (FramesProgram._check_new_frames).
+            self.ltc_live: list[tuple[types.CodeType, types.CodeType, list[Any]]] = []
+            self.ltc_code: types.CodeType | None = None
             super().__init__(fn, dynamo, ignore_inlined_sources=True)
 
         def code_context(self, code: types.CodeType) -> Any:
@@ -170,6 +175,7 @@ def _package_class() -> type:
             # a frame that cannot be named is left out of the package (a
             # later process captures that frame alone) instead of failing
             # the capture.
+            self.ltc_code = code
             if code not in self._codes and not self._located(code):
                 return self._left_out(code)
             return super().code_context(code)
@@ -211,6 +217,10 @@ def _package_class() -> type:
 
         def add_guarded_code(self, guards_state: bytes, dynamo_code: types.CodeType) -> None:
             entry = self._current_entry
+            flt = self.ltc_filter
+            checks = list(flt.checks) if flt is not None else []
+            if self.ltc_code is not None:
+                self.ltc_live.append((self.ltc_code, dynamo_code, checks))
             super().add_guarded_code(guards_state, dynamo_code)
             if entry is None or entry.bypassed:
                 return
@@ -220,10 +230,9 @@ def _package_class() -> type:
                 entry.guarded_codes.pop()
                 self.ltc_left_out.append(f"{code.co_qualname} ({why})")
                 return
-            flt = self.ltc_filter
             if flt is not None and flt.unportable:
                 self.ltc_unportable = self.ltc_unportable or flt.unportable
-            self.ltc_frames.append((code, dynamo_code, list(flt.checks) if flt else []))
+            self.ltc_frames.append((code, dynamo_code, checks))
 
         def _globals_saved(self, entry: Any, dynamo_code: types.CodeType) -> str | None:
             """Globals the frame's bytecode reads that Dynamo installed for
@@ -363,6 +372,7 @@ class FramesProgram:
         itself failed, ``dynamo_failed()`` says so)."""
         self.package.ltc_dynamo_error = None
         before, reasons = len(self.package.ltc_frames), graph_break_reasons()
+        live = len(self.package.ltc_live)
         # Inside DistributedDataParallel's forward, Dynamo hands each frame
         # to its DDPOptimizer through a callback of its own, without the
         # package (nothing would be recorded): each frame is one graph here,
@@ -373,8 +383,9 @@ class FramesProgram:
                 out = self._compiled(*args, **kwargs)
         finally:
             _log_pending(self._name)
+        if len(self.package.ltc_live) != live:
+            self._check_new_frames(live)
         if len(self.package.ltc_frames) != before:
-            self._check_new_frames(before)
             for reason, count in graph_break_reasons().items():
                 if count > reasons.get(reason, 0):
                     self.breaks[reason] = self.breaks.get(reason, 0) + count - \
@@ -390,10 +401,11 @@ class FramesProgram:
         from now on, in this process too."""
         from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
-        for code, dynamo_code, checks in self.package.ltc_frames[before:]:
+        for code, dynamo_code, checks in self.package.ltc_live[before:]:
             if not checks:
                 continue
-            scope = sys.modules[self.package._codes[code].python_module].__dict__
+            module = inspect.getmodule(code)
+            scope = module.__dict__ if module is not None else {}
             for entry in _debug_get_cache_entry_list(code):
                 if entry.code is dynamo_code:
                     _add_checks(entry.guard_manager, checks, scope)

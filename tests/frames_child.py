@@ -2,11 +2,12 @@
 trains a model through ``ltc_cache.compile`` and a copy eagerly, counting
 Dynamo's frames and AOTAutograd's traces on its own.
 
-``python tests/frames_child.py MODEL [--models DIR] [--steps N] [--set NAME=X]``
+``python tests/frames_child.py MODEL [--models DIR] [--steps N] [--set NAME=X [--set-at STEP]]``
 
 ``MODEL`` is ``gpt2`` (transformers' GPT-2, 2 layers, in ``train()``: its
 forward breaks the graph) or a builder of ``DIR/framemodels.py``. ``--set``
-rebinds a global of that module before the first call. Prints one JSON
+rebinds a global of that module before the first call (``--set-at``: before
+that step). Prints one JSON
 line: both runs' losses, the largest gradient difference, the counters and
 what ``ltc_cache.precompile`` logged.
 """
@@ -47,13 +48,19 @@ def _build(options: argparse.Namespace):
     sys.path.insert(0, options.models)
     import framemodels
 
-    if options.set:  # NAME=FLOAT, or NAME=OTHER (another global of the module)
-        name, value = options.set.split("=")
-        setattr(framemodels, name, getattr(framemodels, value) if hasattr(framemodels, value)
-                else float(value))
+    if options.set and options.set_at == 0:
+        _rebind(framemodels, options.set)
     torch.manual_seed(0)
     model = getattr(framemodels, options.model)()
-    return model, (torch.randn(4, 16),), {}
+    # A positive input: with the sign alternating, even steps take a branch
+    # on x.sum() > 0, odd steps the other.
+    return model, (torch.randn(4, 16).abs() + 0.1,), {}
+
+
+def _rebind(module, assignment: str) -> None:
+    """NAME=FLOAT, or NAME=OTHER (another global of the module)."""
+    name, value = assignment.split("=")
+    setattr(module, name, getattr(module, value) if hasattr(module, value) else float(value))
 
 
 def _loss(out):
@@ -68,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=".")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--set", default=None)
+    parser.add_argument("--set-at", type=int, default=0,
+                        help="the step before which --set rebinds (0: before building)")
     options = parser.parse_args(argv)
 
     collect = _Collect()
@@ -89,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(options.steps):
+            if options.set and options.set_at == step > 0:
+                _rebind(sys.modules["framemodels"], options.set)
             # Alternate the sign so a data-dependent branch takes both ways.
             call = tuple(a * (-1) ** step if a.is_floating_point() else a for a in args)
             for net, losses in ((compiled, result["losses"]), (eager, result["eager"])):

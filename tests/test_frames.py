@@ -64,6 +64,12 @@ def act(x):
     return torch.tanh(x)
 '''
 
+OTHER_SHIFT = '''
+
+def other_shift(x):
+    return x - 3.0
+'''
+
 SCRIPT = Path(sys.executable).with_name("ltc-cache")
 
 
@@ -174,11 +180,7 @@ def test_a_rebound_global_after_the_break_captures_that_frame_alone(models, cach
     # shift (reached only on the else branch, after the break) is another
     # function in this process: the frame that inlined it fails its portable
     # check, and Dynamo captures that frame again; the others load.
-    (models / "framemodels.py").write_text(MODELS + '''
-
-def other_shift(x):
-    return x - 3.0
-''')
+    (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
     result = run("branchy", models, "--set", "shift=other_shift")
     assert_correct(result)
     assert result["stats"].get("program_hits", 0) == 1, result
@@ -193,6 +195,22 @@ class Payload:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("process", ["cold", "warm"])
+def test_a_global_rebound_between_steps_is_seen(models, cache_dir, process):
+    """The frame that inlined ``shift`` carries its portable check in the
+    capturing process too (its live entry), and after a load."""
+    (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
+    if process == "warm":
+        assert_correct(run("branchy", models, "--steps", "4"))
+    # Steps 0 and 2 take the SCALE branch, 1 and 3 shift's: rebound at 3.
+    result = run("branchy", models, "--steps", "4", "--set", "shift=other_shift",
+                 "--set-at", "3")
+    assert_correct(result)  # eager rebinds too: the same losses
+    if process == "warm":
+        assert result["stats"].get("program_hits", 0) == 1, result
 
 
 @pytest.mark.slow
