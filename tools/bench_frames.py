@@ -2,7 +2,7 @@
 ``ltc_cache.compile`` (a stored program of frames) against Inductor's warm
 start and ``torch.compile(backend="ltc_cache")``, side by side.
 
-    python tools/bench_frames.py [--repeats 1] [--skip-ddp] [--markdown]
+    python tools/bench_frames.py [--repeats 1] [--skip-ddp] [--ranks 2] [--only ddp] [--markdown]
 
 Scenarios, each one training step (forward, backward, AdamW) timed from the
 compiled model's first call to the end of the step (capture, loading and
@@ -11,8 +11,8 @@ compiling included; imports and model construction not):
 - ``gpt2``: transformers' GPT-2 (2 layers) with ``labels=``, whose loss logs
   a warning through ``logging.Logger``: a graph break;
 - ``branchy``: an MLP with a data-dependent branch (``if x.sum() > 0``);
-- ``ddp2``: GPT-2 under DistributedDataParallel, ``torchrun`` with 2 ranks
-  (gloo, CPU), ``DDP(ltc_cache.compile(model))`` against
+- ``ddpN``: GPT-2 under DistributedDataParallel, ``torchrun`` with N ranks
+  (``--ranks``, 2 by default; gloo, CPU), ``DDP(ltc_cache.compile(model))`` against
   ``torch.compile(DDP(model))`` (Inductor) and
   ``torch.compile(DDP(model), backend="ltc_cache")`` (``tests/ddp_child.py``;
   the time is rank 0's).
@@ -102,34 +102,38 @@ def run_child(scenario: str, mode: str, directory: Path) -> dict:
     return child_result(proc)
 
 
-def run_ddp(mode: str, directory: Path, port: int) -> dict:
+def run_ddp(mode: str, directory: Path, port: int, ranks: int) -> dict:
     out = directory / "out"
     out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
+        [str(Path(sys.executable).with_name("torchrun")), f"--nproc_per_node={ranks}",
          f"--master_port={port}", str(ROOT / "tests" / "ddp_child.py"), DDP_ORDERS[mode],
          str(out)], capture_output=True, text=True, env=child_env(directory), timeout=1800)
     if proc.returncode != 0:
         return child_result(proc)
-    rank = json.loads((out / "rank0.json").read_text())
-    return {"first_s": rank["first_step_s"], "frames": rank["frames_ok"],
-            "traces": rank["stats"]["traces"],
-            "program_hits": rank["stats"].get("program_hits", 0)}
+    every = [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+    rank = every[0]
+    error = max(abs(a - b) for r in every for a, b in zip(r["losses"], rank["reference"],
+                                                           strict=True))
+    return {"first_s": rank["first_step_s"], "frames": max(r["frames_ok"] for r in every),
+            "traces": sum(r["stats"]["traces"] for r in every), "loss_error": error,
+            "captures": max(r["captures"] for r in every),
+            "program_hits": min(r["stats"].get("program_hits", 0) for r in every)}
 
 
-def measure(repeats: int, ddp: bool) -> list[dict]:
+def measure(repeats: int, scenarios: list[str], ranks: int) -> list[dict]:
     rows = []
     port = 29700
     with tempfile.TemporaryDirectory(prefix="bench-frames-") as scratch:
-        for scenario in ("gpt2", "branchy", *(["ddp2"] if ddp else [])):
+        for scenario in scenarios:
             runs: dict[str, list[dict]] = {}
             for _ in range(repeats):
                 for mode in MODES:  # interleaved: a slow spell falls on every mode
                     directory = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=scratch))
                     for phase in ("cold", "warm"):
-                        if scenario == "ddp2":
+                        if scenario.startswith("ddp"):
                             port += 1
-                            result = run_ddp(mode, directory, port)
+                            result = run_ddp(mode, directory, port, ranks)
                         else:
                             result = run_child(scenario, mode, directory)
                         runs.setdefault(f"{mode}_{phase}", []).append(result)
@@ -141,6 +145,9 @@ def measure(repeats: int, ddp: bool) -> list[dict]:
                 row[f"{label}_s"] = median(results, "first_s")
                 row[f"{label}_frames"] = max((r.get("frames", 0) for r in results), default=0)
                 row[f"{label}_traces"] = max((r.get("traces", 0) for r in results), default=0)
+                if any("loss_error" in r for r in results):
+                    row[f"{label}_loss_error"] = max(r.get("loss_error", 0) for r in results)
+                    row[f"{label}_captures"] = max(r.get("captures", 0) for r in results)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     return rows
@@ -170,12 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", nargs=2, metavar=("SCENARIO", "MODE"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--skip-ddp", action="store_true")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--only", choices=("gpt2", "branchy", "ddp"), default=None)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.child:
         child(*args.child)
         return 0
-    rows = measure(args.repeats, not args.skip_ddp)
+    scenarios = ["gpt2", "branchy", f"ddp{args.ranks}"]
+    if args.skip_ddp:
+        scenarios.pop()
+    if args.only:
+        scenarios = [s for s in scenarios if s.startswith(args.only)]
+    rows = measure(args.repeats, scenarios, args.ranks)
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=1))
     return 0
 
