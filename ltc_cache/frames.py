@@ -320,6 +320,32 @@ def _recording(package: Any) -> Iterator[None]:
         ConvertFrame.__call__ = call_original  # type: ignore[method-assign]
 
 
+class _PlainBackend:
+    """The backend as ``torch._dynamo.optimize`` hands it on, without the
+    minifier's wrapper (``repro.after_dynamo.WrapBackendDebug``), whose
+    module imports AOTAutograd, Inductor's code cache and networkx: seconds
+    of a warm start that loads every frame and compiles none."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self._torchdynamo_orig_backend = fn
+        self.__name__ = str(getattr(fn, "compiler_name", getattr(fn, "__name__", "backend")))
+
+    def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        return self._torchdynamo_orig_backend(gm, example_inputs, **kwargs)
+
+
+@contextlib.contextmanager
+def _plain_backend() -> Iterator[None]:
+    from torch._dynamo import eval_frame
+
+    original = eval_frame.get_compiler_fn
+    eval_frame.get_compiler_fn = _PlainBackend  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        eval_frame.get_compiler_fn = original
+
+
 class _Backend:
     """What ``CompilePackage.install`` wants of a stored backend."""
 
@@ -346,8 +372,9 @@ class FramesProgram:
         self._filter = guard_filter
         # Static shapes, as a single-graph program: a new shape is a
         # recompile of the frames it reaches (and stored under its layout).
-        self._compiled = torch._dynamo.optimize(backend, package=package, dynamic=False,
-                                                guard_filter_fn=guard_filter)(fn)
+        with _plain_backend():
+            self._compiled = torch._dynamo.optimize(backend, package=package, dynamic=False,
+                                                    guard_filter_fn=guard_filter)(fn)
         self._stored_frames = loaded_frames  # frames in the stored artifact
         self.breaks: dict[str, int] = {}  # Dynamo's graph-break reasons, captured here
         self.unsaveable: str | None = None

@@ -294,6 +294,8 @@ def test_private_torch_apis_frames_rely_on(dynamo_reset):
         "python_code", "python_module", "function_names", "guarded_codes", "import_sources",
         "backend_ids", "code_source", "install_to_global", "bypassed"}
     assert "package" in inspect.signature(torch._dynamo.eval_frame._optimize).parameters
+    # The backend wrapper frames.py swaps for a plain one while optimize() runs.
+    assert "get_compiler_fn" in torch._dynamo.eval_frame._optimize.__code__.co_names
     # Resume functions and the builtins dict are named from this counter.
     assert "_unique_id_counter" in bytecode_transformation.unique_id.__code__.co_names
     assert next(apis["unique_id_counter"]) >= 0
