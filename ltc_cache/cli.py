@@ -327,6 +327,9 @@ def _payload_fields(kind: str, payload: dict[str, Any]) -> list[tuple[str, str]]
     if kind == "negative":
         return [("Reason", str(payload.get("reason", "?")))]
     if kind == "program":
+        frames = payload.get("frames")
+        if isinstance(frames, dict):  # a function Dynamo compiles as several frames
+            return _frames_fields(payload, frames)
         return [("Program", f"{len(payload.get('sources') or ())} inlined sources, "
                             f"{len(payload.get('checks') or ())} portable checks, "
                             f"{format_size(payload.get('artifact_size') or 0)} "
@@ -339,6 +342,24 @@ def _payload_fields(kind: str, payload: dict[str, Any]) -> list[tuple[str, str]]
         fields.append(("Joint", f"{joint.get('outputs')} outputs, "
                                 f"{joint.get('saved')} + {joint.get('saved_unchecked')} "
                                 f"saved tensors, {len(joint.get('tangents') or ())} tangents"))
+    return fields
+
+
+def _frames_fields(payload: dict[str, Any], frames: dict[str, Any]) -> list[tuple[str, str]]:
+    """A program of several frames: each code object Dynamo compiled (the
+    function, its resume functions, the user code it did not inline), with
+    how many compiled frames it holds, and the graph-break reasons."""
+    codes = [c for c in frames.get("codes") or () if isinstance(c, list) and len(c) == 4]
+    fields = [("Program", f"{sum(int(c[3]) for c in codes)} frames in {len(codes)} code "
+                          f"objects, {len(payload.get('sources') or ())} inlined sources, "
+                          f"{len(payload.get('checks') or ())} frames with portable checks, "
+                          f"{format_size(payload.get('artifact_size') or 0)} artifact "
+                          f"(signed; the rest: --json)")]
+    fields += [(f"Frames {i}", f"{qualname} ({Path(str(filename)).name}:{line}): "
+                               f"{guarded} compiled")
+               for i, (qualname, filename, line, guarded) in enumerate(codes)]
+    fields += [("Graph break", f"{reason}" + (f" (x{count})" if count != 1 else ""))
+               for reason, count in frames.get("breaks") or ()]
     return fields
 
 

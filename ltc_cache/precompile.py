@@ -24,9 +24,10 @@ What keeps a program from being stale or wrong:
   before the artifact, a pickle, is unpickled.
 
 A changed source, a failing guard or a program that does not load is
-captured again (and stored again); a function Dynamo cannot capture whole
-(a graph break), or whose program cannot be saved, runs through
-``torch.compile(backend="ltc_cache")`` as before, with one INFO line.
+captured again (and stored again). A function Dynamo cannot capture whole
+(a graph break) is compiled as several frames and stored as a program of
+frames (:mod:`ltc_cache.frames`); one whose program cannot be saved runs
+through ``torch.compile(backend="ltc_cache")`` as before, with one INFO line.
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ from .cache import GraphCache, default_cache
 from .compiled_module import CompiledModule, stand_in
 from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
+from .frames import FramesProgram, load_program, store_program
 from .keys import CacheKey
 from .program import (
+    ProgramParts,
     Unportable,
     changed_source,
     code_record,
@@ -501,6 +504,11 @@ class _Programs:
         self._growing = False
         self._closure = {f"ltc_cache.closure.{i}": cell.cell_contents
                          for i, cell in enumerate(fn.__closure__ or ())}
+        # The function's frames where Dynamo compiles it as several (graph
+        # breaks): one package a process, which each layout's program adds to.
+        self._frames: FramesProgram | None = None
+        self._frames_keys: dict[Any, tuple[CacheKey, bool]] = {}
+        self._frames_logged = False
 
     @property
     def cache(self) -> GraphCache:
@@ -519,6 +527,8 @@ class _Programs:
         full = (self._owner, *args) if self._owner is not None else args
         if programs:
             for program in programs:
+                if program is self._frames:
+                    return self._run_frames(layout, args, full, kwargs)
                 if program.check(program.bind(full, kwargs)):
                     return program.run(full, kwargs)
         elif layout in self._to_fallback:
@@ -526,6 +536,8 @@ class _Programs:
         program = self._obtain(layout, args, kwargs, full)
         if program is None:
             return self._fall_back(args, kwargs)
+        if program is self._frames:
+            return self._run_frames(layout, args, full, kwargs)
         return program.run(full, kwargs)
 
     # -- fallback ----------------------------------------------------------------
@@ -548,6 +560,8 @@ class _Programs:
     def _obtain(self, layout: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 full: tuple[Any, ...]) -> _Loaded | None:
         programs = self._by_layout.setdefault(layout, [])
+        if self._frames is not None:  # Dynamo's guards pick frames; new ones are stored
+            return self._frames_for(layout, args, kwargs, programs)
         if len(programs) >= _MAX_PROGRAMS:
             self._to_torch_compile(layout, f"{_MAX_PROGRAMS} programs for one input layout")
             return None
@@ -588,6 +602,11 @@ class _Programs:
             logger.info("%s: %s; trying to capture a program again", self._name, changed)
         elif entry is not None:
             program = self._load(entry, key, secret, cache, full, kwargs, local_only)
+        if program is self._frames and program is not None:
+            self._frames_keys[layout] = (key, local_only)
+            counters.bump(PROGRAM_HITS)
+            programs.append(program)
+            return program
         if program is None:
             program = self._capture(key, secret, cache, layout, full, kwargs, local_only)
             if program is None:
@@ -611,6 +630,8 @@ class _Programs:
             logger.info("%s: program %s is stale: %s; capturing again", self._name,
                         key.digest[:12], changed)
             return None
+        if parts.frames is not None:
+            return self._load_frames(parts, key)
         try:
             program = self._materialise(parts.artifact, parts.checks, parts.globals)
         except Exception as exc:
@@ -654,6 +675,13 @@ class _Programs:
 
             if guard_filter.unportable:  # the guard kept for that made saving fail
                 why = f"its program cannot be saved ({guard_filter.unportable})"
+            elif isinstance(exc, Unsupported) and self._frames is None:
+                # A graph break: Dynamo compiles it as several frames, stored
+                # as one program when they are run (:meth:`_run_frames`).
+                self._frames = FramesProgram.fresh(self._fn, self._name, _backend(self._name),
+                                                   _GuardFilter())
+                self._frames_keys[layout] = (key, local_only)
+                return self._frames
             else:
                 kind = "graph break" if isinstance(exc, Unsupported) else type(exc).__name__
                 why = f"not captured as one graph ({kind}: {first_line(exc)})"
@@ -693,6 +721,60 @@ class _Programs:
         logger.info("%s: captured and stored program %s (%d sources, %d portable checks)",
                     self._name, key.digest[:12], len(sources), len(guard_filter.checks))
         return program
+
+    # -- several frames (ltc_cache.frames) ----------------------------------------
+
+    def _load_frames(self, parts: ProgramParts, key: CacheKey) -> FramesProgram | None:
+        program = load_program(self._fn, self._name, _backend(self._name), _GuardFilter(),
+                               parts, key)
+        if program is not None:
+            self._frames = program
+        return program
+
+    def _frames_for(self, layout: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    programs: list[Any]) -> FramesProgram | None:
+        """A new input layout of a function compiled as frames: Dynamo's
+        guards pick (or capture) its frames; the package is stored under
+        this layout's key too once it holds new ones."""
+        try:
+            key = program_key(self._fn, self._owner if isinstance(self._owner, torch.nn.Module)
+                              else None, args, kwargs)
+        except UncacheableGraph as exc:
+            self._to_torch_compile(layout, str(exc))
+            return None
+        self._frames_keys[layout] = (key, self.cache.config.secret is None)
+        programs.append(self._frames)
+        return self._frames
+
+    def _run_frames(self, layout: Any, args: tuple[Any, ...], full: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        frames = self._frames
+        assert frames is not None
+        try:
+            out = frames.run(full, kwargs)
+        except Exception as exc:
+            if frames.dynamo_failed() is None:
+                raise  # the user's code's own error
+            # Dynamo failed on a frame (the user's code's errors pass through):
+            # this function goes to torch.compile from now on.
+            warn_once(f"frames-{self._name}", f"ltc_cache.compile: {self._name}'s frames "
+                      f"failed ({type(exc).__name__}: {first_line(exc)}); it runs through "
+                      "torch.compile(backend=\"ltc_cache\")")
+            for known in list(self._by_layout):
+                self._by_layout[known] = [p for p in self._by_layout[known] if p is not frames]
+                self._to_fallback.add(known)
+            self._frames = None
+            return self._fall_back(args, kwargs)
+        if frames.needs_store():
+            key, local_only = self._frames_keys[layout]
+            self._store_frames(frames, key, local_only)
+        return out
+
+    def _store_frames(self, frames: FramesProgram, key: CacheKey, local_only: bool) -> None:
+        # One INFO line a function: later stores (frames a new branch or
+        # shape added) at DEBUG.
+        first, self._frames_logged = not self._frames_logged, True
+        store_program(frames, key, local_only, self.cache, self._name, first)
 
     def _own_sources(self) -> list[Any]:
         try:

@@ -57,7 +57,9 @@ __all__ = ["VERSION", "ProgramParts", "Unportable", "changed_source", "check_pro
 
 logger = logging.getLogger("ltc_cache.program")
 
-VERSION = 1
+# 2: a graph break is a program of several frames (an old negative entry for
+# it would keep the function on torch.compile).
+VERSION = 2
 # The per-user signing key, created on first use (mode 0600).
 KEY_FILE = "program.key"
 _KEY_BYTES = 32
@@ -373,11 +375,15 @@ def portable_check(expr: str, guard_type: str, derived: Sequence[str], has_value
 class ProgramParts:
     """What a program entry holds, once its signature has been checked."""
 
-    __slots__ = ("artifact", "checks", "globals", "name", "sources")
+    __slots__ = ("artifact", "checks", "frames", "globals", "name", "sources")
 
     def __init__(self, name: str, sources: list[Any], checks: list[Any], globals_: list[str],
-                 artifact: bytes) -> None:
+                 artifact: bytes, frames: dict[str, Any] | None = None) -> None:
         self.name = name
+        # None for one graph (Dynamo's AOT precompile); for a function Dynamo
+        # compiles as several frames (:mod:`ltc_cache.frames`), what they are
+        # (``codes``, ``breaks``), and ``checks`` per frame.
+        self.frames = frames
         self.sources = sources
         self.checks = checks
         self.globals = globals_
@@ -385,29 +391,39 @@ class ProgramParts:
 
 
 def sign(secret: bytes, key: str, sources: Any, checks: Any, globals_: Any,
-         artifact: bytes) -> bytes:
+         artifact: bytes, frames: Any = None) -> bytes:
     """HMAC-SHA256 over everything a program entry holds, and the key it is
-    stored under (a signed program cannot be moved under another key)."""
-    signed = msgpack.packb([PROGRAM_FORMAT, VERSION, key, sources, checks, globals_, artifact],
-                           use_bin_type=True)
+    stored under (a signed program cannot be moved under another key).
+    ``frames`` (a program of several frames) is signed too, so one kind of
+    program cannot be passed off as the other."""
+    parts = [PROGRAM_FORMAT, VERSION, key, sources, checks, globals_, artifact]
+    if frames is not None:
+        parts.append(["frames", frames])
+    signed = msgpack.packb(parts, use_bin_type=True)
     return hmac.new(secret, signed, hashlib.sha256).digest()
 
 
 def program_entry(key: CacheKey, name: str, *, sources: list[Any], checks: list[Any],
                   globals_: list[str], artifact: bytes, secret: bytes,
-                  node_count: int) -> Entry:
+                  node_count: int, frames: dict[str, Any] | None = None) -> Entry:
     """The entry of kind ``program``, whose payload holds ``sources``
     (:func:`code_record`), ``checks`` (:func:`portable_check`), ``globals_``
     (module globals the guards read, refreshed before each check), the
-    pickled ``artifact``, and their signature."""
+    pickled ``artifact``, and their signature. ``frames``: for a program of
+    several frames, ``{"codes": [[qualname, file, first line, guarded
+    codes], ...], "breaks": [[reason, count], ...]}``, and ``checks`` is
+    ``[code index, guarded index, checks]`` per frame."""
     meta = new_meta(graph_name=name, node_count=node_count, graph_hash="",
                     key_parts=key.parts)
-    return Entry(key.digest, "", (), (), (), meta, kind="program", payload={
+    payload = {
         "format": PROGRAM_FORMAT, "version": VERSION, "sources": sources, "checks": checks,
         "globals": globals_, "artifact": artifact,
-        "hmac": sign(secret, key.digest, sources, checks, globals_, artifact),
+        "hmac": sign(secret, key.digest, sources, checks, globals_, artifact, frames),
         "python": platform.python_version(),
-    })
+    }
+    if frames is not None:
+        payload["frames"] = frames
+    return Entry(key.digest, "", (), (), (), meta, kind="program", payload=payload)
 
 
 def negative_program_entry(key: CacheKey, name: str, reason: str,
@@ -429,7 +445,9 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
         raise EntryError("not a program of this ltc_cache", entry.key)
     sources, checks = program.get("sources"), program.get("checks")
     globals_, artifact = program.get("globals"), program.get("artifact")
-    signature = program.get("hmac")
+    signature, frames = program.get("hmac"), program.get("frames")
+    if frames is not None and not isinstance(frames, dict):
+        raise EntryError("program: malformed", entry.key)
     if not isinstance(artifact, bytes) or not isinstance(sources, list) \
             or not isinstance(checks, list) or not isinstance(globals_, list) \
             or not all(isinstance(g, str) for g in globals_):
@@ -437,10 +455,11 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
     if not isinstance(signature, bytes):
         raise EntryError("program: unsigned", entry.key)
     if not hmac.compare_digest(signature,
-                               sign(secret, entry.key, sources, checks, globals_, artifact)):
+                               sign(secret, entry.key, sources, checks, globals_, artifact,
+                                    frames)):
         raise EntryError("program: signature mismatch (tampered with, or signed with another "
                          "key)", entry.key)
-    return ProgramParts(entry.graph_name, sources, checks, globals_, artifact)
+    return ProgramParts(entry.graph_name, sources, checks, globals_, artifact, frames)
 
 
 def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:

@@ -331,20 +331,16 @@ def test_poisoned_program_entries_are_never_unpickled(models, cache_dir, tmp_pat
 
 
 @pytest.mark.slow  # child processes
-def test_a_graph_break_falls_back_to_torch_compile(models, cache_dir):
+def test_a_graph_break_is_a_program_of_several_frames(models, cache_dir):
+    # (More in tests/test_frames.py.)
     cold = run(models, "--model", "broken")
-    assert cold["max_error"] <= 1e-5, cold
-    lines = [line for line in cold["logs"] if "torch.compile(backend=" in line]
-    assert len(lines) == 1 and "graph break" in lines[0], cold["logs"]
-    assert cold["stats"]["program_fallbacks"] >= 1, cold
+    assert_captured(cold)
+    lines = [line for line in cold["logs"] if "frames" in line]
+    assert len(lines) == 1 and "graph_break()" in lines[0], cold["logs"]
 
     warm = run(models, "--model", "broken")
-    assert warm["max_error"] <= 1e-5, warm
-    # Remembered: no capture is attempted again while the source is the same.
-    assert warm["stats"].get("program_captures", 0) == 0, warm
-    # With the reason it was remembered for (the negative entry's payload).
-    assert any("remembered" in line and "graph break" in line for line in warm["logs"]), \
-        warm["logs"]
+    assert_warm(warm)
+    assert warm["outputs"] == cold["outputs"]
 
 
 @pytest.mark.slow

@@ -1,0 +1,376 @@
+"""Programs of several frames (``ltc_cache.frames``): functions Dynamo
+compiles with graph breaks, cold then warm in child processes
+(``tests/frames_child.py``), against eager.
+
+Each test writes ``framemodels.py`` and ``after.py`` (a helper called only
+after the break) into its temp dir, so it can edit them between processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TESTS, child_env
+
+from ltc_cache.entry import decode, encode
+from ltc_cache.store import DiskStore
+from ltc_cache.wire import is_entry_key
+
+MODELS = '''\
+import torch
+import after
+
+SCALE = 2.0
+
+
+def shift(x):
+    return x + 1.0
+
+
+class Branchy(torch.nn.Module):
+    """A data-dependent branch: Dynamo breaks the graph at the ``if``."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        self.first = torch.nn.Linear(width, width)
+        self.second = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        y = self.first(x)
+        if x.sum() > 0:
+            y = y * SCALE
+        else:
+            y = shift(y)
+        return after.act(self.second(y))
+
+
+def branchy():
+    return Branchy()
+'''
+
+AFTER = '''\
+import torch
+
+
+def act(x):
+    return torch.tanh(x)
+'''
+
+OTHER_SHIFT = '''
+
+def other_shift(x):
+    return x - 3.0
+'''
+
+SCRIPT = Path(sys.executable).with_name("ltc-cache")
+
+
+@pytest.fixture
+def models(tmp_path, cache_dir, monkeypatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    directory = tmp_path / "models"
+    directory.mkdir()
+    (directory / "framemodels.py").write_text(MODELS)
+    (directory / "after.py").write_text(AFTER)
+    return directory
+
+
+def run(model: str, models: Path | None = None, *args: str) -> dict:
+    command = [sys.executable, str(TESTS / "frames_child.py"), model, *args]
+    if models is not None:
+        command += ["--models", str(models)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_correct(result: dict) -> None:
+    assert result["losses"] == pytest.approx(result["eager"], abs=1e-5), result
+    assert result["grad_error"] <= 1e-5, result
+    assert result["stats"]["errors"] == 0, result
+    assert result["stats"].get("program_fallbacks", 0) == 0, result
+    assert not result["warnings"], result["warnings"]
+
+
+def assert_warm(result: dict) -> None:
+    """Loaded: no Dynamo frame, no AOTAutograd trace, no LTC trace."""
+    assert_correct(result)
+    assert result["frames_ok"] == 0, result
+    assert result["aot_traces"] == 0, result
+    assert result["stats"]["traces"] == 0, result
+    assert result["stats"].get("program_hits", 0) == 1, result
+    assert result["stats"].get("program_captures", 0) == 0, result
+
+
+def frame_programs(directory: Path) -> list:
+    store = DiskStore(directory, readonly=True)
+    try:
+        entries = [decode(store.peek(k)) for k in list(store.keys()) if is_entry_key(k)]
+        return [e for e in entries if e.kind == "program" and "frames" in e.payload]
+    finally:
+        store.close()
+
+
+@pytest.mark.slow  # three child processes
+def test_a_data_dependent_break_is_stored_and_loaded_warm(models, cache_dir):
+    cold = run("branchy", models)
+    assert_correct(cold)
+    assert cold["stats"]["program_captures"] == 1, cold
+    assert cold["frames_ok"] > 0, cold
+    # One INFO line for the function, with Dynamo's reason.
+    lines = [line for line in cold["logs"] if "frames" in line]
+    assert len(lines) == 1 and "Data-dependent branching" in lines[0], cold["logs"]
+    (program,) = frame_programs(cache_dir)
+    codes = program.payload["frames"]["codes"]
+    assert codes[0][0] == "Branchy.forward", codes
+    # Both ways through the branch: the forward cut at the if, and a resume
+    # function for each way on.
+    assert sum(code[3] for code in codes) >= 3, codes
+    assert all(isinstance(c, list) and len(c) == 3 for c in program.payload["checks"])
+
+    warm = run("branchy", models)
+    assert_warm(warm)
+    assert any("loaded program" in line and "Data-dependent" in line
+               for line in warm["logs"]), warm["logs"]
+    assert warm["losses"] == cold["losses"]
+
+    # ltc-cache show lists the frames.
+    shown = subprocess.run([str(SCRIPT), "--dir", str(cache_dir), "show", program.key[:12]],
+                           capture_output=True, text=True, check=True).stdout
+    assert "Frames" in shown and "Branchy.forward" in shown and "resume" in shown, shown
+
+
+@pytest.mark.slow
+def test_gpt2_training_with_its_graph_break_is_warm(cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    cold = run("gpt2")
+    assert_correct(cold)
+    assert any("logging.Logger" in line and "stored program" in line
+               for line in cold["logs"]), cold["logs"]
+    warm = run("gpt2")
+    assert_warm(warm)
+    assert warm["losses"] == cold["losses"]
+
+
+@pytest.mark.slow
+def test_an_edited_function_after_the_break_never_runs_stale(models, cache_dir):
+    assert_correct(run("branchy", models))
+    # Only the resume function calls after.act.
+    (models / "after.py").write_text(AFTER.replace("torch.tanh(x)", "torch.sigmoid(x)"))
+    edited = run("branchy", models)
+    assert_correct(edited)  # against eager with the edited helper
+    assert edited["stats"]["program_captures"] == 1, edited
+    assert any("stale" in line and "changed" in line for line in edited["logs"]), \
+        edited["logs"]
+    assert_warm(run("branchy", models))
+
+
+@pytest.mark.slow
+def test_a_rebound_global_after_the_break_captures_that_frame_alone(models, cache_dir):
+    assert_correct(run("branchy", models))
+    # shift (reached only on the else branch, after the break) is another
+    # function in this process: the frame that inlined it fails its portable
+    # check, and Dynamo captures that frame again; the others load.
+    (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
+    result = run("branchy", models, "--set", "shift=other_shift")
+    assert_correct(result)
+    assert result["stats"].get("program_hits", 0) == 1, result
+    assert result["stats"].get("program_captures", 0) == 0, result
+    assert 1 <= result["frames_ok"] <= 2, result  # not the whole function again
+    assert any("does not fit" in line for line in result["logs"]), result["logs"]
+
+
+class Payload:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("process", ["cold", "warm"])
+def test_a_global_rebound_between_steps_is_seen(models, cache_dir, process):
+    """The frame that inlined ``shift`` carries its portable check in the
+    capturing process too (its live entry), and after a load."""
+    (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
+    if process == "warm":
+        assert_correct(run("branchy", models, "--steps", "4"))
+    # Steps 0 and 2 take the SCALE branch, 1 and 3 shift's: rebound at 3.
+    result = run("branchy", models, "--steps", "4", "--set", "shift=other_shift",
+                 "--set-at", "3")
+    assert_correct(result)  # eager rebinds too: the same losses
+    if process == "warm":
+        assert result["stats"].get("program_hits", 0) == 1, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", ["artifact", "checks"])
+def test_a_poisoned_frame_never_runs(models, cache_dir, tmp_path, part):
+    assert_correct(run("branchy", models))
+    (program,) = frame_programs(cache_dir)
+    marker = tmp_path / "PAYLOAD_RAN"
+    payload = dict(program.payload)
+    if part == "artifact":  # the frames' bytecode and graphs swapped for a payload
+        payload["artifact"] = pickle.dumps(Payload(str(marker)))
+    else:  # a frame's portable checks dropped (it would run unchecked)
+        payload["checks"] = payload["checks"][1:]
+    store = DiskStore(cache_dir)
+    try:
+        store.put(program.key, encode(dataclasses.replace(program, payload=payload)))
+    finally:
+        store.close()
+    warm = run("branchy", models)
+    assert not marker.exists(), "a poisoned frame was unpickled"
+    assert warm["losses"] == pytest.approx(warm["eager"], abs=1e-5), warm
+    # Refused with one warning (counted as a bad entry), captured, stored again.
+    assert warm["stats"]["errors"] == 1, warm
+    assert any("signature" in w for w in warm["warnings"]), warm
+    assert warm["stats"]["program_captures"] == 1, warm
+    assert_warm(run("branchy", models))
+
+
+def test_frames_entries_are_signed_with_their_frames(tmp_path):
+    from ltc_cache.errors import EntryError
+    from ltc_cache.keys import CacheKey
+    from ltc_cache.program import program_entry, program_parts
+
+    key = CacheKey("ab" * 32, {"inputs": "x"})
+    secret = b"k" * 32
+    frames = {"codes": [["f", "m.py", 1, 1]], "breaks": [["why", 1]], "skips": []}
+    entry = program_entry(key, "f.program", sources=[], checks=[[0, 0, []]], globals_=[],
+                          artifact=b"data", secret=secret, node_count=1, frames=frames)
+    assert program_parts(decode(encode(entry)), secret).frames == frames
+    for change in ({"frames": {**frames, "codes": []}}, {"frames": None}):
+        forged = decode(encode(entry))
+        payload = {**forged.payload, **change}
+        if change.get("frames", 0) is None:
+            payload.pop("frames")
+        forged = type(forged)(forged.key, forged.ir, forged.inputs, forged.outputs,
+                              forged.updates, forged.meta, kind=forged.kind, payload=payload)
+        with pytest.raises(EntryError, match="signature"):
+            program_parts(forged, secret)
+
+
+def test_private_torch_apis_frames_rely_on(dynamo_reset):
+    """Fails loudly when torch changes what ltc_cache.frames relies on."""
+    import dataclasses as dc
+    import inspect
+
+    from torch._C._dynamo.eval_frame import _FrameAction, set_code_exec_strategy
+    from torch._dynamo import bytecode_transformation, convert_frame, output_graph, package
+    from torch._dynamo.types import ConvertFrameReturn
+
+    from ltc_cache import frame_names, frames
+
+    apis = frames.pinned_apis()
+    package_class = apis["CompilePackage"]
+    assert list(inspect.signature(package_class.__init__).parameters) == [
+        "self", "fn", "dynamo", "ignore_inlined_sources"]
+    for name in ("add_guarded_code", "add_inlined_source", "code_context", "_add_user_function",
+                 "_add_function", "install", "cache_entry", "cached_backends"):
+        assert hasattr(package_class, name), name
+
+    def f(x):
+        return x + 1
+
+    made = package_class(f)
+    for name in ("_codes", "_current_entry", "_resume_codes"):
+        assert hasattr(made, name), name
+    assert list(inspect.signature(package.load_guard_manager).parameters) == [
+        "guards_state", "target_code", "runtime_global_scope"]
+    # install() builds each frame's guard manager through the module global.
+    assert "load_guard_manager" in package_class.install.__code__.co_names
+    assert {f.name for f in dc.fields(package._DynamoCodeCacheEntry)} >= {
+        "python_code", "python_module", "function_names", "guarded_codes", "import_sources",
+        "backend_ids", "code_source", "install_to_global", "bypassed"}
+    assert "package" in inspect.signature(torch._dynamo.eval_frame._optimize).parameters
+    # The backend wrapper frames.py swaps for a plain one while optimize() runs.
+    assert "get_compiler_fn" in torch._dynamo.eval_frame._optimize.__code__.co_names
+    # Resume functions and the builtins dict are named from this counter.
+    assert "_unique_id_counter" in bytecode_transformation.unique_id.__code__.co_names
+    assert next(apis["unique_id_counter"]) >= 0
+    assert int(_FrameAction.SKIP) == frame_names.SKIP
+    assert callable(set_code_exec_strategy)
+    assert {"frame_exec_strategy", "apply_to_code", "guarded_code"} <= set(
+        ConvertFrameReturn.__dataclass_fields__)
+    assert callable(convert_frame.ConvertFrame.__call__)
+    assert list(inspect.signature(output_graph.OutputGraph.install_global_unsafe).parameters) \
+        == ["self", "name", "value"]
+    assert hasattr(torch._C._dynamo.guards.RootGuardManager, "add_lambda_guard")
+
+
+def test_names_after_a_load_do_not_collide(dynamo_reset):
+    """A recompile after a load picks names past the installed ones."""
+    from torch._dynamo.bytecode_transformation import unique_id
+
+    from ltc_cache.frame_names import advance_unique_ids
+
+    scope = {"__resume_at_60_4000": None, "__builtins_dict___4001": {}}
+    advance_unique_ids(scope)
+    assert int(unique_id("__builtins_dict__").rsplit("_", 1)[1]) > 4001
+
+
+# --- data-parallel training (torchrun, 2 ranks) ------------------------------------
+
+
+def torchrun(order: str, out: Path, port: int) -> list[dict]:
+    for old in out.glob("rank*.json"):
+        old.unlink()
+    command = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
+               f"--master_port={port}", str(TESTS / "ddp_child.py"), order, str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def graph_entries(directory: Path) -> int:
+    store = DiskStore(directory, readonly=True)
+    try:
+        return sum(1 for k in list(store.keys())
+                   if is_entry_key(k) and decode(store.peek(k)).kind == "graph")
+    finally:
+        store.close()
+
+
+@pytest.mark.slow  # two torchrun launches of two ranks each
+@pytest.mark.parametrize("order", ["ddp_of_compiled", "compiled_ddp", "torch_compile_ddp"])
+def test_ddp_ranks_cold_then_warm(order, cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    out = tmp_path / "out"
+    out.mkdir()
+    port = 29500 + os.getpid() % 400
+    cold = torchrun(order, out, port)
+    reference = cold[0]["reference"]
+    for rank in cold:
+        assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
+        assert rank["stats"]["errors"] == 0, rank
+    # Across ranks each LTC graph is traced once (the other rank waits, then hits).
+    assert sum(rank["stats"]["traces"] for rank in cold) == graph_entries(cache_dir) > 0
+
+    warm = torchrun(order, out, port + 1)
+    for rank in warm:
+        assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
+        assert rank["aot_traces"] == 0, rank
+        assert rank["stats"]["traces"] == 0, rank
+        if order == "torch_compile_ddp":
+            # torch.compile's own wrapper: Dynamo captures in every process
+            # (README: write ltc_cache.compile instead).
+            continue
+        assert rank["stats"].get("program_hits", 0) == 1, rank
+        assert rank["stats"].get("program_captures", 0) == 0, rank
+        # No capture; at most a visit of a frame Dynamo runs as it is.
+        assert rank["captures"] == 0, rank
+        assert rank["frames_ok"] <= 1, rank["visited"]
+    if order == "torch_compile_ddp":
+        assert all(rank["captures"] > 0 for rank in warm), warm
