@@ -25,7 +25,7 @@ from .keys import CacheKey, compute_key, module_tensors
 from .replay import CompiledGraph, GraphFunction, build_function, check_usable, count_nodes
 from .store import Store, TieredStore, open_tiers
 
-# Tracing (extract, rewrite: torch._lazy with them) and miss reports (names)
+# Tracing (extract, rewrites: torch._lazy with them) and miss reports (names)
 # are imported where a miss needs them: a warm process never does, and they
 # cost it ~0.2 MiB of peak RSS (BENCHMARKS.md, memory).
 
@@ -190,7 +190,7 @@ class GraphCache:
                key: CacheKey | None) -> Built:
         self.record("traces", key.digest if key else None)
         from .extract import trace
-        from .rewrite import rewrite
+        from .rewrites import rewrite
 
         # Rewritten once here, so every process that loads the entry gains.
         extraction = rewrite(trace(model, example_inputs))

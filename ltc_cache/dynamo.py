@@ -145,24 +145,38 @@ def _needs_grad(example_inputs: Sequence[Any]) -> bool:
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
 
 
-class _Guarded:
-    """Runs ``compiled`` and, should its first call fail (a stored graph that
-    does not run here), ``fallback`` from then on, with one warning."""
+class _FirstCall:
+    """A compiled graph (``name``, of ``ops`` LTC ops) whose first call
+    (``_first_call``) chooses what runs from then on (``_call``), so that a
+    later call is one attribute and a call; ``cache`` counts what goes wrong."""
 
-    __slots__ = ("_cache", "_call", "_compiled", "_fallback", "_name", "_ops", "_wrap")
+    __slots__ = ("_cache", "_call", "_name", "_ops")
 
-    def __init__(self, compiled: Callable[..., Any], fallback: Callable[..., Any], name: str,
-                 cache: GraphCache, *, as_tuple: bool, ops: int) -> None:
-        self._cache = cache  # counts the error
-        self._compiled = compiled
-        self._fallback = fallback
+    def __init__(self, name: str, ops: int, cache: GraphCache) -> None:
         self._name = name
-        self._wrap = as_tuple
         self._ops = ops
+        self._cache = cache
         self._call: Callable[..., Any] = self._first_call
 
     def __call__(self, *args: Any) -> Any:
         return self._call(*args)
+
+    def _first_call(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+
+class _Guarded(_FirstCall):
+    """Runs ``compiled`` and, should its first call fail (a stored graph that
+    does not run here), ``fallback`` from then on, with one warning."""
+
+    __slots__ = ("_compiled", "_fallback", "_wrap")
+
+    def __init__(self, compiled: Callable[..., Any], fallback: Callable[..., Any], name: str,
+                 cache: GraphCache, *, as_tuple: bool, ops: int) -> None:
+        super().__init__(name, ops, cache)
+        self._compiled = compiled
+        self._fallback = fallback
+        self._wrap = as_tuple
 
     def _first_call(self, *args: Any) -> Any:
         try:
@@ -187,22 +201,16 @@ class _Guarded:
         return tuple(out) if self._wrap else out
 
 
-class _Region:
+class _Region(_FirstCall):
     """One LTC region of a partitioned graph: extracted through the cache on
     its first call, when real tensors arrive; returns a tuple, as the fused
     submodule it replaces does."""
 
-    __slots__ = ("_cache", "_call", "_module", "_name", "_ops")
+    __slots__ = ("_module",)
 
     def __init__(self, module: fx.GraphModule, name: str, ops: int, cache: GraphCache) -> None:
+        super().__init__(name, ops, cache)
         self._module = module
-        self._name = name
-        self._ops = ops
-        self._cache = cache
-        self._call: Callable[..., Any] = self._first_call
-
-    def __call__(self, *args: Any) -> Any:
-        return self._call(*args)
 
     def _first_call(self, *args: Any) -> Any:
         try:

@@ -23,7 +23,7 @@ from corner_models import build, random_inputs
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.entry import decode, encode
 from ltc_cache.report import AmbiguousKey, resolve_key, scan
-from ltc_cache.store import DiskStore
+from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.store.bundle import write_bundle
 from ltc_cache.units import format_size
 from ltc_cache.wire import is_entry_key
@@ -140,7 +140,7 @@ def test_ls_shows_each_entry_with_its_metadata(filled):
     listing = ls_json(directory)
     rows = {e["graph_name"]: e for e in listing["entries"]}
     assert set(rows) == set(CASES)
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     for name, key in keys.items():
         data = store.get(key)
         entry = decode(data, expected_key=key)
@@ -239,7 +239,7 @@ def test_stats_adds_up_the_counts_of_every_process(tmp_path):
     assert re.search(r"^Hits +0$", human.stdout, re.M)
     assert re.search(r"^Hit rate +-$", human.stdout, re.M)
     assert "stats --zero" in human.stdout
-    (row,) = scan(DiskStore(directory, readonly=True)).entries
+    (row,) = scan(ReadOnlyDiskStore(directory)).entries
     assert row.hits == 0 and row.last_used > 0  # last use kept: prune --older-than uses it
 
 
@@ -299,7 +299,7 @@ def test_prune_by_last_use_and_by_size(cache_copy):
     assert stored_keys(directory) == {keys[n] for n in ("weighted", "const_scale",
                                                          "tensor_constant")}
 
-    sizes = {e.graph_name: e.size for e in scan(DiskStore(directory, readonly=True)).entries}
+    sizes = {e.graph_name: e.size for e in scan(ReadOnlyDiskStore(directory)).entries}
     # Room for all but one: the least recently used (const_scale) goes.
     limit = sizes["weighted"] + sizes["tensor_constant"]
     proc = ltc(directory, "prune", "--max-size", str(limit), "--yes")
@@ -322,7 +322,7 @@ def test_clear_deletes_every_entry_after_asking(cache_copy):
     # Issue 14, item 5: a cleared cache starts over: no internal records
     # (stats counted them), no ledger rows, no lock files left behind.
     assert stored_keys(directory) == set()
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     assert list(store.keys()) == [] and store.ledger.entries() == {}
     store.close()
     assert not list((directory / "locks").glob("*.lock"))
@@ -425,7 +425,7 @@ def test_export_then_import_warms_a_new_directory(filled, tmp_path):
     assert child["stats"]["hits"] == 2 and child["stats"]["traces"] == 0
 
     # Each entry is checked before it is added: the tampered one is refused.
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     good, tampered = store.get(keys["addcmul"]), bytearray(store.get(keys["weighted"]))
     store.close()
     tampered[-5] ^= 0x01
@@ -445,7 +445,7 @@ def test_export_then_import_warms_a_new_directory(filled, tmp_path):
 
 def test_size_limit_evicts_the_least_recently_used(filled, tmp_path):
     directory, keys = filled
-    source = DiskStore(directory, readonly=True)
+    source = ReadOnlyDiskStore(directory)
     template = decode(source.get(keys["weighted"]), expected_key=keys["weighted"])
     sizes = {row.key: row.size for row in source.rows()}
     source.close()
@@ -498,7 +498,7 @@ def test_the_size_limit_is_recorded_in_the_directory_and_counts_entries_only(fil
     # records) do not count toward it, so a limit just above the entries'
     # total evicts nothing.
     directory, keys = filled
-    source = DiskStore(directory, readonly=True)
+    source = ReadOnlyDiskStore(directory)
     entry_total = sum(row.size for row in source.rows() if is_entry_key(row.key))
     source.close()
     limited = tmp_path / "limited"

@@ -73,6 +73,14 @@ def train(model, x, steps: int) -> list[float]:
     return losses
 
 
+def eager_and_compiled(reference, x, steps: int) -> tuple[list[float], list[float]]:
+    """The losses of ``steps`` training steps of a copy of ``reference``,
+    eagerly and compiled by the backend."""
+    want = train(copy.deepcopy(reference), x, steps)
+    got = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, steps)
+    return want, got
+
+
 def test_backend_is_registered_by_name():
     from torch._dynamo.backends.registry import lookup_backend
 
@@ -122,9 +130,7 @@ def test_training_matches_eager_and_is_warm_the_second_time(cache_dir):
     x = torch.randn(8, 16)
     torch.manual_seed(1)
     reference = MLP()
-    want = train(copy.deepcopy(reference), x, 5)
-
-    cold = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 5)
+    want, cold = eager_and_compiled(reference, x, 5)
     names = {e.graph_name for e in entries(cache_dir).values()}
     # The two regions, and AOTAutograd's forward and backward graphs as one plan.
     assert names == {"MLP.forward.r0", "MLP.backward.r0", "MLP.training.plan"}
@@ -184,9 +190,7 @@ def test_unsupported_op_runs_eagerly_between_regions(cache_dir, recwarn):
 def test_training_with_an_eager_op(cache_dir):
     x = torch.randn(8, 16)
     torch.manual_seed(2)
-    reference = WithSign()
-    want = train(copy.deepcopy(reference), x, 4)
-    got = train(torch.compile(copy.deepcopy(reference), backend=fresh_backend()), x, 4)
+    want, got = eager_and_compiled(WithSign(), x, 4)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=0)
     names = {e.graph_name for e in entries(cache_dir).values()}
     assert {"WithSign.forward.r0", "WithSign.backward.r0"} <= names

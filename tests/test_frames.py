@@ -21,7 +21,7 @@ import torch
 from conftest import TESTS, child_env
 
 from ltc_cache.entry import decode, encode
-from ltc_cache.store import DiskStore
+from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.wire import is_entry_key
 
 MODELS = '''\
@@ -112,7 +112,7 @@ def assert_warm(result: dict) -> None:
 
 
 def frame_programs(directory: Path) -> list:
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     try:
         entries = [decode(store.peek(k)) for k in list(store.keys()) if is_entry_key(k)]
         return [e for e in entries if e.kind == "program" and "frames" in e.payload]
@@ -335,7 +335,7 @@ def torchrun(order: str, out: Path, port: int) -> list[dict]:
 
 
 def graph_entries(directory: Path) -> int:
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     try:
         return sum(1 for k in list(store.keys())
                    if is_entry_key(k) and decode(store.peek(k)).kind == "graph")

@@ -10,12 +10,12 @@ from child_compile import Net, Net2
 
 from ltc_cache import CacheConfig
 from ltc_cache.report import scan
-from ltc_cache.store import DiskStore
+from ltc_cache.store import ReadOnlyDiskStore
 
 
 def names(directory) -> list[str]:
     """The name of each entry."""
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     try:
         return [e.graph_name for e in scan(store).entries]
     finally:

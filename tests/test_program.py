@@ -22,7 +22,7 @@ from conftest import TESTS, child_env
 
 import ltc_cache
 from ltc_cache.entry import decode, encode
-from ltc_cache.store import DiskStore
+from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.wire import is_entry_key
 
 MODELS = '''\
@@ -129,7 +129,7 @@ def assert_captured(result: dict, programs: int = 1) -> None:
 
 
 def program_keys(directory: Path) -> list[str]:
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     try:
         keys = list(store.keys())
         return [k for k in keys if is_entry_key(k)
@@ -190,7 +190,7 @@ def type_checked():
 ''')
     cold = run(models, "--model", "type_checked")
     assert_captured(cold)
-    store = DiskStore(cache_dir, readonly=True)
+    store = ReadOnlyDiskStore(cache_dir)
     try:
         (key,) = program_keys(cache_dir)
         checks = decode(store.peek(key)).payload["checks"]
@@ -441,7 +441,7 @@ def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
     """Everything but the artifact is data a listing reads without torch."""
     assert_captured(run(models))
     (key,) = program_keys(cache_dir)
-    store = DiskStore(cache_dir, readonly=True)
+    store = ReadOnlyDiskStore(cache_dir)
     try:
         envelope = msgpack.unpackb(store.peek(key), raw=False)
     finally:

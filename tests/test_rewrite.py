@@ -1,4 +1,4 @@
-"""Rewrites of the stored IR (ltc_cache/rewrite.py): view copies back to
+"""Rewrites of the stored IR (ltc_cache/rewrites/): view copies back to
 views, captured scalars folded into constants, dead code dropped.
 
 Each model below is run against eager on the cold call (the process that
@@ -28,13 +28,7 @@ from ltc_cache.entry import decode
 from ltc_cache.extract import Extraction
 from ltc_cache.keys import compute_key, module_tensors
 from ltc_cache.layout import Source
-from ltc_cache.rewrite import (
-    drop_dead_code,
-    linears,
-    parse_traced,
-    rewrite,
-    views_for_copies,
-)
+from ltc_cache.rewrites import drop_dead_code, linears, parse_traced, rewrite, views_for_copies
 from ltc_cache.store import DiskStore
 
 # ---------------------------------------------------------------- models

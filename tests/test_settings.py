@@ -162,9 +162,9 @@ def test_torch_compile_options_are_checked_and_a_mode_warns(cache_dir, tmp_path)
     named = run_user_script("--options", '{"name": "mine"}', LTC_CACHE_DIR=str(named_dir))
     assert named["matched"], named["error"]
     from ltc_cache.report import scan
-    from ltc_cache.store import DiskStore
+    from ltc_cache.store import ReadOnlyDiskStore
 
-    store = DiskStore(named_dir, readonly=True)
+    store = ReadOnlyDiskStore(named_dir)
     assert "mine.inference" in {e.graph_name for e in scan(store).entries}
     store.close()
 

@@ -28,7 +28,7 @@ print(json.dumps({"stats": ltc_cache.stats(), "modules": sorted(sys.modules)}))
 """
 
 # Loaded by a miss only.
-_MISS_ONLY = {"torch._lazy", "ltc_cache.extract", "ltc_cache.rewrite", "ltc_cache.names",
+_MISS_ONLY = {"torch._lazy", "ltc_cache.extract", "ltc_cache.rewrites", "ltc_cache.names",
               "filelock"}
 
 
@@ -55,5 +55,5 @@ def test_a_miss_imports_what_it_needs(cache_dir):
     """The deferred imports are there when a process has to trace."""
     report = _child("weighted")
     assert report["stats"]["traces"] == 1 and report["stats"]["stores"] == 1
-    assert {"ltc_cache.extract", "ltc_cache.rewrite", "ltc_cache.names"} <= set(
+    assert {"ltc_cache.extract", "ltc_cache.rewrites", "ltc_cache.names"} <= set(
         report["modules"])

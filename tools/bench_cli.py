@@ -118,9 +118,9 @@ def in_process(argv: list[str]) -> None:
 def decode_everything(directory: Path) -> int:
     """The listing without summaries: read and decode every entry body."""
     from ltc_cache.entry import decode
-    from ltc_cache.store import DiskStore
+    from ltc_cache.store import ReadOnlyDiskStore
 
-    store = DiskStore(directory, readonly=True)
+    store = ReadOnlyDiskStore(directory)
     count = 0
     for row in store.rows():
         entry = decode(store.peek(row.key), expected_key=row.key)
@@ -136,7 +136,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ltc_cache.report import scan
-    from ltc_cache.store import DiskStore
+    from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 
     script = console_script()
     workdir = Path(tempfile.mkdtemp(prefix="ltc-bench-cli-"))
@@ -184,7 +184,7 @@ def main() -> None:
               " (must be empty)")
 
         naive = median_seconds(args.runs, lambda: decode_everything(directory))
-        listing = median_seconds(args.runs, lambda: scan(DiskStore(directory, readonly=True)))
+        listing = median_seconds(args.runs, lambda: scan(ReadOnlyDiskStore(directory)))
         print(f"\nscan from ledger summaries {listing:.3f} s; decoding every body "
               f"{naive:.3f} s ({naive / listing:.1f}x)")
 

@@ -191,6 +191,20 @@ def median(runs: list[dict], field: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def add_runs(row: dict, runs: dict[str, list[dict]], medians: dict[str, str]) -> None:
+    """Into ``row``, for each label of ``runs``: its first failure, the
+    median of each run field ``medians`` names (``{"s": "first_s"}`` writes
+    ``{label}_s``) and the largest error."""
+    for label, results in runs.items():
+        failed = [r["failed"] for r in results if "failed" in r]
+        if failed:
+            row[f"{label}_failed"] = failed[0]
+        for suffix, field in medians.items():
+            row[f"{label}_{suffix}"] = median(results, field)
+        row[f"{label}_max_error"] = max((r["max_error"] for r in results
+                                         if "max_error" in r), default=None)
+
+
 def measure(models: list[str], repeats: int) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
@@ -206,15 +220,8 @@ def measure(models: list[str], repeats: int) -> list[dict]:
                 runs.setdefault("dynamo_only", []).append(
                     cold_and_warm(model, "eager", Path(scratch))[0])
             row: dict = {"model": model}
-            for label, results in runs.items():
-                failed = [r["failed"] for r in results if "failed" in r]
-                if failed:
-                    row[f"{label}_failed"] = failed[0]
-                row[f"{label}_s"] = median(results, "first_s")
-                row[f"{label}_cpu_s"] = median(results, "first_cpu_s")
-                row[f"{label}_steady_ms"] = median(results, "steady_ms")
-                row[f"{label}_max_error"] = max((r["max_error"] for r in results
-                                                 if "max_error" in r), default=None)
+            add_runs(row, runs, {"s": "first_s", "cpu_s": "first_cpu_s",
+                                 "steady_ms": "steady_ms"})
             row["eager_ms"] = median(runs["ltc_cache_warm"], "eager_ms")
             row["ltc_share"] = median(runs["ltc_cache_warm"], "ltc_share")
             row["ltc_warm_traces"] = max((r.get("traces", 0) for r in runs["ltc_cache_warm"]),

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 from bench_compile import (  # tools/ is sys.path[0]
+    add_runs,
     child_env,
     child_result,
-    median,
     ratio,
     seconds,
 )
@@ -120,14 +120,7 @@ def measure(models: list[str], repeats: int, train: bool) -> list[dict]:
                     runs.setdefault(f"{mode}_cold", []).append(cold)
                     runs.setdefault(f"{mode}_warm", []).append(warm)
             row: dict = {"model": model, "train": train}
-            for label, results in runs.items():
-                failed = [r["failed"] for r in results if "failed" in r]
-                if failed:
-                    row[f"{label}_failed"] = failed[0]
-                row[f"{label}_s"] = median(results, "first_s")
-                row[f"{label}_rss_mb"] = median(results, "peak_rss_mb")
-                row[f"{label}_max_error"] = max((r["max_error"] for r in results
-                                                 if "max_error" in r), default=None)
+            add_runs(row, runs, {"s": "first_s", "rss_mb": "peak_rss_mb"})
             warm = runs["program_warm"]
             row["program_warm_frames"] = max((r.get("frames", 0) for r in warm), default=None)
             row["program_warm_traces"] = max((r.get("traces", 0) for r in warm), default=None)

@@ -201,7 +201,7 @@ def compiled_from(extraction: Any, gm: fx.GraphModule) -> Any:
 
 def rewritten(extraction: Any, *steps: Callable[..., int]) -> Any:
     """``extraction`` with only the rewrite functions ``steps`` applied."""
-    from ltc_cache.rewrite import bool_list_constants, linears, views_for_copies
+    from ltc_cache.rewrites import bool_list_constants, linears, views_for_copies
 
     graph = torch._C.parse_ir(extraction.ir, parse_tensor_constants=True)
     inputs = list(extraction.inputs)
@@ -217,7 +217,7 @@ def steady(name: str, width: int, rounds: int, inductor: bool,
            clock: Callable[[], float] = time.perf_counter) -> tuple[str, dict[str, float]]:
     from ltc_cache import CacheConfig, GraphCache
     from ltc_cache.extract import trace
-    from ltc_cache.rewrite import (
+    from ltc_cache.rewrites import (
         bool_list_constants,
         drop_dead_code,
         fold_scalars,

@@ -149,10 +149,10 @@ class _Regions(logging.Handler):
 CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
     "trailing-views": ("ltc_cache.partition", "_leave_out_trailing_views",
                        lambda nodes: None),
-    "tanh-gelu": ("ltc_cache.rewrite", "tanh_gelus", lambda graph, inputs: 0),
-    "returned-views": ("ltc_cache.rewrite", "_returned_views", lambda graph: set()),
+    "tanh-gelu": ("ltc_cache.rewrites", "tanh_gelus", lambda graph, inputs: 0),
+    "returned-views": ("ltc_cache.rewrites.views", "_returned_views", lambda graph: set()),
     "input-views": ("ltc_cache.partition", "_views_input", lambda node: False),
-    "silu-backward": ("ltc_cache.rewrite", "silu_backwards", lambda graph, inputs: 0),
+    "silu-backward": ("ltc_cache.rewrites", "silu_backwards", lambda graph, inputs: 0),
 }
 
 

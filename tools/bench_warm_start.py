@@ -49,8 +49,8 @@ from bench_replay import build
 import ltc_cache, ltc_cache.cache, ltc_cache.dynamo, ltc_cache.entry, ltc_cache.keys
 from ltc_cache.store import DiskStore
 if os.environ.get("BENCH_IR_AS_TRACED"):  # store the IR unrewritten, to compare
-    import ltc_cache.rewrite  # the cache imports rewrite when it traces, from here
-    ltc_cache.rewrite.rewrite = lambda extraction: extraction
+    import ltc_cache.rewrites  # the cache imports rewrites when it traces, from here
+    ltc_cache.rewrites.rewrite = lambda extraction: extraction
 model, example = build(model_name, width)
 gm = fx.symbolic_trace(model)
 directory = os.environ["LTC_CACHE_DIR"]

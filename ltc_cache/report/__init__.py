@@ -1,4 +1,4 @@
-"""What ``ltc-cache`` finds and plans, apart from how it is printed (cli.py).
+"""What ``ltc-cache`` finds and plans, apart from how it is printed (the cli package).
 
 Scanning gives frozen reports with raw numbers and readable ``*_str``
 forms; deleting is a plan whose ``expected_freed_size`` is shown before it

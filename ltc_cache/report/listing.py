@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -18,12 +18,23 @@ from ..store.disk import DiskStore
 from ..units import format_age, format_size
 from ..wire import is_entry_key, summarise
 
-__all__ = ["CacheReport", "EntryInfo", "ago", "scan"]
+__all__ = ["CacheReport", "EntryInfo", "ago", "scan", "shown"]
 
 
 def ago(timestamp: float | None) -> str:
     """``"3 days ago"``, or ``"never"`` for no time."""
     return format_age(max(0.0, time.time() - timestamp)) if timestamp else "never"
+
+
+def shown(field: str, show: Callable[[Any], str], none: str | None = None) -> property:
+    """A report's readable twin of its raw attribute ``field`` (``size_str``
+    of ``size``): a property giving ``show`` of it, or ``none`` where given
+    and the attribute is None."""
+    def get(self: Any) -> str:
+        value = getattr(self, field)
+        return none if none is not None and value is None else show(value)
+
+    return property(get)
 
 
 class EntryInfo(NamedTuple):
@@ -54,17 +65,9 @@ class EntryInfo(NamedTuple):
     def num_inputs(self) -> int:
         return sum(self.inputs.values())
 
-    @property
-    def size_str(self) -> str:
-        return format_size(self.size)
-
-    @property
-    def created_str(self) -> str:
-        return ago(self.created)
-
-    @property
-    def last_used_str(self) -> str:
-        return ago(self.last_used)
+    size_str = shown("size", format_size)
+    created_str = shown("created", ago)
+    last_used_str = shown("last_used", ago)
 
     def as_dict(self) -> dict[str, Any]:
         return {

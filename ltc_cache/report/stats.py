@@ -12,7 +12,7 @@ from ..diagnostics import BACKEND_EVENTS, COUNTER_NAMES
 from ..store.disk import DiskStore
 from ..units import format_size
 from ..wire import is_entry_key
-from .listing import ago
+from .listing import ago, shown
 
 __all__ = ["STAT_LABELS", "STAT_NAMES", "StatsReport", "collect_stats"]
 
@@ -49,25 +49,11 @@ class StatsReport:
         rate = self.hit_rate
         return "-" if rate is None else f"{100 * rate:.1f} %"
 
-    @property
-    def entry_size_str(self) -> str:
-        return format_size(self.entry_size)
-
-    @property
-    def internal_size_str(self) -> str:
-        return format_size(self.internal_size)
-
-    @property
-    def disk_usage_str(self) -> str:
-        return "-" if self.disk_usage is None else format_size(self.disk_usage)
-
-    @property
-    def size_limit_str(self) -> str:
-        return "none" if self.size_limit is None else format_size(self.size_limit)
-
-    @property
-    def zeroed_at_str(self) -> str:
-        return ago(self.zeroed_at)
+    entry_size_str = shown("entry_size", format_size)
+    internal_size_str = shown("internal_size", format_size)
+    disk_usage_str = shown("disk_usage", format_size, none="-")
+    size_limit_str = shown("size_limit", format_size, none="none")
+    zeroed_at_str = shown("zeroed_at", ago)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -120,27 +120,16 @@ class DiskStore(Store):
 
     A directory another user could write into is refused (UnsafeDirectory,
     a PermissionError): its entries are code this process would run.
-    ``readonly=True`` makes a ReadOnlyDiskStore instead (store/readonly.py),
-    which serves the entries of an existing directory and writes nothing to
-    it, not even access times or lock files.
+    ReadOnlyDiskStore (store/readonly.py) serves the entries of an existing
+    directory and writes nothing to it, not even access times or lock files;
+    ``open_directory(readonly=...)`` (store/tiers.py) chooses between them.
     A damaged SQLite index is replaced by an empty one; reads that find it
     damaged raise EntryError, which the cache treats as a miss.
     """
 
     readonly = False
 
-    def __new__(cls, directory: Path, *, max_size: int | None = None,
-                readonly: bool = False) -> DiskStore:
-        # Read-only is another store, not a flag every method checks; the
-        # keyword stays, so callers choose with a configuration value.
-        if readonly and cls is DiskStore:
-            from .readonly import ReadOnlyDiskStore
-
-            cls = ReadOnlyDiskStore
-        return super().__new__(cls)
-
-    def __init__(self, directory: Path, *, max_size: int | None = None,
-                 readonly: bool = False) -> None:
+    def __init__(self, directory: Path, *, max_size: int | None = None) -> None:
         self.directory = Path(directory)
         self._locks = self.directory / "locks"
         self._entries = self.directory / "entries"

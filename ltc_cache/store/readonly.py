@@ -92,8 +92,8 @@ class ReadOnlyIndex:
 
 class ReadOnlyDiskStore(DiskStore):
     """The entries of an existing cache directory, served without writing to
-    it: not even access times, lock files or counters. ``DiskStore(directory,
-    readonly=True)`` makes one.
+    it: not even access times, lock files or counters.
+    ``open_directory(directory, readonly=True)`` makes one.
 
     The directory may belong to root (a cache baked into an image), unlike a
     writable one. ``put`` and ``delete`` raise PermissionError; ``lock``
@@ -102,8 +102,7 @@ class ReadOnlyDiskStore(DiskStore):
 
     readonly = True
 
-    def __init__(self, directory: Path, *, max_size: int | None = None,
-                 readonly: bool = True) -> None:
+    def __init__(self, directory: Path, *, max_size: int | None = None) -> None:
         self.directory = Path(directory)
         self._entries = self.directory / "entries"
         self._max_size = max_size

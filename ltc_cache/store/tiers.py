@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..diagnostics import warn_once
 from .base import Store
 from .disk import DiskStore
+from .readonly import ReadOnlyDiskStore
 from .redis import RedisStore  # imports the optional redis package only when made
 from .safety import UnsafeDirectory, is_write_failure
 from .tiered import TieredStore, Verify
@@ -31,14 +32,16 @@ def open_directory(directory: Path, *, create: bool = False, readonly: bool = Fa
     """The cache at ``directory``. Raises NoCache where there is none,
     unless ``create`` (and not ``readonly``): a mistyped path must not read
     as an empty cache. ``readonly`` writes nothing, so it serves a read-only
-    mount."""
+    mount: a ReadOnlyDiskStore, which is another store rather than a flag
+    every method of DiskStore checks."""
     directory = Path(directory)
     if readonly or not create:
         if not directory.is_dir():
             raise NoCache(f"no cache directory at {directory}")
         if not (directory / "entries" / "cache.db").is_file():
             raise NoCache(f"{directory} is not an ltc_cache directory (no entries/cache.db)")
-    return DiskStore(directory, max_size=max_size, readonly=readonly)
+    store = ReadOnlyDiskStore if readonly else DiskStore
+    return store(directory, max_size=max_size)
 
 
 class Tiers(NamedTuple):

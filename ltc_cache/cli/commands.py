@@ -1,35 +1,18 @@
-"""``ltc-cache``: look after a cache directory and the Redis tier under it.
-
-    ltc-cache [--dir DIR] [--remote URL | --local] ls | stats | show KEY | prune
-                          | clear | verify | export FILE | import FILE
-
-The tier options work before or after the command. The directory is
-``--dir``, else the library's; Redis is included with ``--remote`` or
-LTC_CACHE_REMOTE (``--remote`` without ``--dir``: Redis alone).
-
-The only module of ltc_cache that prints; what it shows comes from the
-report package. Exit status: 0 fine; 1 problems found (bad entries, rejected
-imports, a declined prompt, an I/O failure); 2 usage errors (bad arguments,
-no cache directory, an unknown key).
-"""
+"""The commands of ``ltc-cache``, one function each, taking the parsed
+arguments, the opened tier and the configuration and returning the exit
+status; what they show comes from the report package."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sqlite3
-import sys
 import time
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any
 
-from .config import CacheConfig
-from .errors import EntryError
-from .report import (
-    SORT_FIELDS,
+from ..config import CacheConfig
+from ..errors import EntryError
+from ..report import (
     STAT_LABELS,
     STAT_NAMES,
     DeletePlan,
@@ -40,7 +23,6 @@ from .report import (
     export_bundle,
     import_bundle,
     load_entry,
-    parse_filter,
     plan_clear,
     plan_prune,
     remove_free_lock_files,
@@ -49,116 +31,34 @@ from .report import (
     sort_entries,
     verify,
 )
-from .report.remote import RemoteTier
-from .store.bundle import BundleError
-from .store.disk import DiskStore
-from .store.tiers import NoCache, open_directory
-from .units import SIZE_RULE, format_size, parse_age, parse_size
+from ..report.remote import RemoteTier
+from ..store.bundle import BundleError
+from ..store.disk import DiskStore
+from ..units import format_size
+from .output import (
+    OK,
+    PROBLEMS,
+    UsageError,
+    _confirm,
+    _err,
+    _json,
+    _n,
+    _out,
+    _Progress,
+    _stamp,
+    _table,
+)
 
-__all__ = ["main"]
-
-OK, PROBLEMS, USAGE = 0, 1, 2
 _LIMIT_SOURCES = {
     "recorded": " (kept by the processes that store here: their LTC_CACHE_MAX_SIZE)",
     "environment": " (LTC_CACHE_MAX_SIZE here; no storing process recorded one)",
     None: "",
 }
+
+
 # Rows of a deletion plan shown before the totals.
 _PLAN_ROWS = 50
 
-
-class UsageError(Exception):
-    """Bad input on the command line: exit status 2."""
-
-
-def _out(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
-
-
-def _err(text: str) -> None:
-    sys.stderr.write(f"ltc-cache: {text}\n")
-
-
-# Set when one command covers two tiers with --json: each tier's object is
-# kept under its name and printed as one.
-_json_sink: dict[str, Any] | None = None
-
-
-def _json(obj: Any) -> None:
-    if _json_sink is not None:
-        _json_sink[_json_sink["current"]] = obj
-        return
-    # Indented for a person at a terminal; compact for a program, since the
-    # json module's C encoder is used only without indentation (5x faster
-    # on a 10,000-entry listing).
-    indent = 2 if sys.stdout.isatty() else None
-    _out(json.dumps(obj, indent=indent, default=str))
-
-
-def _n(count: int, noun: str) -> str:
-    """``1 entry``, ``2 entries``, ``0 internal records``."""
-    if count == 1:
-        return f"1 {noun}"
-    return f"{count} {noun[:-1] + 'ies' if noun.endswith('y') else noun + 's'}"
-
-
-def _stamp(timestamp: float | None) -> str:
-    if not timestamp:
-        return "-"
-    return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
-
-
-class _Progress:
-    """A progress bar on stderr when it is a terminal, nothing when piped."""
-
-    def __init__(self, label: str, total: int = 0, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stderr
-        self.label = label
-        self.total = total
-        self.done = 0
-        self.enabled = self.stream.isatty()
-        self._drawn_at = 0.0
-
-    def __call__(self, amount: int = 1) -> None:
-        self.done += amount
-        now = time.monotonic()
-        if self.enabled and self.total and (now - self._drawn_at > 0.1 or self.done >= self.total):
-            self._drawn_at = now
-            filled = 30 * min(self.done, self.total) // self.total
-            self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
-                              f"{self.done}/{self.total}")
-            self.stream.flush()
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled and self._drawn_at:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
-    """Aligned lines, columns in ``right`` right-aligned. One format string
-    for every row: a 10,000-row listing is drawn in C, not cell by cell."""
-    lines = [headers, *rows]
-    widths = [max(map(len, column)) for column in zip(*lines, strict=True)]
-    template = "  ".join(f"{{:{'>' if i in right else '<'}{w}}}" for i, w in enumerate(widths))
-    return [template.format(*cells).rstrip() for cells in lines]
-
-
-def _confirm(question: str, assume_yes: bool) -> bool:
-    if assume_yes:
-        return True
-    sys.stdout.write(f"{question} [y/N] ")
-    sys.stdout.flush()
-    answer = sys.stdin.readline()
-    if not sys.stdin.isatty():
-        _out()
-    return answer.strip().lower() in ("y", "yes")
-
-
-# -- commands --
 
 def _cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     report = scan(store)
@@ -508,223 +408,3 @@ def _cmd_import(args: argparse.Namespace, store: DiskStore, config: CacheConfig)
     if result.error:
         _err(f"{path}: {result.error}; the entries before it were imported")
     return OK if result.ok else PROBLEMS
-
-
-# -- arguments --
-
-def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
-class _Parser(argparse.ArgumentParser):
-    """A usage error is one line (and exit 2), not the whole usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
-    # On the main parser and on every command, so they work before or after
-    # it (`ltc-cache show KEY --dir X`); a command's copy leaves the value
-    # alone unless given there.
-    parser.add_argument("--dir", metavar="DIR", default=default,
-                        help="cache directory (default: LTC_CACHE_DIR, else the user cache dir)")
-    parser.add_argument("--remote", metavar="URL", default=default,
-                        help="the Redis tier too (default: LTC_CACHE_REMOTE); alone, without "
-                        "--dir, the Redis tier only")
-    parser.add_argument("--local", action="store_true", default=default,
-                        help="the cache directory only, even with LTC_CACHE_REMOTE set")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="ltc-cache",
-        description="Inspect and maintain an ltc_cache directory of compiled LTC graphs, "
-                    "and the Redis tier under it.",
-        epilog=f"Sizes: {SIZE_RULE}. Ages: seconds, or a number with s, m, h, d, w or y. "
-               "Exit status: 0 fine, 1 problems found, 2 usage error.")
-    _global_options(parser, None)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, run: Callable[..., int], help: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help)
-        _global_options(sub, argparse.SUPPRESS)
-        sub.set_defaults(run=run)
-        return sub
-
-    def filters(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--filter", action="append", default=[], type=_arg(parse_filter),
-                         metavar="EXPR", help="FIELD OP VALUE, e.g. size>1MB, accessed>30d "
-                         "(not used for 30 days), created<2h, hits=0, name=gpt2*; repeatable")
-
-    ls = command("ls", _cmd_ls, "list entries")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
-    ls.add_argument("--sort", choices=sorted(SORT_FIELDS), default="accessed",
-                    help="order by this (default: accessed, most recent first)")
-    ls.add_argument("--reverse", "-r", action="store_true", help="reverse the order")
-    filters(ls)
-
-    stats = command("stats", _cmd_stats, "entries, sizes and hit/miss counts of every process")
-    stats.add_argument("--json", action="store_true", help="machine-readable output")
-    stats.add_argument("--zero", action="store_true", help="reset the counters")
-
-    show = command("show", _cmd_show, "an entry's metadata, input layout and stored IR")
-    show.add_argument("key", help="entry key or a unique prefix of it")
-    show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.add_argument("--no-ir", action="store_true", help="leave out the IR")
-
-    def deleting(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--dry-run", action="store_true", help="show the plan, delete nothing")
-        sub.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-
-    prune = command("prune", _cmd_prune, "delete entries by size, age or staleness")
-    prune.add_argument("--max-size", type=_arg(parse_size), metavar="SIZE",
-                       help="delete least recently used entries until the rest fit in SIZE "
-                       "(0: all of them), e.g. 2GB")
-    prune.add_argument("--older-than", type=_arg(parse_age), metavar="AGE",
-                       help="delete entries not used for AGE, e.g. 30d, 12h")
-    prune.add_argument("--stale", action="store_true",
-                       help="delete entries of another torch version or entry schema")
-    deleting(prune)
-
-    clear = command("clear", _cmd_clear, "delete every entry")
-    deleting(clear)
-
-    check = command("verify", _cmd_verify,
-                    "check every entry (checksum, decoding, the IR parses)")
-    check.add_argument("--fix", action="store_true", help="delete the bad entries")
-    check.add_argument("--json", action="store_true", help="machine-readable output")
-
-    export = command("export", _cmd_export, "write entries to one portable bundle file")
-    export.add_argument("file", help="bundle to write")
-    export.add_argument("--force", "-f", action="store_true", help="overwrite an existing FILE")
-    export.add_argument("--key", action="append", default=[], metavar="PREFIX",
-                        help="only this entry (repeatable)")
-    filters(export)
-
-    imports = command("import", _cmd_import, "add the entries of a bundle, each checked first")
-    imports.add_argument("file", help="bundle to read")
-    return parser
-
-
-def _writes(args: argparse.Namespace) -> bool:
-    """Whether the command changes the directory; the others open it
-    read-only, so they work on a read-only mount and change no access time."""
-    return (args.command in ("prune", "clear", "import")
-            or bool(getattr(args, "zero", False) or getattr(args, "fix", False)))
-
-
-# Commands that work on one tier: the directory where there is one.
-_ONE_TIER = ("show", "export", "import")
-
-
-def _tiers(args: argparse.Namespace, config: CacheConfig) -> list[tuple[str, str]]:
-    """("local", directory) and/or ("remote", url), in that order: the
-    directory unless ``--remote`` alone names Redis; Redis with ``--remote``
-    or LTC_CACHE_REMOTE, unless ``--local``."""
-    if args.dir is not None and not args.dir.strip():
-        raise UsageError("--dir is empty; give a cache directory")
-    if args.local and args.remote:
-        raise UsageError("--local and --remote exclude each other")
-    remote = None if args.local else (args.remote or config.remote)
-    tiers = []
-    if not (args.remote and args.dir is None):
-        tiers.append(("local", args.dir or str(config.directory)))
-    if remote:
-        tiers.append(("remote", remote))
-    if args.command in _ONE_TIER:
-        if args.command == "import" and tiers[0][0] == "remote":
-            raise UsageError("import adds to a cache directory; give --dir (the library "
-                             "copies entries to Redis as it stores them)")
-        tiers = tiers[:1]
-    return tiers
-
-
-def _open_local(args: argparse.Namespace, config: CacheConfig, directory: Path) -> DiskStore:
-    if directory.exists() and not directory.is_dir():
-        raise UsageError(f"{directory} is not a directory")
-    try:
-        return open_directory(directory, create=args.command == "import",
-                              readonly=not _writes(args), max_size=config.max_size)
-    except NoCache as exc:
-        if args.dir:
-            raise UsageError(str(exc)) from None
-        origin = ("LTC_CACHE_DIR" if os.environ.get("LTC_CACHE_DIR")
-                  else "the default; give --dir or set LTC_CACHE_DIR")
-        raise UsageError(f"{exc} ({origin})") from None
-    except (OSError, sqlite3.Error) as exc:
-        raise UsageError(f"cannot open the cache at {directory}: {exc}") from None
-
-
-def _open_remote(url: str) -> RemoteTier:
-    try:
-        return RemoteTier(url)
-    except (ImportError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _run_tier(args: argparse.Namespace, config: CacheConfig, kind: str, where: str) -> int:
-    try:
-        store = (_open_local(args, config, Path(where).expanduser()) if kind == "local"
-                 else _open_remote(where))
-    except UsageError as exc:
-        _err(str(exc))
-        return USAGE
-    try:
-        return args.run(args, store, config)
-    except UsageError as exc:
-        _err(str(exc))
-        return USAGE
-    except BrokenPipeError:  # `ltc-cache ls | head`: the reader has all it wants
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return PROBLEMS
-    except (OSError, sqlite3.Error) as exc:
-        _err(f"{type(exc).__name__}: {exc}")
-        return PROBLEMS
-    finally:
-        store.close()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        config = CacheConfig.from_env(strict=True)
-    except ValueError as exc:
-        _err(f"bad setting: {exc}")
-        return USAGE
-    try:
-        tiers = _tiers(args, config)
-    except UsageError as exc:
-        _err(str(exc))
-        return USAGE
-    global _json_sink
-    if len(tiers) > 1 and getattr(args, "json", False):
-        _json_sink = {}  # one JSON object, a member per tier
-    status = OK
-    try:
-        for index, (kind, where) in enumerate(tiers):
-            if len(tiers) > 1 and _json_sink is None:
-                _out(("" if index == 0 else "\n") + ("== cache directory ==" if kind == "local"
-                                                     else "== Redis tier =="))
-            if _json_sink is not None:
-                _json_sink["current"] = kind
-            code = _run_tier(args, config, kind, where)
-            if code == USAGE:
-                return USAGE
-            status = max(status, code)
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return 130
-    finally:
-        if _json_sink is not None:
-            sink, _json_sink = _json_sink, None
-            sink.pop("current", None)
-            _json(sink)
-    return status
