@@ -679,7 +679,7 @@ class _Programs:
                 # A graph break: Dynamo compiles it as several frames, stored
                 # as one program when they are run (:meth:`_run_frames`).
                 self._frames = FramesProgram.fresh(self._fn, self._name, _backend(self._name),
-                                                   _GuardFilter())
+                                                   _GuardFilter(self._fn.__globals__))
                 self._frames_keys[layout] = (key, local_only)
                 return self._frames
             else:
@@ -725,8 +725,8 @@ class _Programs:
     # -- several frames (ltc_cache.frames) ----------------------------------------
 
     def _load_frames(self, parts: ProgramParts, key: CacheKey) -> FramesProgram | None:
-        program = load_program(self._fn, self._name, _backend(self._name), _GuardFilter(),
-                               parts, key)
+        program = load_program(self._fn, self._name, _backend(self._name),
+                               _GuardFilter(self._fn.__globals__), parts, key)
         if program is not None:
             self._frames = program
         return program

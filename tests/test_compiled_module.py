@@ -234,7 +234,7 @@ class _Breaks(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.layer(x)
-        torch._dynamo.graph_break()  # no program: torch.compile runs it
+        torch._dynamo.graph_break()
         return y * 2
 
 
@@ -249,13 +249,14 @@ def test_a_module_holding_a_dtype_gets_a_program(cache_dir):
 
 def test_a_forward_wrapped_with_dynamo_ctx_falls_back_without_recursion(cache_dir):
     """Lightning replaces the module's forward with dynamo_ctx(forward); a
-    graph break then sends the call to torch.compile, which must compile the
-    original forward, not the replaced one (that calls the programs again)."""
+    call that goes to torch.compile (here dynamic=True, which no program
+    serves) must compile the original forward, not the replaced one (that
+    calls the programs again)."""
     torch.manual_seed(0)
     model = _Breaks()
     x = torch.randn(2, 4)
     want = model(x)
-    compiled = ltc_cache.compile(model)
+    compiled = ltc_cache.compile(model, dynamic=True)
     model.forward = compiled.dynamo_ctx(model.forward)
     assert inspect.signature(model.forward) == inspect.signature(_Breaks.forward.__get__(model))
     assert compiled.dynamo_ctx(model.layer.forward) is not None  # other methods: as they are
