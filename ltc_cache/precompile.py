@@ -822,8 +822,9 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
     arguments; any other callable goes to ``torch.compile`` as it is.
     ``kwargs`` are ``torch.compile``'s (``fullgraph``, ``dynamic``,
     ``mode``, ``options``, ``disable``), used where a call goes through
-    ``torch.compile``: a function Dynamo cannot capture whole (a graph
-    break), ``dynamic=True``, or a program that cannot be saved.
+    ``torch.compile``: ``dynamic=True``, or a program that cannot be saved.
+    A function Dynamo compiles as several frames (graph breaks) is a program
+    of frames (:mod:`ltc_cache.frames`).
     """
     unknown = set(kwargs) - _COMPILE_KWARGS
     if unknown:
