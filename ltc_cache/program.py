@@ -133,6 +133,9 @@ def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Seq
         "grad_mode": _hash([f"grad={torch.is_grad_enabled()}",
                             f"inference={torch.is_inference_mode_enabled()}",
                             f"autocast={torch.is_autocast_enabled()}"]),
+        # Dynamo's global-state guard checks the thread count: without it in
+        # the key, workers with other --threads overwrote each other's program.
+        "threads": _hash([f"threads={torch.get_num_threads()}"]),
         "inputs": _hash([spec_text(args, kwargs)]),
         "backend": _hash(["TorchScript", "CUDA" if "LTC_TS_CUDA" in os.environ else "CPU"]),
     }
