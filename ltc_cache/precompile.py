@@ -48,6 +48,7 @@ from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
 from .keys import CacheKey
 from .program import (
+    OBJECT_DEPTH,
     Unportable,
     changed_source,
     code_record,
@@ -396,8 +397,10 @@ class _Loaded:
 # --- the programs of one function ---------------------------------------------
 
 
-def _layout(value: Any) -> Any:
+def _layout(value: Any, depth: int = 0) -> Any:
     """A cheap, hashable picture of an argument, to pick the programs to try."""
+    if depth > OBJECT_DEPTH:  # (a cycle): the program key refuses it
+        return (type(value), id(value))
     if isinstance(value, torch.Tensor):
         return (value.shape, value.dtype, value.device, value.requires_grad)
     if value is None or isinstance(value, bool | int | float | str):
@@ -405,14 +408,14 @@ def _layout(value: Any) -> Any:
     if isinstance(value, torch.dtype | torch.device | torch.memory_format | torch.layout):
         return (type(value), str(value))  # equal ones need not be the same object
     if isinstance(value, tuple | list):
-        return (type(value), tuple(_layout(v) for v in value))
+        return (type(value), tuple(_layout(v, depth + 1) for v in value))
     if isinstance(value, dict):
-        return (type(value), tuple((k, _layout(v)) for k, v in value.items()))
+        return (type(value), tuple((k, _layout(v, depth + 1)) for k, v in value.items()))
     if getattr(value, "is_compileable", True) is False:
         # transformers' DynamicCache: a new layout every decoding step.
         raise _Growing(type(value).__name__)
     if plain_object(value):  # a StaticCache: the same layout every step
-        return (type(value), tuple((k, _layout(v)) for k, v in vars(value).items()))
+        return (type(value), tuple((k, _layout(v, depth + 1)) for k, v in vars(value).items()))
     return (type(value), id(value))
 
 

@@ -148,3 +148,36 @@ def test_serve_example_answers_generation_requests_warm(cache_dir, tmp_path, mon
     warm = fleet(1)
     assert warm["max_abs_error"] == 0 and warm["lengths"] == [5, 8, 11, 14]
     assert warm["captures"] == 0 and warm["aot_traces"] == 0 and warm["traces"] == 0
+
+
+def test_a_static_cache_is_keyed_by_its_state_and_a_dynamic_one_goes_to_torch_compile():
+    """A program's key describes a key/value cache argument by its class and
+    attributes (so equal caches share programs, another length is another
+    program); an object that refers to itself has no key; a cache that
+    grows every step is not laid out at all (it runs through
+    torch.compile)."""
+    transformers = pytest.importorskip("transformers")
+    from ltc_cache.errors import UncacheableGraph
+    from ltc_cache.precompile import _Growing, _layout
+    from ltc_cache.program import spec_text
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4)
+    ids = torch.ones(1, 1, dtype=torch.long)
+
+    def spec(cache) -> str:
+        return spec_text((), {"input_ids": ids, "cache": cache})
+
+    a, b = (transformers.StaticCache(config=config, max_cache_len=32) for _ in range(2))
+    longer = transformers.StaticCache(config=config, max_cache_len=64)
+    assert spec(a) == spec(b) != spec(longer)
+    assert _layout(a) == _layout(b) != _layout(longer)
+
+    class Loop:
+        pass
+
+    loop = Loop()
+    loop.me = loop
+    with pytest.raises(UncacheableGraph):
+        spec(loop)
+    with pytest.raises(_Growing):
+        _layout({"cache": transformers.DynamicCache(config=config)})
