@@ -51,6 +51,7 @@ from .errors import EntryError, UncacheableGraph, first_line
 from .frames import FramesProgram, load_program, store_program
 from .keys import CacheKey
 from .program import (
+    OBJECT_DEPTH,
     ProgramParts,
     Unportable,
     changed_source,
@@ -84,10 +85,6 @@ _COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "mode", "options", "disable
 # (Dynamo's recompile limit plays this part there).
 _MAX_PROGRAMS = 8
 _BUILTINS_DICT = re.compile(r"G\['(__builtins_dict___\d+)'\]")
-# ``type(tensor)``: Dynamo reads ``torch.Tensor`` through a global it
-# installs as ``_<id(torch)>_c<compile id>`` (``install_global_by_id("",
-# torch)`` in BuiltinVariable), a name no other process has.
-_TORCH_BY_ID = re.compile(r"G\['(_\d+_c\d+)'\]")
 _UNSERIALIZABLE = ("DICT_VERSION", "NN_MODULE", "ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH",
                    "MODULE_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE")
 
@@ -283,8 +280,6 @@ class _Checks:
         self._checks = parsed
         self.builtins_dicts = {m.group(1) for expr, _, _ in parsed
                                for m in _BUILTINS_DICT.finditer(expr)}
-        self.torch_by_id = {m.group(1) for expr, _, _ in parsed
-                            for m in _TORCH_BY_ID.finditer(expr)}
         self.fast: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None = None
 
     def resolve(self, f_locals: Mapping[str, Any], f_globals: Mapping[str, Any]) -> str | None:
@@ -425,8 +420,6 @@ class _Loaded:
         # Checks of builtins read them through the dict Dynamo names so.
         for name in checks.builtins_dicts:
             self._snapshot.setdefault(name, builtins.__dict__)
-        for name in checks.torch_by_id:
-            self._snapshot.setdefault(name, torch)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return self.artifact.prepare_f_locals(*args, **kwargs)
@@ -460,8 +453,10 @@ class _Loaded:
 # --- the programs of one function ---------------------------------------------
 
 
-def _layout(value: Any) -> Any:
+def _layout(value: Any, depth: int = 0) -> Any:
     """A cheap, hashable picture of an argument, to pick the programs to try."""
+    if depth > OBJECT_DEPTH:  # (a cycle): the program key refuses it
+        return (type(value), id(value))
     if isinstance(value, torch.Tensor):
         return (value.shape, value.dtype, value.device, value.requires_grad)
     if value is None or isinstance(value, bool | int | float | str):
@@ -469,14 +464,14 @@ def _layout(value: Any) -> Any:
     if isinstance(value, torch.dtype | torch.device | torch.memory_format | torch.layout):
         return (type(value), str(value))  # equal ones need not be the same object
     if isinstance(value, tuple | list):
-        return (type(value), tuple(_layout(v) for v in value))
+        return (type(value), tuple(_layout(v, depth + 1) for v in value))
     if isinstance(value, dict):
-        return (type(value), tuple((k, _layout(v)) for k, v in value.items()))
+        return (type(value), tuple((k, _layout(v, depth + 1)) for k, v in value.items()))
     if getattr(value, "is_compileable", True) is False:
         # transformers' DynamicCache: a new layout every decoding step.
         raise _Growing(type(value).__name__)
     if plain_object(value):  # a StaticCache: the same layout every step
-        return (type(value), tuple((k, _layout(v)) for k, v in vars(value).items()))
+        return (type(value), tuple((k, _layout(v, depth + 1)) for k, v in vars(value).items()))
     return (type(value), id(value))
 
 

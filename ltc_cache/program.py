@@ -65,6 +65,9 @@ KEY_FILE = "program.key"
 _KEY_BYTES = 32
 # How deep a function's closure and defaults are described.
 _DEPTH = 12
+# How deep an argument's containers and objects are described (a
+# StaticCache: the cache, its list of layers, each layer, its tensors).
+OBJECT_DEPTH = 8
 
 
 class Unportable(ValueError):
@@ -75,9 +78,11 @@ class Unportable(ValueError):
 # --- the key -------------------------------------------------------------------
 
 
-def _spec(value: Any) -> str:
+def _spec(value: Any, depth: int = 0) -> str:
     """An argument's layout, stable across processes: tensors by layout,
     Python values by type and value. Raises UncacheableGraph."""
+    if depth > OBJECT_DEPTH:
+        raise UncacheableGraph("an argument nested deeper than ltc_cache describes")
     if isinstance(value, torch.Tensor):
         return "tensor:" + _tensor_signature(value)
     if value is None or isinstance(value, bool | int | float | str):
@@ -85,13 +90,13 @@ def _spec(value: Any) -> str:
     if isinstance(value, torch.dtype | torch.device | torch.memory_format | torch.layout):
         return f"{type(value).__name__}:{value}"
     if isinstance(value, tuple | list):
-        return f"{type(value).__name__}:[{','.join(_spec(v) for v in value)}]"
+        return f"{type(value).__name__}:[{','.join(_spec(v, depth + 1) for v in value)}]"
     if isinstance(value, dict):
-        items = ",".join(f"{k!r}={_spec(v)}" for k, v in value.items())
+        items = ",".join(f"{k!r}={_spec(v, depth + 1)}" for k, v in value.items())
         return f"{type(value).__name__}:{{{items}}}"
     if plain_object(value):  # a key/value cache: its class and its state
         cls = type(value)
-        items = ",".join(f"{k}={_spec(v)}" for k, v in sorted(vars(value).items()))
+        items = ",".join(f"{k}={_spec(v, depth + 1)}" for k, v in sorted(vars(value).items()))
         return f"{cls.__module__}.{cls.__qualname__}:{{{items}}}"
     raise UncacheableGraph(f"no stable program key for an argument of type "
                            f"{type(value).__name__}")
@@ -137,6 +142,9 @@ def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Seq
         "grad_mode": _hash([f"grad={torch.is_grad_enabled()}",
                             f"inference={torch.is_inference_mode_enabled()}",
                             f"autocast={torch.is_autocast_enabled()}"]),
+        # Dynamo's global-state guard checks the thread count: without it in
+        # the key, workers with other --threads overwrote each other's program.
+        "threads": _hash([f"threads={torch.get_num_threads()}"]),
         "inputs": _hash([spec_text(args, kwargs)]),
         "backend": _hash(["TorchScript", "CUDA" if "LTC_TS_CUDA" in os.environ else "CPU"]),
     }
