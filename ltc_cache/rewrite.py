@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import logging
 import math
+import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -652,6 +653,45 @@ def _overload(graph: torch._C.Graph, kind: str, inputs: list[torch._C.Value], ou
     return resolved[key]
 
 
+# A tensor constant as LTC writes it: ``%3 : Long(...) =
+# prim::Constant[value={-4095}]()``.
+_TENSOR_CONSTANT_TEXT = re.compile(r" : \w+\([^)]*\) = prim::Constant\[value=\{([^}]*)\}\]")
+_NUMBER = re.compile(r"-?[0-9][0-9.e+-]*")
+
+
+def signed_constants(graph: torch._C.Graph, ir: str) -> int:
+    """Give each one-element tensor constant the value ``ir`` writes;
+    returns how many it changed.
+
+    ``torch._C.parse_ir(..., parse_tensor_constants=True)`` reads
+    ``{-4095}`` as 4095 (torch 2.13; fact 22 in docs/design.md): a slice
+    bound out of range below (Mistral's sliding-window cache keeps
+    ``keys[:, :, -4095:]``) became a bound past the end, and the replay
+    returned an empty tensor where eager returned the whole one. The
+    parser renames values, so constants are matched in the order both list
+    them."""
+    written = _TENSOR_CONSTANT_TEXT.findall(ir)
+    parsed = [node for node in graph.nodes() if node.kind() == "prim::Constant"
+              and node.outputsSize() == 1 and _tensor_constant(node.output()) is not None]
+    if len(written) != len(parsed):
+        raise ValueError(f"{len(written)} tensor constants written, {len(parsed)} parsed")
+    changed = 0
+    for text, node in zip(written, parsed, strict=True):
+        tensor = _tensor_constant(node.output())
+        if tensor is None or tensor.numel() != 1 or not _NUMBER.fullmatch(text.strip()):
+            continue
+        number = float(text) if tensor.dtype.is_floating_point else int(text)
+        right = torch.tensor(number, dtype=tensor.dtype).reshape(tensor.shape)
+        if torch.equal(right, tensor):
+            continue
+        with graph.insert_point_guard(node):
+            constant = graph.insertConstant(right)
+        node.output().replaceAllUsesWith(constant)
+        node.destroy()
+        changed += 1
+    return changed
+
+
 def _tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
     node = value.node()
     if node.kind() != "prim::Constant" or not isinstance(value.type(), torch._C.TensorType):
@@ -791,6 +831,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         if len(inputs) != len(list(graph.inputs())):
             raise ValueError(f"{len(inputs)} inputs laid out for a graph of "
                              f"{len(list(graph.inputs()))}")
+        signed = signed_constants(graph, extraction.ir)
         aranges = functional_aranges(graph, inputs)
         views = views_for_copies(graph)
         scalars = fold_scalars(graph, inputs)
@@ -807,8 +848,9 @@ def rewrite(extraction: Extraction) -> Extraction:
         warn_once("rewrite", f"cannot rewrite a traced graph ({type(exc).__name__}: {exc}); "
                   "storing it as traced")
         return extraction
-    logger.debug("made %d aranges allocate, rewrote %d view copies, folded %d scalars, "
-                 "rebuilt %d bool lists, made %d linears, %d scalar powers, %d tanh GELUs and "
-                 "%d SiLU backwards, dropped %d dead nodes/inputs", aranges, views, scalars,
-                 bool_lists, products, powers, gelus, silus, dead)
+    logger.debug("restored %d constants' signs, made %d aranges allocate, rewrote %d view "
+                 "copies, folded %d scalars, rebuilt %d bool lists, made %d linears, "
+                 "%d scalar powers, %d tanh GELUs and %d SiLU backwards, dropped %d dead "
+                 "nodes/inputs", signed, aranges, views, scalars, bool_lists, products, powers,
+                 gelus, silus, dead)
     return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))
