@@ -225,6 +225,11 @@ class _GuardFilter:
                 if root and not root.startswith(("__import_", "__builtins_dict__")):
                     direct.add(root)
                 continue
+            if e.guard_type == "HASATTR" and guard.name in dropped:
+                # The check that stands in for the other guard of this name
+                # reads the attribute: it fails where the attribute is gone.
+                keep.append(False)
+                continue
             try:
                 expr = portable_expression(guard.name, self._fn_globals)
                 if e.guard_type == "DUPLICATE_INPUT" and expr != guard.name:

@@ -88,6 +88,15 @@ class DataOutput(nn.Module):
         return x * 2, x.new_tensor([1.0, 2.0]), x + 1
 
 
+class NegativeSlice(nn.Module):
+    """A slice bound out of range below, as a sliding-window cache keeps its
+    last 4095 positions of 3: LTC writes it as a one-element tensor
+    constant, whose sign parse_ir drops."""
+
+    def forward(self, x):
+        return x[:, -4095:] * 2, x[:, -2:] + 1
+
+
 class MaxDim(nn.Module):
     """LTC types max.dim's result as a NamedTuple, which parse_ir refuses."""
 
@@ -123,6 +132,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], list[tuple[int, ...]]]] = {
     "factory": (Factory, [(3, 4)]),
     "max_dim": (MaxDim, [(3, 4)]),
     "data_output": (DataOutput, [(2, 3)]),
+    "negative_slice": (NegativeSlice, [(2, 3)]),
     "weighted": (Weighted, [(5, 4)]),
 }
 ORIGINAL_CASES = ["const_scale", "sub", "addcmul", "return_multi", "return_dup_tensor",

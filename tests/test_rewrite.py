@@ -856,3 +856,18 @@ def test_replay_keeps_the_executor_switch_to_itself(cache_dir):
             assert torch._C._get_graph_executor_optimize() is False
         finally:
             torch._C._set_graph_executor_optimize(True)
+
+
+def test_parse_ir_still_drops_the_sign_of_a_tensor_constant():
+    """Pinned: parse_ir reads a one-element tensor constant ``{-4095}`` as
+    4095, which ``rewrites.parse_traced`` corrects (fact 22 in
+    docs/design.md). Should torch fix it, the correction changes nothing
+    (it writes what the text says) and this test says so."""
+    text = ("graph():\n"
+            "  %3 : Long(requires_grad=0, device=cpu) = prim::Constant[value={-4095}]()\n"
+            "  return (%3)\n")
+    graph = torch._C.parse_ir(text, parse_tensor_constants=True)
+    (node,) = list(graph.nodes())
+    assert node.output().toIValue().item() == 4095
+    (node,) = list(parse_traced(text).nodes())
+    assert node.output().toIValue().item() == -4095
