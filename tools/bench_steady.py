@@ -164,6 +164,8 @@ CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
     "returned-views": ("ltc_cache.rewrites.views", "_returned_views", lambda graph: set()),
     "input-views": ("ltc_cache.partition", "_views_input", lambda node: False),
     "silu-backward": ("ltc_cache.rewrites", "silu_backwards", lambda graph, inputs: 0),
+    "read-returned-views": ("ltc_cache.partition", "_read_outside",
+                            lambda node, nodes: False),
     "joint-cold": ("ltc_cache.joint_switch", "joint_once_made", lambda aot, made, wrap: aot),
 }
 
