@@ -468,10 +468,11 @@ class LtcBackend:
                                       layout)
                 return _Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False,
                                 ops=0)
-        return self._aot(gm, example_inputs, name, cache, plan=key)
+        return self._aot(gm, example_inputs, name, cache, plan=key, training=True)
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
-             cache: GraphCache, *, plan: CacheKey | None = None) -> Callable[..., Any]:
+             cache: GraphCache, *, plan: CacheKey | None = None,
+             training: bool = False) -> Callable[..., Any]:
         """Through AOTAutograd. Each graph it makes is partitioned; with
         ``plan``, the partitioned graphs are stored under that key (an
         inference plan; a training plan once the backward graph is made), and
@@ -511,7 +512,15 @@ class LtcBackend:
             # a plan holds, not by AOTAutograd's runtime wrapper.
             keep_inference_input_mutations=True,
         )
-        return aot(gm, example_inputs)
+        compiled = aot(gm, example_inputs)
+        if plan is None or not training:
+            return compiled
+        from . import joint_switch
+
+        # Once a training plan is made, the steps run as a warm process runs them.
+        return joint_switch.joint_once_made(
+            compiled, pending, lambda joint, aot_fn: _Guarded(
+                joint, aot_fn, f"{name}.plan", cache, as_tuple=False, ops=0))
 
     def _planned(self, parted: Partitioned, kind: str, example_inputs: Sequence[Any],
                  name: str, cache: GraphCache, key: CacheKey,
@@ -564,6 +573,8 @@ class LtcBackend:
             logger.info("%s: no plan stored (%s)", name, exc)
             return parted
         cache.store_entry(entry, key)
+        if kind == "backward":  # the modules AOTAutograd calls: JointOnceMade's
+            pending["joint"] = (forward_parted.module, rebuilt.module, layout)
         return rebuilt
 
     def op_support(self, cache: GraphCache | None = None) -> OpSupport:

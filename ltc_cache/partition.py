@@ -75,10 +75,22 @@ def _leave_out_trailing_views(nodes: dict[fx.Node, Any]) -> None:
         changed = False
         for node in list(nodes):
             if _large_view(node) and node.users and not any(
-                    u in nodes or (u.op == "output" and not _views_input(node))
+                    u in nodes or (u.op == "output" and not _views_input(node)
+                                   and not _read_outside(node, nodes))
                     for u in node.users):
                 del nodes[node]
                 changed = True
+
+
+def _read_outside(node: fx.Node, nodes: dict[fx.Node, Any]) -> bool:
+    """Whether an op outside the region reads view ``node`` besides the
+    graph's output: the view is taken in the parent graph for that op
+    anyway, and returned from there it is no copy. A training forward
+    returns attention's query, key and value heads for the backward and the
+    fused attention op between regions reads them: in a region, each was a
+    copy of the heads on every step (12 per step of the small GPT of
+    BENCHMARKS.md), as eager's saved heads are views."""
+    return any(u.op != "output" and u not in nodes for u in node.users)
 
 
 def _views_input(node: fx.Node) -> bool:

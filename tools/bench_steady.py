@@ -4,7 +4,7 @@ process, interleaved, and a profile of where each spends its time.
 
     python tools/bench_steady.py [--models gpt2,bert,llama,t5] [--size mid]
                                  [--threads 1] [--rounds 15] [--inductor] [--profile]
-                                 [--train] [--clock cpu] [--ab CHANGE]
+                                 [--train] [--clock cpu] [--ab CHANGE] [--warm]
 
 ``--size mid`` is hidden 256, 4 layers, 4 heads, feed-forward 1024,
 sequence 128, batch 2; ``--size tiny`` the configurations of the tests (hidden 32, 2
@@ -17,11 +17,18 @@ round starting one later) so that a slow spell of a shared machine falls on
 all alike; ratios are of the medians. Time is process CPU time (``--clock
 cpu``: what other jobs on the machine take is not counted, but every thread
 of this one is) or wall time.
-``--threads 0`` keeps torch's default number of threads.
+``--threads 0`` keeps torch's default number of threads. ``smallgpt`` (in
+``--models``) is issue 24's small GPT (``tools/small_gpt.py``: 4 layers,
+width 128, batch 8 x 64), at its one size whatever ``--size`` says.
 
 ``--ab CHANGE`` adds a ltc_cache variant compiled with one change switched
 off (``CHANGES``), in a cache directory of its own: the change measured on
 its own, side by side.
+
+``--warm`` adds a ltc_cache variant over the first one's cache directory,
+compiled after it: it runs from the stored plans, as a warm process does
+(a training step through :class:`ltc_cache.joint.JointFunction`, where the
+first variant runs AOTAutograd's own runtime wrappers).
 
 ``--profile`` adds, per model, the self CPU time per call of each class of
 op (``torch.profiler``), eager against ltc_cache, and the LTC regions the
@@ -74,6 +81,10 @@ def build(name: str, size: str):
     import torch
     import transformers
 
+    if name == "smallgpt":  # one size of its own (tools/small_gpt.py)
+        from small_gpt import small_gpt
+
+        return small_gpt()
     transformers.logging.set_verbosity_error()
     hidden, layers, heads, ff, seq, batch = SIZES[size]
     torch.manual_seed(0)
@@ -153,6 +164,9 @@ CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
     "returned-views": ("ltc_cache.rewrites.views", "_returned_views", lambda graph: set()),
     "input-views": ("ltc_cache.partition", "_views_input", lambda node: False),
     "silu-backward": ("ltc_cache.rewrites", "silu_backwards", lambda graph, inputs: 0),
+    "read-returned-views": ("ltc_cache.partition", "_read_outside",
+                            lambda node, nodes: False),
+    "joint-cold": ("ltc_cache.joint_switch", "joint_once_made", lambda aot, made, wrap: aot),
 }
 
 
@@ -199,6 +213,8 @@ def _variants(name: str, args: argparse.Namespace, scratch: str
     model, inputs = build(name, args.size)
     compilers: dict[str, tuple[object, str | None]] = {
         "ltc_cache": (_ltc_backend(f"{scratch}/{name}-ltc"), None)}
+    if args.warm:  # ltc_cache's directory again: compiled after it, it finds its plans
+        compilers["ltc_cache warm"] = (_ltc_backend(f"{scratch}/{name}-ltc"), None)
     if args.ab:
         compilers[f"without {args.ab}"] = (_ltc_backend(f"{scratch}/{name}-ab"), args.ab)
     if args.inductor:
@@ -282,7 +298,10 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
     threads = args.threads or "default"
     what = "training step (AdamW)" if args.train else "inference"
     clock = "process CPU time" if args.clock == "cpu" else "wall time"
-    out = [f"### Steady state, {args.size} (hidden {hidden}, {layers} layers, sequence {seq}, "
+    size = args.size
+    if args.models == "smallgpt":  # its one size (tools/small_gpt.py)
+        size, hidden, layers, seq, batch = "small GPT", 128, 4, 64, 8
+    out = [f"### Steady state, {size} (hidden {hidden}, {layers} layers, sequence {seq}, "
            f"batch {batch}), {what}, {threads} thread(s), {clock}, median of {args.rounds} "
            f"rounds x {args.calls} calls\n"]
     others = [label for label in results[0]["ms"] if label not in ("eager", "ltc_cache")]
@@ -324,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--inductor", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--warm", action="store_true",
+                        help="add a ltc_cache variant compiled from the plans the first stored "
+                             "(what a warm process runs)")
     parser.add_argument("--train", action="store_true",
                         help="time a training step (forward, backward, AdamW) in train()")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
