@@ -19,7 +19,7 @@ from conftest import child_env
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
-# Encoder (at hidden 128: saved views, fact 19), decoder, encoder-decoder,
+# Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
 # vision transformer, CNN with BatchNorm.
 FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2",
             pytest.param("T5Small", marks=pytest.mark.xfail(
