@@ -572,11 +572,8 @@ class _Programs:
         if cache.store is None:
             self._to_torch_compile(layout, "the cache is disabled or cannot be opened")
             return None
-        try:
-            key = program_key(self._fn, self._owner if isinstance(self._owner, torch.nn.Module)
-                              else None, args, kwargs)
-        except UncacheableGraph as exc:
-            self._to_torch_compile(layout, str(exc))
+        key = self._key(layout, args, kwargs)
+        if key is None:
             return None
         try:
             secret = program_secret(cache.config.secret, cache.config.directory)
@@ -615,6 +612,17 @@ class _Programs:
             counters.bump(PROGRAM_HITS)
         programs.append(program)
         return program
+
+    def _key(self, layout: Any, args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> CacheKey | None:
+        """The program key of this call; None (the layout goes to
+        torch.compile) where the call cannot be keyed."""
+        try:
+            return program_key(self._fn, self._owner if isinstance(self._owner, torch.nn.Module)
+                               else None, args, kwargs)
+        except UncacheableGraph as exc:
+            self._to_torch_compile(layout, str(exc))
+            return None
 
     def _load(self, entry: Any, key: CacheKey, secret: bytes, cache: GraphCache,
               full: tuple[Any, ...], kwargs: dict[str, Any],
@@ -736,11 +744,8 @@ class _Programs:
         """A new input layout of a function compiled as frames: Dynamo's
         guards pick (or capture) its frames; the package is stored under
         this layout's key too once it holds new ones."""
-        try:
-            key = program_key(self._fn, self._owner if isinstance(self._owner, torch.nn.Module)
-                              else None, args, kwargs)
-        except UncacheableGraph as exc:
-            self._to_torch_compile(layout, str(exc))
+        key = self._key(layout, args, kwargs)
+        if key is None:
             return None
         self._frames_keys[layout] = (key, self.cache.config.secret is None)
         programs.append(self._frames)

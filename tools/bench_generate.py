@@ -40,6 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+from bench_compile import child_env  # noqa: E402
 from markdown_table import table  # noqa: E402
 
 LENGTHS = (5, 8, 11, 14, 17, 20, 24, 29)
@@ -48,16 +49,10 @@ STEADY_RUNS = 4
 
 
 def _env(directory: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({
-        "LTC_CACHE_DIR": str(directory / "ltc"),
-        "XDG_CONFIG_HOME": str(directory / "config"),
-        "TORCHINDUCTOR_CACHE_DIR": str(directory / "inductor"),
-        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-    })
+    """bench_compile's measured environment, with the default thread count
+    (the workers set their own)."""
+    env = child_env(directory)
+    env["PYTHONPATH"] = str(ROOT)
     env.pop("OMP_NUM_THREADS", None)
     return env
 
