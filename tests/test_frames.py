@@ -150,12 +150,14 @@ def test_a_data_dependent_break_is_stored_and_loaded_warm(models, cache_dir):
 
 
 @pytest.mark.slow
-def test_gpt2_training_with_its_graph_break_is_warm(cache_dir, tmp_path, monkeypatch):
+def test_gpt2_training_is_warm(cache_dir, tmp_path, monkeypatch):
+    """GPT-2's loss logs a once-only warning: a graph break, unless the
+    capture skips the logger's ``*_once`` methods (as ``precompile`` does);
+    either way one stored program serves the next process."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     cold = run("gpt2")
     assert_correct(cold)
-    assert any("logging.Logger" in line and "stored program" in line
-               for line in cold["logs"]), cold["logs"]
+    assert any("stored program" in line for line in cold["logs"]), cold["logs"]
     warm = run("gpt2")
     assert_warm(warm)
     assert warm["losses"] == cold["losses"]
