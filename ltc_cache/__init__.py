@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 # import for a listing that never touches torch.
 _EXPORTS = {
     "CacheConfig": "config",
-    "CompiledGraph": "replay",
-    "CompiledModule": "compiled_module",
+    "CompiledGraph": "graph.replay",
+    "CompiledModule": "program.compiled_module",
     "EntryError": "errors",
-    "GraphCache": "cache",
+    "GraphCache": "graph.cache",
     "LockTimeout": "errors",
-    "LtcBackend": "dynamo",
+    "LtcBackend": "compile_backend.backend",
     "UncacheableGraph": "errors",
-    "backend": "dynamo",
-    "compile": "precompile",
-    "default_cache": "cache",
-    "extract_compiled_graph": "cache",
-    "stats": "cache",
+    "backend": "compile_backend.backend",
+    "compile": "program.precompile",
+    "default_cache": "graph.cache",
+    "extract_compiled_graph": "graph.cache",
+    "stats": "graph.cache",
 }
 __all__ = [
     "CacheConfig", "CompiledGraph", "CompiledModule", "EntryError", "GraphCache", "LockTimeout",
@@ -31,13 +31,13 @@ __all__ = [
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .cache import GraphCache, default_cache, extract_compiled_graph, stats
-    from .compiled_module import CompiledModule
+    from .compile_backend.backend import LtcBackend, backend
     from .config import CacheConfig
-    from .dynamo import LtcBackend, backend
     from .errors import EntryError, LockTimeout, UncacheableGraph
-    from .precompile import compile
-    from .replay import CompiledGraph
+    from .graph.cache import GraphCache, default_cache, extract_compiled_graph, stats
+    from .graph.replay import CompiledGraph
+    from .program.compiled_module import CompiledModule
+    from .program.precompile import compile
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ import torch._lazy.metrics as metrics
 from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
-from ltc_cache.keys import compute_key
+from ltc_cache.graph.keys import compute_key
 
 # Count syncs and lazy tensors made, across the metric resets a trace does.
 syncs = 0

@@ -5,7 +5,7 @@ with --train, every gradient) against eager.
 
 ``python tests/program_child.py MODELS_DIR --call 2x16:float32 --call ...``
 prints one JSON line: this process's counters, Dynamo's captured frames,
-the largest errors, and what ltc_cache.precompile logged.
+the largest errors, and what ltc_cache.program.precompile logged.
 
 --set SCALE=3.0 rebinds the models module's global ``SCALE`` before the
 last call (a guard that must be seen after a program was loaded).

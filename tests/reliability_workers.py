@@ -33,8 +33,8 @@ from torch import fx, nn
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.entry import Entry, decode, encode
-from ltc_cache.keys import compute_key
+from ltc_cache.graph.entry import Entry, decode, encode
+from ltc_cache.graph.keys import compute_key
 from ltc_cache.store import DiskStore, Store
 from ltc_cache.wire import FORMAT, SCHEMA_VERSION, is_entry_key
 

@@ -21,7 +21,7 @@ from conftest import child_env, run_child
 from corner_models import build, random_inputs
 
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.entry import decode, encode
+from ltc_cache.graph.entry import decode, encode
 from ltc_cache.report import AmbiguousKey, resolve_key, scan
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.store.bundle import write_bundle

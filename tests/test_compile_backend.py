@@ -17,8 +17,8 @@ from conftest import delta
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
-from ltc_cache.entry import decode
-from ltc_cache.support import OpSupport, support_record_key
+from ltc_cache.compile_backend.support import OpSupport, support_record_key
+from ltc_cache.graph.entry import decode
 
 torch.manual_seed(0)
 
@@ -51,7 +51,7 @@ def fresh_backend() -> LtcBackend:
     return LtcBackend(GraphCache(CacheConfig.from_env()))
 
 
-def entries(directory) -> dict[str, ltc_cache.entry.Entry]:
+def entries(directory) -> dict[str, ltc_cache.graph.entry.Entry]:
     store = GraphCache(CacheConfig.from_env()).store
     out = {}
     keys = list(store.keys())  # entries and internal records
@@ -317,12 +317,12 @@ def test_a_graph_of_unsupported_ops_runs_eagerly_with_one_warning(cache_dir):
 
 
 def test_a_failing_compiler_leaves_the_model_eager(cache_dir, monkeypatch):
-    import ltc_cache.partition
+    import ltc_cache.compile_backend.partition
 
     def broken(*args, **kwargs):
         raise ValueError("injected partitioning failure")
 
-    monkeypatch.setattr(ltc_cache.partition, "partition", broken)
+    monkeypatch.setattr(ltc_cache.compile_backend.partition, "partition", broken)
     x = torch.randn(8, 16)
     torch.manual_seed(3)
     reference = MLP()
@@ -338,7 +338,7 @@ def test_a_replay_that_fails_runs_eagerly_once_warned_and_remembered(cache_dir, 
     graph returning fewer values than it was traced with raised) runs that
     region eagerly with one warning, in training too, and leaves a negative
     entry: the next process neither replays nor traces it."""
-    from ltc_cache.replay import CompiledGraph
+    from ltc_cache.graph.replay import CompiledGraph
 
     original = CompiledGraph.__call__
     failed: list[str] = []

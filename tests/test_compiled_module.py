@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ltc_cache
-from ltc_cache.compiled_module import CompiledModule
+from ltc_cache.program.compiled_module import CompiledModule
 
 transformers = pytest.importorskip("transformers")
 
@@ -198,7 +198,7 @@ def test_typing_objects_and_dataclass_fields_are_described_across_processes():
     import dataclasses
     import typing
 
-    from ltc_cache.program import describe
+    from ltc_cache.program.entries import describe
 
     assert describe(typing.Optional) == describe(typing.Optional)
     assert describe(typing.Optional) != describe(typing.Union)

@@ -16,8 +16,8 @@ import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.cli import main
 from ltc_cache.diagnostics import LEDGER_EVENTS
-from ltc_cache.keys import compute_key
-from ltc_cache.replay import CompiledGraph
+from ltc_cache.graph.keys import compute_key
+from ltc_cache.graph.replay import CompiledGraph
 from ltc_cache.store import DiskStore
 
 
@@ -104,12 +104,12 @@ def test_plan_misses_and_hits_in_both_and_in_ltc_cache_stats(tmp_path, capsys):
 
 @pytest.mark.usefixtures("dynamo_reset")
 def test_a_compiler_that_fails(tmp_path, monkeypatch):
-    import ltc_cache.partition
+    import ltc_cache.compile_backend.partition
 
     def broken(*args, **kwargs):
         raise ValueError("injected partitioning failure")
 
-    monkeypatch.setattr(ltc_cache.partition, "partition", broken)
+    monkeypatch.setattr(ltc_cache.compile_backend.partition, "partition", broken)
     with pytest.warns(RuntimeWarning, match="injected partitioning failure"):
         compile_partitioned(tmp_path / "ltc", MLP().eval(), torch.randn(8, 16))
     assert_agree(tmp_path / "ltc", errors=1)

@@ -15,8 +15,8 @@ from corner_models import CASES, ORIGINAL_CASES, build, check_against_eager, ran
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.entry import decode
-from ltc_cache.keys import compute_key
+from ltc_cache.graph.entry import decode
+from ltc_cache.graph.keys import compute_key
 from ltc_cache.store import DiskStore
 from ltc_cache.wire import FORMAT
 

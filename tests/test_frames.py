@@ -1,4 +1,4 @@
-"""Programs of several frames (``ltc_cache.frames``): functions Dynamo
+"""Programs of several frames (``ltc_cache.program.frames``): functions Dynamo
 compiles with graph breaks, cold then warm in child processes
 (``tests/frames_child.py``), against eager.
 
@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import TESTS, child_env
 
-from ltc_cache.entry import decode, encode
+from ltc_cache.graph.entry import decode, encode
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.wire import is_entry_key
 
@@ -243,8 +243,8 @@ def test_a_poisoned_frame_never_runs(models, cache_dir, tmp_path, part):
 
 def test_frames_entries_are_signed_with_their_frames(tmp_path):
     from ltc_cache.errors import EntryError
-    from ltc_cache.keys import CacheKey
-    from ltc_cache.program import program_entry, program_parts
+    from ltc_cache.graph.keys import CacheKey
+    from ltc_cache.program.entries import program_entry, program_parts
 
     key = CacheKey("ab" * 32, {"inputs": "x"})
     secret = b"k" * 32
@@ -264,7 +264,7 @@ def test_frames_entries_are_signed_with_their_frames(tmp_path):
 
 
 def test_private_torch_apis_frames_rely_on(dynamo_reset):
-    """Fails loudly when torch changes what ltc_cache.frames relies on."""
+    """Fails loudly when torch changes what ltc_cache.program.frames relies on."""
     import dataclasses as dc
     import inspect
 
@@ -272,7 +272,7 @@ def test_private_torch_apis_frames_rely_on(dynamo_reset):
     from torch._dynamo import bytecode_transformation, convert_frame, output_graph, package
     from torch._dynamo.types import ConvertFrameReturn
 
-    from ltc_cache import frame_names, frames
+    from ltc_cache.program import frame_names, frames
 
     apis = frames.pinned_apis()
     package_class = apis["CompilePackage"]
@@ -315,7 +315,7 @@ def test_names_after_a_load_do_not_collide(dynamo_reset):
     """A recompile after a load picks names past the installed ones."""
     from torch._dynamo.bytecode_transformation import unique_id
 
-    from ltc_cache.frame_names import advance_unique_ids
+    from ltc_cache.program.frame_names import advance_unique_ids
 
     scope = {"__resume_at_60_4000": None, "__builtins_dict___4001": {}}
     advance_unique_ids(scope)

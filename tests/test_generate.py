@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import fx
 
-from ltc_cache.dynamo import _eager
+from ltc_cache.compile_backend.backend import _eager
 
 
 def _region_traced_on_a_transposed_input() -> fx.GraphModule:
@@ -139,8 +139,8 @@ def test_a_static_cache_is_keyed_by_its_state_and_a_dynamic_one_goes_to_torch_co
     torch.compile)."""
     transformers = pytest.importorskip("transformers")
     from ltc_cache.errors import UncacheableGraph
-    from ltc_cache.precompile import _Growing, _layout
-    from ltc_cache.program import spec_text
+    from ltc_cache.program.entries import spec_text
+    from ltc_cache.program.precompile import _Growing, _layout
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4)
     ids = torch.ones(1, 1, dtype=torch.long)

@@ -14,8 +14,8 @@ from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.entry import Entry, decode, new_meta
-from ltc_cache.keys import compute_key, derived_key
+from ltc_cache.graph.entry import Entry, decode, new_meta
+from ltc_cache.graph.keys import compute_key, derived_key
 from ltc_cache.store import MemoryStore
 from ltc_cache.wire import is_entry_key
 

@@ -8,8 +8,8 @@ import torch._lazy.config
 from conftest import run_child
 from corner_models import build, random_inputs
 
-import ltc_cache.keys as keys
-from ltc_cache.keys import compute_key, differing_parts
+import ltc_cache.graph.keys as keys
+from ltc_cache.graph.keys import compute_key, differing_parts
 
 
 def key_for(name="weighted", inputs=None, seed=0):

@@ -9,9 +9,9 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
-from ltc_cache.entry import decode
-from ltc_cache.partition import partition
-from ltc_cache.support import OpSupport
+from ltc_cache.compile_backend.partition import partition
+from ltc_cache.compile_backend.support import OpSupport
+from ltc_cache.graph.entry import decode
 
 aten = torch.ops.aten
 VIEWS = {aten.view.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default}

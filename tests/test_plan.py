@@ -17,17 +17,17 @@ from torch._dynamo.backends.common import aot_autograd
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
-from ltc_cache.decompose import decompositions
-from ltc_cache.entry import Entry, decode, encode
-from ltc_cache.errors import EntryError
-from ltc_cache.partition import partition
-from ltc_cache.plan import (
+from ltc_cache.compile_backend.decompose import decompositions
+from ltc_cache.compile_backend.partition import partition
+from ltc_cache.compile_backend.plan import (
     graph_from_wire,
     graph_to_wire,
     partitioned_from_wire,
     partitioned_to_wire,
 )
-from ltc_cache.support import OpSupport
+from ltc_cache.compile_backend.support import OpSupport
+from ltc_cache.errors import EntryError
+from ltc_cache.graph.entry import Entry, decode, encode
 from ltc_cache.wire import is_entry_key
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
@@ -169,12 +169,12 @@ def test_a_warm_start_runs_the_plan_without_aot_autograd_or_partitioning(cache_d
     [(_, entry)] = plans(cache_dir)
     assert len(entry.payload["plan"]["regions"]) >= 1  # stored partitioned
 
-    import ltc_cache.partition
+    import ltc_cache.compile_backend.partition
 
     def no_partitioning(*args, **kwargs):
         raise AssertionError("a warm start partitioned")
 
-    monkeypatch.setattr(ltc_cache.partition, "partition", no_partitioning)
+    monkeypatch.setattr(ltc_cache.compile_backend.partition, "partition", no_partitioning)
     warm = compile_and_check(model, x)
     assert warm == {"aot_graphs": 0, "plan_hits": 1, "traces": 0, "errors": 0}
 
@@ -326,20 +326,21 @@ def test_the_plan_key_follows_the_partitioners_code_and_constants(monkeypatch):
     """A plan is keyed by what makes it: a changed partitioning rule or
     constant (read by name, so not in any function's bytecode) makes a new
     key, rather than serving plans made by the old one."""
-    import ltc_cache.partition
-    import ltc_cache.plan
-    from ltc_cache.keys import _key
+    import ltc_cache.compile_backend.partition
+    import ltc_cache.compile_backend.plan
+    from ltc_cache.graph.keys import key_from_parts
 
-    base = _key({"graph": "0" * 64})
+    base = key_from_parts({"graph": "0" * 64})
 
     def key() -> str:
-        ltc_cache.plan._deciding_code.cache_clear()
-        return ltc_cache.plan.plan_key(base).digest
+        ltc_cache.compile_backend.plan._deciding_code.cache_clear()
+        return ltc_cache.compile_backend.plan.plan_key(base).digest
 
     before = key()
-    assert key() == before and ltc_cache.plan.plan_key(base, training=True).digest != before
-    monkeypatch.setattr(ltc_cache.partition, "_MIN_VIEW_ELEMENTS",
-                        ltc_cache.partition._MIN_VIEW_ELEMENTS * 2)
+    plan = ltc_cache.compile_backend.plan
+    assert key() == before and plan.plan_key(base, training=True).digest != before
+    monkeypatch.setattr(ltc_cache.compile_backend.partition, "_MIN_VIEW_ELEMENTS",
+                        ltc_cache.compile_backend.partition._MIN_VIEW_ELEMENTS * 2)
     assert key() != before
     monkeypatch.undo()
     assert key() == before

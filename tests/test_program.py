@@ -21,7 +21,7 @@ import pytest
 from conftest import TESTS, child_env
 
 import ltc_cache
-from ltc_cache.entry import decode, encode
+from ltc_cache.graph.entry import decode, encode
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.wire import is_entry_key
 
@@ -210,7 +210,7 @@ def test_a_global_named_after_an_object_id_is_never_checked_by_that_name():
     stored, rather than stored to fail every later load)."""
     import torch
 
-    from ltc_cache.program import Unportable, names_process_specific, portable_expression
+    from ltc_cache.program.entries import Unportable, names_process_specific, portable_expression
 
     name = f"_{id(torch)}_c0"
     expr = f"G[{name!r}].Tensor"
@@ -301,7 +301,7 @@ def _poison(cache_dir: Path, how: str, marker: Path) -> None:
         if how == "unsigned":
             del program["hmac"]
         elif how == "other key":
-            from ltc_cache.program import sign
+            from ltc_cache.program.entries import sign
 
             program["hmac"] = sign(b"x" * 64, key, program["sources"], program["checks"],
                                    program["globals"], program["artifact"])
@@ -383,7 +383,7 @@ def test_cli_lists_shows_counts_and_prunes_programs(models, cache_dir):
 
 
 def test_private_torch_apis_this_relies_on():
-    """Pins: what ltc_cache.precompile reaches into, by name and shape."""
+    """Pins: what ltc_cache.program.precompile reaches into, by name and shape."""
     import inspect
 
     import torch
@@ -393,7 +393,7 @@ def test_private_torch_apis_this_relies_on():
     from torch._dynamo.types import GuardFilterEntry
     from torch.fx._graph_pickler import GraphPickler
 
-    from ltc_cache import precompile
+    from ltc_cache.program import precompile
 
     assert callable(getattr(torch.compile(lambda x: x, backend="eager", fullgraph=True),
                             "aot_compile", None))
@@ -454,11 +454,11 @@ def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
     assert any(record[4] == "act" for record in program["sources"])
 
 
-# -- in-process: the parts of ltc_cache.program -------------------------------------
+# -- in-process: the parts of ltc_cache.program.entries -------------------------------------
 
 
 def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch):
-    from ltc_cache.program import key_path, program_secret
+    from ltc_cache.program.entries import key_path, program_secret
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     cache = tmp_path / "cache"
@@ -479,10 +479,10 @@ def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch
 
 def test_program_signatures_bind_every_part_and_the_key(tmp_path):
     from ltc_cache.errors import EntryError
-    from ltc_cache.keys import _key
-    from ltc_cache.program import program_entry, program_parts
+    from ltc_cache.graph.keys import key_from_parts
+    from ltc_cache.program.entries import program_entry, program_parts
 
-    key = _key({"a": "1" * 64})
+    key = key_from_parts({"a": "1" * 64})
     entry = program_entry(key, "m.program", sources=[["f", 1, 2, "d", "q"]], checks=[],
                           globals_=["SCALE"], artifact=b"pickle", secret=b"k" * 32,
                           node_count=3)
@@ -507,7 +507,7 @@ def test_sources_are_compared_line_for_line(tmp_path):
     import importlib.util
     import linecache
 
-    from ltc_cache.program import Unportable, changed_source, code_record
+    from ltc_cache.program.entries import Unportable, changed_source, code_record
 
     path = tmp_path / "mod_src.py"
     path.write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x\n")
@@ -531,7 +531,7 @@ def test_objects_are_described_by_what_they_are():
 
     import torch
 
-    from ltc_cache.program import Unportable, describe
+    from ltc_cache.program.entries import Unportable, describe
 
     def make(k):
         def inner(x):
@@ -580,7 +580,7 @@ def test_the_graph_keeps_what_aotautograd_reads_through_serialisation(dynamo_res
     AOTAutograd asserts on it for a Dynamo graph (training)."""
     import torch
 
-    from ltc_cache.precompile import LtcProgramGraph
+    from ltc_cache.program.precompile import LtcProgramGraph
 
     graphs = []
 

@@ -19,8 +19,8 @@ from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LockTimeout
-from ltc_cache.entry import decode
-from ltc_cache.keys import compute_key
+from ltc_cache.graph.entry import decode
+from ltc_cache.graph.keys import compute_key
 from ltc_cache.store import DiskStore, RedisStore, TieredStore
 from ltc_cache.wire import read_envelope
 
@@ -368,7 +368,7 @@ def test_a_remote_url_of_another_scheme_is_refused_clearly(cache_dir):
 
 def test_internal_records_come_from_redis_too(redis_server, tmp_path, caplog):
     # A machine warmed from Redis must not probe ops again (issue 14, item 8).
-    from ltc_cache.support import OpSupport, _encode_record, support_record_key
+    from ltc_cache.compile_backend.support import OpSupport, _encode_record, support_record_key
 
     first = GraphCache(CacheConfig(directory=tmp_path / "a", remote=redis_server.url))
     first.store.put(support_record_key(), _encode_record({"aten.sign.default(float32)": "no",

@@ -26,7 +26,7 @@ from reliability_workers import (
 import ltc_cache
 from ltc_cache import CacheConfig, EntryError, GraphCache
 from ltc_cache.diagnostics import counters
-from ltc_cache.entry import decode
+from ltc_cache.graph.entry import decode
 from ltc_cache.store import DiskStore
 from ltc_cache.wire import SCHEMA_VERSION, is_entry_key
 
@@ -245,7 +245,7 @@ def test_entry_of_another_version_is_a_miss_never_loaded(tmp_path, monkeypatch, 
         if skew == "torch version":
             patched.setattr(torch, "__version__", "2.12.0")
         else:
-            patched.setattr("ltc_cache.keys.SCHEMA_VERSION", SCHEMA_VERSION + 1)
+            patched.setattr("ltc_cache.graph.keys.SCHEMA_VERSION", SCHEMA_VERSION + 1)
             patched.setattr("ltc_cache.wire.SCHEMA_VERSION", SCHEMA_VERSION + 1)
         delta, _ = run(directory, "scaled")
         assert delta["stores"] == 1
@@ -254,7 +254,7 @@ def test_entry_of_another_version_is_a_miss_never_loaded(tmp_path, monkeypatch, 
     foreign_bytes = store.get(foreign)
 
     decoded = []
-    monkeypatch.setattr("ltc_cache.cache.decode",
+    monkeypatch.setattr("ltc_cache.graph.cache.decode",
                         lambda data, *a, **k: decoded.append(data) or decode(data, *a, **k))
     delta, messages = run(directory, "scaled")
     assert (delta["hits"], delta["traces"], messages) == (0, 1, [])

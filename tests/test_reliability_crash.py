@@ -25,7 +25,7 @@ from reliability_workers import WORKERS, build, decode_all, matches_eager, padde
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.entry import encode
+from ltc_cache.graph.entry import encode
 from ltc_cache.report import verify
 from ltc_cache.store import DiskStore
 from ltc_cache.wire import is_entry_key

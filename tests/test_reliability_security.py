@@ -27,8 +27,8 @@ from reliability_workers import (
 
 import ltc_cache
 from ltc_cache import CacheConfig, EntryError, GraphCache
-from ltc_cache.entry import decode, encode
-from ltc_cache.keys import compute_key
+from ltc_cache.graph.entry import decode, encode
+from ltc_cache.graph.keys import compute_key
 from ltc_cache.store import DiskStore
 from ltc_cache.store import bundle as bundle_module
 from ltc_cache.store import disk as disk_module

@@ -24,11 +24,17 @@ import torch
 from torch import fx, nn
 
 import ltc_cache
-from ltc_cache.entry import decode
-from ltc_cache.extract import Extraction
-from ltc_cache.keys import compute_key, module_tensors
-from ltc_cache.layout import Source
-from ltc_cache.rewrites import drop_dead_code, linears, parse_traced, rewrite, views_for_copies
+from ltc_cache.graph.entry import decode
+from ltc_cache.graph.extract import Extraction
+from ltc_cache.graph.keys import compute_key, module_tensors
+from ltc_cache.graph.layout import Source
+from ltc_cache.graph.rewrites import (
+    drop_dead_code,
+    linears,
+    parse_traced,
+    rewrite,
+    views_for_copies,
+)
 from ltc_cache.store import DiskStore
 
 # ---------------------------------------------------------------- models

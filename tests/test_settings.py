@@ -102,22 +102,22 @@ def test_a_backend_the_program_initialised_itself_is_used_and_nothing_is_remembe
 def test_a_failure_of_the_process_never_becomes_a_negative_entry(cache_dir, monkeypatch):
     from corner_models import build, random_inputs
 
-    import ltc_cache.extract
+    import ltc_cache.graph.extract
     from ltc_cache import GraphCache
 
     gm, shapes = build("weighted")
     example = random_inputs(shapes, seed=1)
-    real_trace = ltc_cache.extract.trace
+    real_trace = ltc_cache.graph.extract.trace
     for failure in (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to "
                                  "allocate 123 bytes"),
                     RuntimeError("Tried to register multiple backend fallbacks for the same "
                                  "dispatch key Lazy")):
         def failing(*args, failure=failure):
             raise failure
-        monkeypatch.setattr(ltc_cache.extract, "trace", failing)
+        monkeypatch.setattr(ltc_cache.graph.extract, "trace", failing)
         with pytest.raises(RuntimeError):
             GraphCache(CacheConfig.from_env()).extract_compiled_graph(gm, example)
-    monkeypatch.setattr(ltc_cache.extract, "trace", real_trace)
+    monkeypatch.setattr(ltc_cache.graph.extract, "trace", real_trace)
     cache = GraphCache(CacheConfig.from_env())
     compiled = cache.extract_compiled_graph(gm, example)  # traced: nothing was remembered
     assert compiled.entry.kind == "graph"
@@ -128,8 +128,8 @@ def test_a_negative_entry_that_remembers_the_process_is_dropped(cache_dir):
     from corner_models import build, random_inputs
 
     from ltc_cache import GraphCache
-    from ltc_cache.entry import Entry, encode, new_meta
-    from ltc_cache.keys import compute_key
+    from ltc_cache.graph.entry import Entry, encode, new_meta
+    from ltc_cache.graph.keys import compute_key
 
     gm, shapes = build("weighted")
     example = random_inputs(shapes, seed=1)

@@ -28,8 +28,8 @@ print(json.dumps({"stats": ltc_cache.stats(), "modules": sorted(sys.modules)}))
 """
 
 # Loaded by a miss only.
-_MISS_ONLY = {"torch._lazy", "ltc_cache.extract", "ltc_cache.rewrites", "ltc_cache.names",
-              "filelock"}
+_MISS_ONLY = {"torch._lazy", "ltc_cache.graph.extract", "ltc_cache.graph.rewrites",
+              "ltc_cache.graph.names", "filelock"}
 
 
 def _child(case: str) -> dict:
@@ -55,5 +55,5 @@ def test_a_miss_imports_what_it_needs(cache_dir):
     """The deferred imports are there when a process has to trace."""
     report = _child("weighted")
     assert report["stats"]["traces"] == 1 and report["stats"]["stores"] == 1
-    assert {"ltc_cache.extract", "ltc_cache.rewrites", "ltc_cache.names"} <= set(
+    assert {"ltc_cache.graph.extract", "ltc_cache.graph.rewrites", "ltc_cache.graph.names"} <= set(
         report["modules"])

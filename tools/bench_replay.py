@@ -191,8 +191,8 @@ def ratio(a: Timing, b: Timing) -> str:
 
 
 def compiled_from(extraction: Any, gm: fx.GraphModule) -> Any:
-    from ltc_cache.entry import Entry
-    from ltc_cache.replay import CompiledGraph, build_function
+    from ltc_cache.graph.entry import Entry
+    from ltc_cache.graph.replay import CompiledGraph, build_function
 
     entry = Entry("", extraction.ir, extraction.inputs, extraction.outputs, extraction.updates,
                   {})
@@ -201,7 +201,7 @@ def compiled_from(extraction: Any, gm: fx.GraphModule) -> Any:
 
 def rewritten(extraction: Any, *steps: Callable[..., int]) -> Any:
     """``extraction`` with only the rewrite functions ``steps`` applied."""
-    from ltc_cache.rewrites import bool_list_constants, linears, views_for_copies
+    from ltc_cache.graph.rewrites import bool_list_constants, linears, views_for_copies
 
     graph = torch._C.parse_ir(extraction.ir, parse_tensor_constants=True)
     inputs = list(extraction.inputs)
@@ -216,8 +216,8 @@ def rewritten(extraction: Any, *steps: Callable[..., int]) -> Any:
 def steady(name: str, width: int, rounds: int, inductor: bool,
            clock: Callable[[], float] = time.perf_counter) -> tuple[str, dict[str, float]]:
     from ltc_cache import CacheConfig, GraphCache
-    from ltc_cache.extract import trace
-    from ltc_cache.rewrites import (
+    from ltc_cache.graph.extract import trace
+    from ltc_cache.graph.rewrites import (
         bool_list_constants,
         drop_dead_code,
         fold_scalars,
@@ -259,7 +259,7 @@ def steady(name: str, width: int, rounds: int, inductor: bool,
                      f"{len(compiled.entry.ir) / 1024:.0f} KB")
 
         with contextlib.suppress(Exception):  # the backend may not be installed
-            import ltc_cache.dynamo  # noqa: F401
+            import ltc_cache.compile_backend.backend  # noqa: F401
 
             via_compile = torch.compile(model, backend="ltc_cache")
             with _env(LTC_CACHE_DIR=tempfile.mkdtemp(prefix="ltc-bench-")):
@@ -321,7 +321,7 @@ def kernel_floor(compiled: Any, gm: fx.GraphModule, example: list[torch.Tensor],
     which time lost to other processes on a busy machine does not inflate.
     Returns the best CPU seconds per call of the kernels and of the whole
     graph, and the count of each op counted."""
-    from ltc_cache.keys import module_tensors
+    from ltc_cache.graph.keys import module_tensors
 
     live = module_tensors(gm)
     inputs = [example[s.ref] if s.kind == "arg" else live[s.ref] if s.kind == "attr" else s.ref
@@ -487,7 +487,7 @@ def executor(name: str, width: int, rounds: int) -> str:
     function under three executor settings: optimisation off around every
     call (what replay does), off around the first call only, and on."""
     from ltc_cache import CacheConfig, GraphCache
-    from ltc_cache.replay import build_function
+    from ltc_cache.graph.replay import build_function
     from ltc_cache.store import MemoryStore
 
     model, example = build(name, width)
@@ -498,7 +498,7 @@ def executor(name: str, width: int, rounds: int) -> str:
              "steady (best)"]]
     with torch.no_grad():
         compiled = cache.extract_compiled_graph(gm, example)
-        from ltc_cache.keys import module_tensors
+        from ltc_cache.graph.keys import module_tensors
         live = module_tensors(gm)
         inputs = [example[s.ref] if s.kind == "arg" else live[s.ref] if s.kind == "attr"
                   else s.ref for s in compiled.entry.inputs]
@@ -531,8 +531,8 @@ def executor(name: str, width: int, rounds: int) -> str:
 
 def lookup(counts: list[int], rounds: int, width: int) -> str:
     from ltc_cache import CacheConfig, GraphCache
-    from ltc_cache.entry import decode, encode
-    from ltc_cache.keys import compute_key
+    from ltc_cache.graph.entry import decode, encode
+    from ltc_cache.graph.keys import compute_key
     from ltc_cache.store import DiskStore, MemoryStore
 
     model, example = build("mlp32", width)
@@ -601,7 +601,7 @@ with torch.no_grad():
     if mode == "eager":
         run = model
     else:
-        import ltc_cache, ltc_cache.cache, ltc_cache.store
+        import ltc_cache, ltc_cache.graph.cache, ltc_cache.store
         imported = peak()
         run = ltc_cache.extract_compiled_graph(gm, example)
         extracted = peak()

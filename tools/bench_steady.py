@@ -27,7 +27,7 @@ its own, side by side.
 
 ``--warm`` adds a ltc_cache variant over the first one's cache directory,
 compiled after it: it runs from the stored plans, as a warm process does
-(a training step through :class:`ltc_cache.joint.JointFunction`, where the
+(a training step through :class:`ltc_cache.compile_backend.joint.JointFunction`, where the
 first variant runs AOTAutograd's own runtime wrappers).
 
 ``--profile`` adds, per model, the self CPU time per call of each class of
@@ -158,15 +158,16 @@ class _Regions(logging.Handler):
 # --ab NAME: the changes a run can switch off for a variant of its own,
 # as (module, function, what runs instead).
 CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
-    "trailing-views": ("ltc_cache.partition", "_leave_out_trailing_views",
+    "trailing-views": ("ltc_cache.compile_backend.partition", "_leave_out_trailing_views",
                        lambda nodes: None),
-    "tanh-gelu": ("ltc_cache.rewrites", "tanh_gelus", lambda graph, inputs: 0),
-    "returned-views": ("ltc_cache.rewrites.views", "_returned_views", lambda graph: set()),
-    "input-views": ("ltc_cache.partition", "_views_input", lambda node: False),
-    "silu-backward": ("ltc_cache.rewrites", "silu_backwards", lambda graph, inputs: 0),
-    "read-returned-views": ("ltc_cache.partition", "_read_outside",
+    "tanh-gelu": ("ltc_cache.graph.rewrites", "tanh_gelus", lambda graph, inputs: 0),
+    "returned-views": ("ltc_cache.graph.rewrites.views", "_returned_views", lambda graph: set()),
+    "input-views": ("ltc_cache.compile_backend.partition", "_views_input", lambda node: False),
+    "silu-backward": ("ltc_cache.graph.rewrites", "silu_backwards", lambda graph, inputs: 0),
+    "read-returned-views": ("ltc_cache.compile_backend.partition", "_read_outside",
                             lambda node, nodes: False),
-    "joint-cold": ("ltc_cache.joint_switch", "joint_once_made", lambda aot, made, wrap: aot),
+    "joint-cold": ("ltc_cache.compile_backend.joint_switch", "joint_once_made",
+                   lambda aot, made, wrap: aot),
 }
 
 

@@ -46,11 +46,12 @@ import torch
 from torch import fx
 torch.set_num_threads(1)
 from bench_replay import build
-import ltc_cache, ltc_cache.cache, ltc_cache.dynamo, ltc_cache.entry, ltc_cache.keys
+import ltc_cache, ltc_cache.graph.cache, ltc_cache.compile_backend.backend
+import ltc_cache.graph.entry, ltc_cache.graph.keys
 from ltc_cache.store import DiskStore
 if os.environ.get("BENCH_IR_AS_TRACED"):  # store the IR unrewritten, to compare
-    import ltc_cache.rewrites  # the cache imports rewrites when it traces, from here
-    ltc_cache.rewrites.rewrite = lambda extraction: extraction
+    import ltc_cache.graph.rewrites  # the cache imports rewrites when it traces, from here
+    ltc_cache.graph.rewrites.rewrite = lambda extraction: extraction
 model, example = build(model_name, width)
 gm = fx.symbolic_trace(model)
 directory = os.environ["LTC_CACHE_DIR"]
@@ -65,9 +66,9 @@ with torch.no_grad():
         report["cpu_ms"] = (time.process_time() - cpu) * 1e3
         report["stats"] = ltc_cache.stats()
     elif mode == "floor":
-        from ltc_cache.entry import decode
-        from ltc_cache.keys import module_tensors
-        from ltc_cache.replay import build_function
+        from ltc_cache.graph.entry import decode
+        from ltc_cache.graph.keys import module_tensors
+        from ltc_cache.graph.replay import build_function
         key = sys.argv[5]
         start, cpu = clock(), time.process_time()
         store = DiskStore(directory)
@@ -88,9 +89,9 @@ with torch.no_grad():
                             "first call": (done - bound) * 1e3}
     elif mode == "breakdown":
         from ltc_cache import CacheConfig, GraphCache
-        from ltc_cache.entry import decode
-        from ltc_cache.keys import compute_key, module_tensors
-        from ltc_cache.replay import CompiledGraph, build_function, check_usable
+        from ltc_cache.graph.entry import decode
+        from ltc_cache.graph.keys import compute_key, module_tensors
+        from ltc_cache.graph.replay import CompiledGraph, build_function, check_usable
         stages = {}
         def stage(name, start):  # CPU time: steadier than wall time on a busy machine
             now = time.process_time(); stages[name] = (now - start) * 1e3; return now
@@ -125,14 +126,14 @@ with torch.no_grad():
             torch._functorch.config.enable_autograd_cache = True
         elif mode == "compile-ltc":  # the backend's own part (key, lookup, parse)
             backend_ms = []
-            call = ltc_cache.dynamo.LtcBackend.__call__
+            call = ltc_cache.compile_backend.backend.LtcBackend.__call__
             def timed(self, *args, **kwargs):
                 t = clock()
                 try:
                     return call(self, *args, **kwargs)
                 finally:
                     backend_ms.append((clock() - t) * 1e3)
-            ltc_cache.dynamo.LtcBackend.__call__ = timed
+            ltc_cache.compile_backend.backend.LtcBackend.__call__ = timed
         # backend="eager": Dynamo's capture alone, which every backend pays.
         compiled = torch.compile(model, backend=mode.removeprefix("compile-").replace(
             "ltc", "ltc_cache"))
@@ -166,7 +167,7 @@ def key_of(model: str, width: int) -> str:
     from bench_replay import build
     from torch import fx
 
-    from ltc_cache.keys import compute_key
+    from ltc_cache.graph.keys import compute_key
 
     module, example = build(model, width)
     return compute_key(fx.symbolic_trace(module), example).digest

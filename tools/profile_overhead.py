@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from ltc_cache import CacheConfig, GraphCache, LtcBackend, replay
+    from ltc_cache import CacheConfig, GraphCache, LtcBackend
+    from ltc_cache.graph import replay
 
     torch.set_num_threads(1)
     graphs: list[replay.CompiledGraph] = []

@@ -14,7 +14,7 @@ from ..errors import EntryError
 from ..store.disk import DiskStore
 
 if TYPE_CHECKING:
-    from ..entry import Entry
+    from ..graph.entry import Entry
 
 __all__ = ["EntryProblem", "Progress", "VerifyReport", "decode_entry", "describe_source",
            "load_entry", "verify"]
@@ -31,7 +31,7 @@ class EntryProblem:
 
 def decode_entry(data: bytes, key: str, secret: bytes | None) -> Entry:
     """Entry bytes -> Entry; raises EntryError unless they are a good entry of ``key``."""
-    from ..entry import decode
+    from ..graph.entry import decode
 
     return decode(data, expected_key=key, secret=secret)
 
@@ -79,9 +79,9 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
     them; nothing is unpickled)."""
     import torch
 
-    from ..joint import joint_graphs
-    from ..plan import plan_graph
-    from ..program import check_program
+    from ..compile_backend.joint import joint_graphs
+    from ..compile_backend.plan import plan_graph
+    from ..program.entries import check_program
 
     checked, problems = 0, []
     for key in keys:

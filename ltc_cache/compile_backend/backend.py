@@ -39,12 +39,12 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .cache import GraphCache, default_cache
-from .diagnostics import counters, warn_once
-from .errors import EntryError, UncacheableGraph, first_line
-from .keys import CacheKey, compute_key
+from ..diagnostics import counters, warn_once
+from ..errors import EntryError, UncacheableGraph, first_line
+from ..graph.cache import GraphCache, default_cache
+from ..graph.keys import CacheKey, compute_key
+from ..graph.replay import CompiledGraph
 from .nodes import is_symbolic, node_value
-from .replay import CompiledGraph
 
 if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
     from .partition import Partitioned

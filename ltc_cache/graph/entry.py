@@ -19,9 +19,9 @@ from typing import Any
 import msgpack
 import torch
 
-from .errors import EntryError
+from ..errors import EntryError
+from ..wire import KINDS, pack_envelope, read_envelope, unpack
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
-from .wire import KINDS, pack_envelope, read_envelope, unpack
 
 __all__ = ["Entry", "check_layout", "decode", "encode", "tensor_from_wire", "tensor_to_wire"]
 

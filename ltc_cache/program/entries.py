@@ -45,10 +45,10 @@ from typing import Any
 import msgpack
 import torch
 
-from .entry import Entry, new_meta
-from .errors import EntryError, UncacheableGraph
-from .keys import CacheKey, _hash, _key, _tensor_signature, code_digest
-from .wire import PROGRAM_FORMAT
+from ..errors import EntryError, UncacheableGraph
+from ..graph.entry import Entry, new_meta
+from ..graph.keys import CacheKey, code_digest, hash_lines, key_from_parts, tensor_signature
+from ..wire import PROGRAM_FORMAT
 
 __all__ = ["VERSION", "ProgramParts", "Unportable", "changed_source", "check_program",
            "code_record",
@@ -84,7 +84,7 @@ def _spec(value: Any, depth: int = 0) -> str:
     if depth > OBJECT_DEPTH:
         raise UncacheableGraph("an argument nested deeper than ltc_cache describes")
     if isinstance(value, torch.Tensor):
-        return "tensor:" + _tensor_signature(value)
+        return "tensor:" + tensor_signature(value)
     if value is None or isinstance(value, bool | int | float | str):
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, torch.dtype | torch.device | torch.memory_format | torch.layout):
@@ -124,7 +124,7 @@ def _structure(module: torch.nn.Module) -> Iterable[str]:
         yield f"{path}={type(sub).__module__}.{type(sub).__qualname__} training={sub.training}"
     for name, t in (*module.named_parameters(remove_duplicate=False),
                     *module.named_buffers(remove_duplicate=False)):
-        yield f"{name}:{_tensor_signature(t)}"
+        yield f"{name}:{tensor_signature(t)}"
 
 
 def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Sequence[Any],
@@ -134,21 +134,21 @@ def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Seq
     of the key). The sources Dynamo inlines are not known before capture:
     they are stored in the entry and compared on load."""
     parts = {
-        "format": _hash([f"{PROGRAM_FORMAT}:{VERSION}"]),
-        "torch": _hash([torch.__version__, str(torch.version.git_version)]),
-        "python": _hash([sys.version, platform.python_implementation()]),
-        "function": _hash([fn.__module__, fn.__qualname__, fn.__code__.co_filename]),
-        "structure": _hash(_structure(owner) if owner is not None else ["-"]),
-        "grad_mode": _hash([f"grad={torch.is_grad_enabled()}",
+        "format": hash_lines([f"{PROGRAM_FORMAT}:{VERSION}"]),
+        "torch": hash_lines([torch.__version__, str(torch.version.git_version)]),
+        "python": hash_lines([sys.version, platform.python_implementation()]),
+        "function": hash_lines([fn.__module__, fn.__qualname__, fn.__code__.co_filename]),
+        "structure": hash_lines(_structure(owner) if owner is not None else ["-"]),
+        "grad_mode": hash_lines([f"grad={torch.is_grad_enabled()}",
                             f"inference={torch.is_inference_mode_enabled()}",
                             f"autocast={torch.is_autocast_enabled()}"]),
         # Dynamo's global-state guard checks the thread count: without it in
         # the key, workers with other --threads overwrote each other's program.
-        "threads": _hash([f"threads={torch.get_num_threads()}"]),
-        "inputs": _hash([spec_text(args, kwargs)]),
-        "backend": _hash(["TorchScript", "CUDA" if "LTC_TS_CUDA" in os.environ else "CPU"]),
+        "threads": hash_lines([f"threads={torch.get_num_threads()}"]),
+        "inputs": hash_lines([spec_text(args, kwargs)]),
+        "backend": hash_lines(["TorchScript", "CUDA" if "LTC_TS_CUDA" in os.environ else "CPU"]),
     }
-    return _key(parts)
+    return key_from_parts(parts)
 
 
 # --- sources -------------------------------------------------------------------

@@ -27,7 +27,7 @@ from torch._lazy import debug as lazy_debug
 from torch._lazy.extract_compiled_graph import force_lazy_device, get_fallback_ops
 from torch.nn.utils.stateless import _reparametrize_module
 
-from .errors import LtcUnavailable
+from ..errors import LtcUnavailable
 from .keys import module_tensors
 from .layout import Source, Update
 

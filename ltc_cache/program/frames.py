@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import first_line
+from ..errors import first_line
+from ..graph.keys import CacheKey
+from .entries import ProgramParts, Unportable, code_record, program_entry, program_secret
 from .frame_names import SKIP, advance_unique_ids, apply_skips, property_source, skip_record
-from .keys import CacheKey
-from .program import ProgramParts, Unportable, code_record, program_entry, program_secret
 
 if TYPE_CHECKING:
-    from .cache import GraphCache
+    from ..graph.cache import GraphCache
 
 __all__ = ["FramesProgram", "describe_breaks", "graph_break_reasons", "load_frames",
            "load_program", "pinned_apis", "store_program"]

@@ -44,13 +44,12 @@ from typing import Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
-from .cache import GraphCache, default_cache
+from ..diagnostics import counters, warn_once
+from ..errors import EntryError, UncacheableGraph, first_line
+from ..graph.cache import GraphCache, default_cache
+from ..graph.keys import CacheKey
 from .compiled_module import CompiledModule, stand_in
-from .diagnostics import counters, warn_once
-from .errors import EntryError, UncacheableGraph, first_line
-from .frames import FramesProgram, load_program, store_program
-from .keys import CacheKey
-from .program import (
+from .entries import (
     OBJECT_DEPTH,
     ProgramParts,
     Unportable,
@@ -67,6 +66,7 @@ from .program import (
     program_parts,
     program_secret,
 )
+from .frames import FramesProgram, load_program, store_program
 
 __all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "PROGRAM_LOOKUPS",
            "CompiledModule", "compile"]
@@ -153,7 +153,7 @@ class LtcProgramGraph(SerializableCallable):
         return call(*args)
 
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
-        from .dynamo import LtcBackend, run_time_tracing
+        from ..compile_backend.backend import LtcBackend, run_time_tracing
 
         # Real inputs, as Dynamo gives them, and its tracing context.
         with run_time_tracing():
@@ -545,7 +545,7 @@ class _Programs:
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         counters.bump(PROGRAM_FALLBACKS)
         if self._fallback is None:
-            from .dynamo import backend
+            from ..compile_backend.backend import backend
 
             self._fallback = torch.compile(self._fallback_target, backend=backend, **self._kwargs)
         return self._fallback(*args, **kwargs)
@@ -876,6 +876,6 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
     # program: Dynamo captures in every process).
     logger.info("ltc_cache.compile: a %s is compiled with torch.compile(backend=\"ltc_cache\")",
                 type(model).__name__)
-    from .dynamo import backend
+    from ..compile_backend.backend import backend
 
     return torch.compile(model, backend=backend, **kwargs)

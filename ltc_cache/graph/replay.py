@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
+from ..errors import EntryError
 from .entry import Entry, check_layout
-from .errors import EntryError
 from .keys import module_tensors
 from .layout import Source
 

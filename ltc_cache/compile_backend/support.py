@@ -20,10 +20,10 @@ from torch import fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 from torch.utils._python_dispatch import _disable_current_modes
 
-from .errors import first_line
+from ..errors import first_line
+from ..store import Store
+from ..wire import SUPPORT_RECORD_FORMAT, read_record, write_record
 from .nodes import is_symbolic, node_value
-from .store import Store
-from .wire import SUPPORT_RECORD_FORMAT, read_record, write_record
 
 __all__ = ["OpSupport", "op_signature", "support_record_key"]
 
@@ -83,7 +83,7 @@ def _probe(node: fx.Node) -> str | None:
     import torch._lazy.metrics as metrics
     from torch._lazy.extract_compiled_graph import get_fallback_ops
 
-    from .extract import init_lazy_backend
+    from ..graph.extract import init_lazy_backend
 
     init_lazy_backend()
 

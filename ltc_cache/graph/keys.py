@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from .errors import UncacheableGraph
-from .wire import SCHEMA_VERSION
+from ..errors import UncacheableGraph
+from ..wire import SCHEMA_VERSION
 
 __all__ = ["CacheKey", "code_digest", "compute_key", "derived_key", "differing_parts",
            "module_tensors"]
@@ -91,7 +91,7 @@ def _submodule(model: torch.nn.Module, path: str) -> torch.nn.Module:
     return model
 
 
-def _tensor_signature(t: torch.Tensor) -> str:
+def tensor_signature(t: torch.Tensor) -> str:
     return (f"{tuple(t.shape)}|{t.stride()}|{t.dtype}|{t.device}"
             f"|grad={t.requires_grad}|{type(t).__name__}")
 
@@ -104,14 +104,14 @@ def _tensor_signatures(tensors: Mapping[str, torch.Tensor]) -> Iterator[str]:
         layout = (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, type(t))
         text = formatted.get(layout)
         if text is None:
-            text = formatted[layout] = _tensor_signature(t)
+            text = formatted[layout] = tensor_signature(t)
         yield f"{name}:{text}"
 
 
 def _value_signature(value: Any) -> str:
     """Inputs by layout, Python values by type and value."""
     if isinstance(value, torch.Tensor):
-        return "tensor:" + _tensor_signature(value)
+        return "tensor:" + tensor_signature(value)
     if isinstance(value, _SCALARS):
         return f"{type(value).__name__}:{value!r}"
     if isinstance(value, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
@@ -147,7 +147,7 @@ def _backend_text() -> Iterator[str]:
     yield "CUDA" if "LTC_TS_CUDA" in os.environ else "CPU"
 
 
-def _hash(lines: Iterator[str] | Sequence[str]) -> str:
+def hash_lines(lines: Iterator[str] | Sequence[str]) -> str:
     return hashlib.sha256("".join(f"{line}\0" for line in lines).encode()).hexdigest()
 
 
@@ -160,21 +160,22 @@ def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
     """
     tensors = module_tensors(model) if tensors is None else tensors
     parts = {
-        "schema": _hash([f"schema={SCHEMA_VERSION}"]),
-        "torch": _hash([torch.__version__, str(torch.version.git_version)]),
-        "backend": _hash(_backend_text()),
-        "graph": _hash(_graph_text(model)),
-        "module_tensors": _hash(_tensor_signatures(tensors)),
-        "inputs": _hash(_value_signature(v) for v in example_inputs),
-        "lazy_config": _hash(_lazy_config_text()),
+        "schema": hash_lines([f"schema={SCHEMA_VERSION}"]),
+        "torch": hash_lines([torch.__version__, str(torch.version.git_version)]),
+        "backend": hash_lines(_backend_text()),
+        "graph": hash_lines(_graph_text(model)),
+        "module_tensors": hash_lines(_tensor_signatures(tensors)),
+        "inputs": hash_lines(_value_signature(v) for v in example_inputs),
+        "lazy_config": hash_lines(_lazy_config_text()),
     }
-    return _key(parts)
+    return key_from_parts(parts)
 
 
 def derived_key(key: CacheKey, **texts: str) -> CacheKey:
     """``key`` with more parts, each hashed from its text: the key of
     something made from the graph ``key`` names (a partitioning plan)."""
-    return _key({**key.parts, **{name: _hash([text]) for name, text in texts.items()}})
+    added = {name: hash_lines([text]) for name, text in texts.items()}
+    return key_from_parts({**key.parts, **added})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -191,8 +192,8 @@ def code_digest(code: types.CodeType) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def _key(parts: dict[str, str]) -> CacheKey:
-    digest = _hash(f"{name}={value}" for name, value in parts.items())
+def key_from_parts(parts: dict[str, str]) -> CacheKey:
+    digest = hash_lines(f"{name}={value}" for name, value in parts.items())
     for name, value in parts.items():
         logger.debug("key %s part %s = %s", digest[:12], name, value[:12])
     return CacheKey(digest, parts)

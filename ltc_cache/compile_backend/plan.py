@@ -40,12 +40,12 @@ from typing import Any
 import torch
 from torch import fx
 
-from .entry import Entry, new_meta, tensor_from_wire, tensor_to_wire
-from .errors import EntryError
-from .keys import CacheKey, code_digest, derived_key
+from ..errors import EntryError
+from ..graph.entry import Entry, new_meta, tensor_from_wire, tensor_to_wire
+from ..graph.keys import CacheKey, code_digest, derived_key
+from ..wire import PLAN_FORMAT
 from .nodes import is_symbolic
 from .partition import REGION_PREFIX, Partitioned
-from .wire import PLAN_FORMAT
 
 __all__ = ["PlanError", "bare_inference", "graph_from_wire", "graph_to_wire",
            "partitioned_from_wire", "partitioned_to_wire", "plan_entry", "plan_graph", "plan_key",

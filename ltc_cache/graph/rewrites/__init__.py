@@ -47,7 +47,7 @@ import logging
 
 import torch
 
-from ..diagnostics import warn_once
+from ...diagnostics import warn_once
 from ..extract import Extraction
 from .dead_code import drop_dead_code
 from .fusions import silu_backwards, tanh_gelus

@@ -17,13 +17,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx
 
-from .config import CacheConfig
-from .diagnostics import count_event, counters, warn_once
+from ..config import CacheConfig
+from ..diagnostics import count_event, counters, warn_once
+from ..errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
+from ..store import Store, TieredStore, open_tiers
 from .entry import Entry, decode, encode, new_meta
-from .errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
 from .keys import CacheKey, compute_key, module_tensors
 from .replay import CompiledGraph, GraphFunction, build_function, check_usable, count_nodes
-from .store import Store, TieredStore, open_tiers
 
 # Tracing (extract, rewrites: torch._lazy with them) and miss reports (names)
 # are imported where a miss needs them: a warm process never does, and they

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from .entry import Entry
-from .errors import EntryError
+from ..errors import EntryError
+from ..graph.entry import Entry
 from .partition import Partitioned
 from .plan import PlanError, partitioned_from_wire, runs_bare
 
