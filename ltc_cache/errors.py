@@ -62,3 +62,8 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     to pages), at most ``limit`` characters; its type where it has none."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0][:limit] if lines else type(exc).__name__
+
+
+class Unportable(ValueError):
+    """A program that cannot be stored safely (a guard this module cannot
+    check in another process, a function without a source file)."""

@@ -198,7 +198,7 @@ def test_typing_objects_and_dataclass_fields_are_described_across_processes():
     import dataclasses
     import typing
 
-    from ltc_cache.program.entries import describe
+    from ltc_cache.program.describe import describe
 
     assert describe(typing.Optional) == describe(typing.Optional)
     assert describe(typing.Optional) != describe(typing.Union)

@@ -140,7 +140,7 @@ def test_a_static_cache_is_keyed_by_its_state_and_a_dynamic_one_goes_to_torch_co
     transformers = pytest.importorskip("transformers")
     from ltc_cache.errors import UncacheableGraph
     from ltc_cache.program.entries import spec_text
-    from ltc_cache.program.precompile import _Growing, _layout
+    from ltc_cache.program.loaded import GrowingLayout, call_layout
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4)
     ids = torch.ones(1, 1, dtype=torch.long)
@@ -151,7 +151,7 @@ def test_a_static_cache_is_keyed_by_its_state_and_a_dynamic_one_goes_to_torch_co
     a, b = (transformers.StaticCache(config=config, max_cache_len=32) for _ in range(2))
     longer = transformers.StaticCache(config=config, max_cache_len=64)
     assert spec(a) == spec(b) != spec(longer)
-    assert _layout(a) == _layout(b) != _layout(longer)
+    assert call_layout(a) == call_layout(b) != call_layout(longer)
 
     class Loop:
         pass
@@ -160,5 +160,5 @@ def test_a_static_cache_is_keyed_by_its_state_and_a_dynamic_one_goes_to_torch_co
     loop.me = loop
     with pytest.raises(UncacheableGraph):
         spec(loop)
-    with pytest.raises(_Growing):
-        _layout({"cache": transformers.DynamicCache(config=config)})
+    with pytest.raises(GrowingLayout):
+        call_layout({"cache": transformers.DynamicCache(config=config)})

@@ -210,7 +210,8 @@ def test_a_global_named_after_an_object_id_is_never_checked_by_that_name():
     stored, rather than stored to fail every later load)."""
     import torch
 
-    from ltc_cache.program.entries import Unportable, names_process_specific, portable_expression
+    from ltc_cache.errors import Unportable
+    from ltc_cache.program.guards import names_process_specific, portable_expression
 
     name = f"_{id(torch)}_c0"
     expr = f"G[{name!r}].Tensor"
@@ -393,7 +394,7 @@ def test_private_torch_apis_this_relies_on():
     from torch._dynamo.types import GuardFilterEntry
     from torch.fx._graph_pickler import GraphPickler
 
-    from ltc_cache.program import precompile
+    from ltc_cache.program import guards, program_graph
 
     assert callable(getattr(torch.compile(lambda x: x, backend="eager", fullgraph=True),
                             "aot_compile", None))
@@ -414,9 +415,9 @@ def test_private_torch_apis_this_relies_on():
         f.name for f in __import__("dataclasses").fields(GuardFilterEntry)}
     # What torch cannot serialise is what the guard filter replaces.
     assert set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES) <= set(
-        precompile._UNSERIALIZABLE)
+        guards._UNSERIALIZABLE)
     assert callable(GraphPickler.dumps) and callable(GraphPickler.loads)
-    assert issubclass(precompile.LtcProgramGraph, SerializableCallable)
+    assert issubclass(program_graph.LtcProgramGraph, SerializableCallable)
 
 
 def test_compile_takes_torch_compile_arguments_only():
@@ -458,7 +459,7 @@ def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
 
 
 def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch):
-    from ltc_cache.program.entries import key_path, program_secret
+    from ltc_cache.program.signing import key_path, program_secret
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     cache = tmp_path / "cache"
@@ -507,7 +508,8 @@ def test_sources_are_compared_line_for_line(tmp_path):
     import importlib.util
     import linecache
 
-    from ltc_cache.program.entries import Unportable, changed_source, code_record
+    from ltc_cache.errors import Unportable
+    from ltc_cache.program.describe import changed_source, code_record
 
     path = tmp_path / "mod_src.py"
     path.write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x\n")
@@ -531,7 +533,8 @@ def test_objects_are_described_by_what_they_are():
 
     import torch
 
-    from ltc_cache.program.entries import Unportable, describe
+    from ltc_cache.errors import Unportable
+    from ltc_cache.program.describe import describe
 
     def make(k):
         def inner(x):
@@ -580,7 +583,7 @@ def test_the_graph_keeps_what_aotautograd_reads_through_serialisation(dynamo_res
     AOTAutograd asserts on it for a Dynamo graph (training)."""
     import torch
 
-    from ltc_cache.program.precompile import LtcProgramGraph
+    from ltc_cache.program.program_graph import LtcProgramGraph
 
     graphs = []
 

@@ -268,7 +268,7 @@ class _PerShape:
     layout it is called with (each one is a cache entry of its own), as the
     static graph of that layout would be (:mod:`ltc_cache.specialize`)."""
 
-    __slots__ = ("_backend", "_compiled", "_gm", "_name", "_scalars", "_training")
+    __slots__ = ("_compiled", "_gm", "_name", "_scalars", "_training", "program_backend")
 
     def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
                  training: bool) -> None:

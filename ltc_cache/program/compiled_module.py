@@ -36,7 +36,7 @@ import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
 if TYPE_CHECKING:
-    from .precompile import _Programs
+    from .programs import Programs
 
 __all__ = ["CompiledModule", "stand_in"]
 
@@ -66,7 +66,7 @@ class CompiledModule(OptimizedModule):
     # Dynamo traces hooks; a program runs outside Dynamo: the plain call.
     __call__ = torch.nn.Module.__call__
 
-    def __init__(self, module: torch.nn.Module, programs: _Programs,
+    def __init__(self, module: torch.nn.Module, programs: Programs,
                  compile_kwargs: Mapping[str, Any] | None = None) -> None:
         # OptimizedModule.__init__ builds Dynamo's context; this sets what
         # its methods read (``_orig_mod`` first: attribute access goes
@@ -181,7 +181,7 @@ class _ProgramsContext:
     ``self(batch)`` reaches the programs through the wrapped forward, and
     the rest of it, the loss and logging, is eager code)."""
 
-    def __init__(self, module: torch.nn.Module, programs: _Programs) -> None:
+    def __init__(self, module: torch.nn.Module, programs: Programs) -> None:
         self._module = module
         self._programs = programs
 
@@ -196,7 +196,7 @@ class _ProgramsContext:
         return (_saved_forward, ())
 
 
-def _forward_like(original: Callable[..., Any], programs: _Programs) -> _ProgramsForward:
+def _forward_like(original: Callable[..., Any], programs: Programs) -> _ProgramsForward:
     return _ProgramsForward(original, programs)
 
 
@@ -208,7 +208,7 @@ class _ProgramsForward:
     program made through it (Lightning's ``validate`` after ``fit``); this
     one pickles as a placeholder, not as the programs it holds."""
 
-    def __init__(self, original: Callable[..., Any], programs: _Programs) -> None:
+    def __init__(self, original: Callable[..., Any], programs: Programs) -> None:
         self._programs = programs
         functools.update_wrapper(self, original)
 
@@ -247,7 +247,7 @@ def _stand_in_class(cls: type[torch.nn.Module]) -> type[CompiledModule]:
     })
 
 
-def stand_in(module: torch.nn.Module, programs: _Programs,
+def stand_in(module: torch.nn.Module, programs: Programs,
              compile_kwargs: Mapping[str, Any]) -> CompiledModule:
     """The CompiledModule of ``module``, computing through ``programs``."""
     return _stand_in_class(type(module))(module, programs, compile_kwargs)

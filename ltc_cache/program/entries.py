@@ -24,18 +24,11 @@ Nothing here imports Dynamo; :mod:`ltc_cache.precompile` drives it.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import functools
 import hashlib
 import hmac
-import inspect
-import linecache
 import logging
 import os
 import platform
-import re
-import secrets
 import sys
 import types
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,32 +40,19 @@ import torch
 
 from ..errors import EntryError, UncacheableGraph
 from ..graph.entry import Entry, new_meta
-from ..graph.keys import CacheKey, code_digest, hash_lines, key_from_parts, tensor_signature
+from ..graph.keys import CacheKey, hash_lines, key_from_parts, tensor_signature
 from ..wire import PROGRAM_FORMAT
+from .describe import OBJECT_DEPTH, plain_object
+from .signing import key_path, read_key
 
-__all__ = ["VERSION", "ProgramParts", "Unportable", "changed_source", "check_program",
-           "code_record",
-           "describe", "negative_program_entry", "program_entry", "program_key",
-           "program_parts", "program_secret", "sign", "spec_text"]
+__all__ = ["VERSION", "ProgramParts", "check_program", "negative_program_entry", "program_entry",
+           "program_key", "program_parts", "sign", "spec_text"]
 
 logger = logging.getLogger("ltc_cache.program")
 
 # 2: a graph break is a program of several frames (an old negative entry for
 # it would keep the function on torch.compile).
 VERSION = 2
-# The per-user signing key, created on first use (mode 0600).
-KEY_FILE = "program.key"
-_KEY_BYTES = 32
-# How deep a function's closure and defaults are described.
-_DEPTH = 12
-# How deep an argument's containers and objects are described (a
-# StaticCache: the cache, its list of layers, each layer, its tensors).
-OBJECT_DEPTH = 8
-
-
-class Unportable(ValueError):
-    """A program that cannot be stored safely (a guard this module cannot
-    check in another process, a function without a source file)."""
 
 
 # --- the key -------------------------------------------------------------------
@@ -100,15 +80,6 @@ def _spec(value: Any, depth: int = 0) -> str:
         return f"{cls.__module__}.{cls.__qualname__}:{{{items}}}"
     raise UncacheableGraph(f"no stable program key for an argument of type "
                            f"{type(value).__name__}")
-
-
-def plain_object(value: Any) -> bool:
-    """An object described by its class and its attributes (a transformers
-    ``StaticCache`` and its layers: tensors, numbers, lists): not a module,
-    a function, a class, nor anything else whose identity matters."""
-    return (hasattr(value, "__dict__") and type(value).__module__ != "builtins"
-            and not isinstance(value, torch.nn.Module | types.ModuleType | type
-                               | types.FunctionType | types.MethodType))
 
 
 def spec_text(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -154,227 +125,10 @@ def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Seq
 # --- sources -------------------------------------------------------------------
 
 
-def code_record(code: types.CodeType) -> list[Any] | None:
-    """What is compared on load for one function Dynamo inlined:
-    ``[file, first line, last line (exclusive), sha256 of the lines,
-    qualname]``. None for code the key covers already (the interpreter's
-    frozen modules, dataclass-generated methods whose class is checked);
-    raises :class:`Unportable` for code with no source to compare."""
-    filename = code.co_filename
-    if filename.startswith("<frozen "):  # the standard library: the Python version
-        return None
-    if filename == "<string>" and code.co_qualname.startswith("__create_fn__.<locals>."):
-        return None  # a dataclass's generated method: its class is described
-    try:
-        lines, first = inspect.getsourcelines(code)
-    except (OSError, TypeError) as exc:
-        raise Unportable(f"no source for {code.co_qualname} in {filename} ({exc})") from None
-    if not lines or first < 1:
-        raise Unportable(f"no source for {code.co_qualname} in {filename}")
-    last = first + len(lines)
-    return [filename, first, last, _digest_lines(lines), code.co_qualname]
-
-
-def _digest_lines(lines: Sequence[str]) -> str:
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def changed_source(records: Sequence[Any]) -> str | None:
-    """The first recorded source that is not what the files now say (a
-    reason, for the log), or None when all are the same."""
-    for record in records:
-        try:
-            filename, first, last, digest, qualname = record
-        except (TypeError, ValueError):
-            return f"malformed source record {record!r:.80}"
-        lines = linecache.getlines(filename)
-        if not lines:
-            return f"{filename} is gone"
-        if not (isinstance(first, int) and isinstance(last, int) and 1 <= first < last):
-            return f"malformed source record {record!r:.80}"
-        if _digest_lines(lines[first - 1:last - 1]) != digest:
-            return f"{qualname} ({filename}:{first}) changed"
-    return None
-
-
 # --- describing objects across processes ---------------------------------------
 
 
-@functools.lru_cache(maxsize=4096)
-def _code_digest(code: types.CodeType) -> str:
-    """What a code object computes (:func:`ltc_cache.keys.code_digest`) and
-    which function it is (qualified name and file)."""
-    parts = [code_digest(code), code.co_qualname, code.co_filename]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-_SIMPLE = (type(None), bool, int, float, str, bytes)
-
-
-def _versioned(module: str | None) -> bool:
-    """Whether the key's torch and Python versions already pin what a
-    module defines."""
-    root = (module or "").partition(".")[0]
-    return root in ("torch", "builtins") or root in sys.stdlib_module_names
-
-
-def _class_digest(cls: type) -> str:
-    # A class by what its own body defines: its bases, its functions by
-    # their code, its constants by value, its dataclass fields by name. (Not
-    # the other attributes: caches and registries that change as it is used.)
-    if _versioned(cls.__module__):
-        return ""
-    parts = [f"{b.__module__}.{b.__qualname__}" for b in cls.__bases__]
-    for name, value in sorted(vars(cls).items(), key=lambda item: item[0]):
-        inner = getattr(value, "__func__", value)
-        if isinstance(inner, types.FunctionType):
-            parts.append(f"{name}=fn:{_code_digest(inner.__code__)}")
-        elif isinstance(value, _SIMPLE) and name not in ("__doc__", "__module__"):
-            parts.append(f"{name}={type(value).__name__}:{value!r}")
-        elif name == "__dataclass_fields__":
-            parts.append(f"{name}={sorted(value)}")
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-def _qualified(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', None)}"
-
-
-def describe(obj: Any, depth: int = 0, _path: tuple[int, ...] = ()) -> Any:
-    """``obj`` as msgpack data that is equal in another process exactly
-    when the object is the same there (a class, function, module or builtin
-    by name and code; a constant by value). Raises :class:`Unportable` for
-    objects with no such description."""
-    if depth > _DEPTH:
-        raise Unportable("nested too deep to describe")
-    if id(obj) in _path:  # a function whose closure holds itself
-        return ["cycle", _path.index(id(obj))]
-    if isinstance(obj, types.FunctionType | tuple | list):
-        _path = (*_path, id(obj))
-    return _describe(obj, depth, _path)
-
-
-def _describe(obj: Any, depth: int, path: tuple[int, ...]) -> Any:
-    def describe(inner: Any, depth: int) -> Any:
-        return globals()["describe"](inner, depth, path)
-
-    if isinstance(obj, _SIMPLE):
-        return ["v", type(obj).__name__, obj]
-    if isinstance(obj, enum.Enum):
-        return ["enum", _qualified(type(obj)), obj.name]
-    if isinstance(obj, tuple | list | frozenset) and len(obj) <= 64:
-        items = sorted(obj, key=repr) if isinstance(obj, frozenset) else obj
-        return [type(obj).__name__, [describe(v, depth + 1) for v in items]]
-    if isinstance(obj, types.ModuleType):
-        return ["module", obj.__name__]
-    if isinstance(obj, type):
-        return ["class", _qualified(obj), _class_digest(obj)]
-    if isinstance(obj, types.FunctionType):
-        return ["function", _qualified(obj), _code_digest(obj.__code__),
-                describe(obj.__defaults__, depth + 1),
-                describe(sorted((obj.__kwdefaults__ or {}).items()), depth + 1),
-                [describe(_cell(c), depth + 1) for c in obj.__closure__ or ()]]
-    if isinstance(obj, types.BuiltinFunctionType | types.WrapperDescriptorType
-                  | types.MethodDescriptorType | types.MethodWrapperType
-                  | types.ClassMethodDescriptorType):
-        owner = getattr(obj, "__self__", None)
-        where = owner.__name__ if isinstance(owner, types.ModuleType) else (
-            _qualified(owner) if isinstance(owner, type) else type(owner).__qualname__)
-        return ["builtin", where, getattr(obj, "__module__", None), obj.__qualname__]
-    if isinstance(obj, types.MethodType) and isinstance(obj.__self__, type | types.ModuleType):
-        return ["method", describe(obj.__func__, depth + 1), describe(obj.__self__, depth + 1)]
-    if isinstance(obj, functools.partial):
-        return ["partial", describe(obj.func, depth + 1), describe(obj.args, depth + 1),
-                describe(sorted(obj.keywords.items()), depth + 1)]
-    if isinstance(obj, property):
-        return ["property", *(describe(f, depth + 1) for f in (obj.fget, obj.fset, obj.fdel))]
-    if isinstance(obj, types.CodeType):
-        return ["code", _code_digest(obj)]
-    if isinstance(obj, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
-        return ["op", str(obj)]
-    if isinstance(obj, torch.dtype | torch.device):
-        return ["v", type(obj).__name__, str(obj)]
-    if obj is dataclasses.MISSING:
-        return ["missing"]
-    if isinstance(obj, dataclasses.Field):
-        # A dataclass field, as the validators of transformers' configs
-        # hold in their closures (setting config.problem_type runs one).
-        return ["field", obj.name, describe(obj.type, depth + 1),
-                describe(obj.default, depth + 1), describe(obj.default_factory, depth + 1)]
-    if type(obj).__module__ == "typing" and not isinstance(obj, type):
-        # typing's special forms and aliases (Optional, Union[...], ...),
-        # which transformers' forwards reach (BERT's classifier), are
-        # what their repr names.
-        return ["typing", repr(obj)]
-    raise Unportable(f"cannot describe a {type(obj).__module__}.{type(obj).__qualname__} "
-                     "across processes")
-
-
-def _cell(cell: types.CellType) -> Any:
-    try:
-        return cell.cell_contents
-    except ValueError:  # an empty cell
-        return None
-
-
 # --- checks standing in for guards --------------------------------------------
-
-# Guard kinds a check can take the place of, and what it compares.
-_IDENTITY_GUARDS = frozenset({"ID_MATCH", "CLASS_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH",
-                              "MODULE_MATCH", "BUILTIN_MATCH"})
-_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
-
-
-# Globals Dynamo installs under a name made of an object id and the compile
-# id (``OutputGraph.install_global_by_id``: ``f"{prefix}_{id(value)}_c{n}"``;
-# ``type(x)`` of a tensor reads ``torch.Tensor`` through one). The name
-# exists only in the capturing process.
-_BY_ID_GLOBAL = re.compile(r"G\['(\w*_\d{6,}_c\d+)'\]")
-
-
-def portable_expression(expr: str, globals_: Mapping[str, Any]) -> str:
-    """``expr`` (a guard's source) with every global that Dynamo named
-    after an object id replaced by an expression that finds the same
-    object in any process: ``__import__(name)`` for a module. Raises
-    Unportable where such a global holds anything else (its name, and so
-    the check, would hold in this process only)."""
-
-    def stand_in(match: re.Match[str]) -> str:
-        name = match.group(1)
-        value = globals_.get(name)
-        if isinstance(value, types.ModuleType) and sys.modules.get(value.__name__) is value:
-            return f"__import__({value.__name__!r}, fromlist=['_'])"
-        raise Unportable(f"a guard names {name}, a global named after an object id "
-                         f"({type(value).__name__})")
-
-    return _BY_ID_GLOBAL.sub(stand_in, expr)
-
-
-def names_process_specific(expr: str) -> bool:
-    """Whether ``expr`` names a global named after an object id."""
-    return _BY_ID_GLOBAL.search(expr) is not None
-
-
-def portable_check(expr: str, guard_type: str, derived: Sequence[str], has_value: bool,
-                   value: Any) -> list[Any]:
-    """The check that stands in for a guard Dynamo cannot save: ``[expr,
-    kind, expected]``, where ``expr`` is the guard's source (``L[...]``,
-    ``G[...]``). ``same``: the object is described alike on load and is the
-    very object on each later call; ``eq``: equal to a constant; ``type``:
-    of a class described alike; ``len``: of a length. Raises Unportable."""
-    if not has_value:
-        raise Unportable(f"{guard_type} guard on {expr} has no value to compare")
-    if guard_type in _IDENTITY_GUARDS or "ID_MATCH" in derived:
-        return [expr, "same", describe(value)]
-    if guard_type in _VALUE_GUARDS:
-        if not isinstance(value, _SIMPLE) and not isinstance(value, enum.Enum):
-            raise Unportable(f"{guard_type} guard on {expr}: a {type(value).__name__}")
-        return [expr, "same" if isinstance(value, enum.Enum) else "eq", describe(value)]
-    if guard_type == "TYPE_MATCH":
-        return [expr, "type", describe(type(value))]
-    if guard_type == "SEQUENCE_LENGTH":
-        return [expr, "len", len(value)]
-    raise Unportable(f"{guard_type} guard on {expr}")
 
 
 # --- entries -------------------------------------------------------------------
@@ -476,7 +230,7 @@ def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:
     malformed one fails even where no key is to be had. Never creates the
     key, never unpickles."""
     try:
-        secret = shared or _read_key(key_path())
+        secret = shared or read_key(key_path())
     except OSError:
         secret = None
     if secret is None:
@@ -489,64 +243,3 @@ def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:
 # --- the signing key -----------------------------------------------------------
 
 
-def _config_dir(environ: Mapping[str, str]) -> Path:
-    base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base).expanduser() / "ltc_cache"
-
-
-def key_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the per-user signing key of programs lives."""
-    return _config_dir(os.environ if environ is None else environ) / KEY_FILE
-
-
-def program_secret(shared: bytes | None, cache_dir: Path, *,
-                   environ: Mapping[str, str] | None = None) -> bytes:
-    """The key that signs program entries: ``shared`` (LTC_CACHE_SECRET,
-    the fleet's key) where set, else a per-user key created on first use,
-    mode 0600, under ``$XDG_CONFIG_HOME/ltc_cache`` (else
-    ``~/.config/ltc_cache``). Raises OSError where there is none to be had
-    safely (the file inside the cache directory, readable by others, owned
-    by another user)."""
-    if shared:
-        return shared
-    path = key_path(environ)
-    if path.resolve().is_relative_to(Path(cache_dir).resolve()):
-        raise PermissionError(f"the program key {path} would be inside the cache "
-                              f"directory {cache_dir}")
-    try:
-        return _read_key(path)
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temp = path.with_name(f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, secrets.token_hex(_KEY_BYTES).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(temp, path)  # fails where another process made it first: use that one
-    except FileExistsError:
-        pass
-    finally:
-        os.unlink(temp)
-    logger.info("created the program signing key %s", path)
-    return _read_key(path)
-
-
-def _read_key(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise PermissionError(f"the program key {path} belongs to another user")
-        if st.st_mode & 0o077:
-            raise PermissionError(f"the program key {path} is readable or writable by "
-                                  f"others (mode {st.st_mode & 0o777:o}); chmod 600 it")
-        data = os.read(fd, 4096).strip()
-    finally:
-        os.close(fd)
-    if len(data) < 32:
-        raise PermissionError(f"the program key {path} is too short")
-    return data

@@ -43,10 +43,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import first_line
+from ..errors import Unportable, first_line
 from ..graph.keys import CacheKey
-from .entries import ProgramParts, Unportable, code_record, program_entry, program_secret
+from .describe import code_record
+from .entries import ProgramParts, program_entry
 from .frame_names import SKIP, advance_unique_ids, apply_skips, property_source, skip_record
+from .guards import Checks
+from .program_graph import LtcProgramGraph
+from .signing import program_secret
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache
@@ -105,9 +109,8 @@ class _FrameGuard:
     described as recorded), then the identity checks they compile to."""
 
     def __init__(self, checks: Sequence[Any], f_globals: dict[str, Any]) -> None:
-        from .precompile import _Checks
 
-        self._checks = _Checks(checks)
+        self._checks = Checks(checks)
         self._globals = f_globals
         self._failed = False
         # Checks of builtins read them through the dict Dynamo names so.
@@ -445,7 +448,6 @@ class FramesProgram:
         graph, the per-frame checks ``[code index, guarded index, checks]``,
         and a description of each code (for ``ltc-cache show``). Raises
         Unportable."""
-        from .precompile import LtcProgramGraph
 
         package = self.package
         if package.ltc_unportable:
@@ -484,7 +486,6 @@ def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
                 breaks: Sequence[Any] = (), skips: Sequence[Any] = ()) -> FramesProgram:
     """A stored package installed for ``fn`` (its signature and sources
     checked already by the caller); raises on anything that does not load."""
-    from .precompile import LtcProgramGraph
 
     # Only ever reached from a program entry whose signature held.
     state = pickle.loads(artifact)
@@ -577,7 +578,6 @@ def store_program(frames: FramesProgram, key: CacheKey, local_only: bool, cache:
     """Store the frames as a signed program entry under ``key``; where they
     cannot be saved, say so (``first``: at INFO, else at DEBUG) and keep
     them in this process only."""
-    from .precompile import LtcProgramGraph
 
     level = logging.INFO if first else logging.DEBUG
     try:
