@@ -272,9 +272,9 @@ def test_private_torch_apis_frames_rely_on(dynamo_reset):
     from torch._dynamo import bytecode_transformation, convert_frame, output_graph, package
     from torch._dynamo.types import ConvertFrameReturn
 
-    from ltc_cache.program import frame_names, frames
+    from ltc_cache.program import frame_names, frame_package
 
-    apis = frames.pinned_apis()
+    apis = frame_package.pinned_apis()
     package_class = apis["CompilePackage"]
     assert list(inspect.signature(package_class.__init__).parameters) == [
         "self", "fn", "dynamo", "ignore_inlined_sources"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import fx
 
-from ltc_cache.compile_backend.backend import _eager
+from ltc_cache.compile_backend.first_call import eager_region
 
 
 def _region_traced_on_a_transposed_input() -> fx.GraphModule:
@@ -37,7 +37,7 @@ def test_a_region_falling_back_to_eager_gets_its_inputs_in_the_traced_layout():
     x = torch.randn(1, 4, 7, 16)  # contiguous, as an LTC replay returns it
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         region(x)  # as the region's eager fallback ran before
-    (out,) = _eager(region)(x)
+    (out,) = eager_region(region)(x)
     torch.testing.assert_close(out, x.transpose(1, 2).reshape(1, 7, 64), rtol=0, atol=0)
     assert x.is_contiguous()  # the argument itself is left as it was
 

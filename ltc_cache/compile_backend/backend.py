@@ -28,11 +28,8 @@ graph of that shape has too (:mod:`ltc_cache.specialize`).
 from __future__ import annotations
 
 import logging
-import re
-import sys
 import weakref
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,8 +40,9 @@ from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, first_line
 from ..graph.cache import GraphCache, default_cache
 from ..graph.keys import CacheKey, compute_key
-from ..graph.replay import CompiledGraph
-from .nodes import is_symbolic, node_value
+from .first_call import LTC_OPS, Guarded, Region
+from .model_names import model_name
+from .per_shape import PerShape, is_dynamic, run_time_tracing
 
 if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
     from .partition import Partitioned
@@ -60,7 +58,6 @@ logger = logging.getLogger("ltc_cache.dynamo")
 # through AOTAutograd, and inference graphs partitioned from a stored plan
 # instead.
 ATEN_OPS = "aten_ops"
-LTC_OPS = "ltc_ops"
 AOT_GRAPHS = "aot_graphs"
 # Also recorded in the store (``ltc-cache stats``): AOTAutograd traces that
 # ran, and graphs built from a stored plan instead of one.
@@ -69,249 +66,6 @@ PLAN_HITS = "plan_hits"
 # Graphs Dynamo handed the backend: what "graphs" means, as opposed to the
 # cache lookups they make (a plan, a negative entry and a region are three).
 DYNAMO_GRAPHS = "dynamo_graphs"
-
-
-def _model_name(gm: fx.GraphModule) -> str:
-    """The class of the compiled module (else the function), for entry
-    names. Not the class of the frame Dynamo compiles: a graph break inside
-    a submodule (a hook on ``fc1`` that prints) makes Dynamo compile
-    ``Linear.forward`` and then a resume function of the model's forward,
-    and both graphs belong to the model."""
-    compiled = _compiled_module()
-    if compiled is not None:
-        return type(compiled).__name__
-    code = None
-    try:  # the frame Dynamo is compiling; internal API, so only a hint
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-
-        frame = InstructionTranslator.current_tx()
-        for local in ("self", "fn"):
-            if isinstance(frame.f_locals.get(local), torch.nn.Module):
-                return type(frame.f_locals[local]).__name__
-        code = frame.f_code.co_qualname
-    except Exception:  # no frame, or the API moved: fall back to the graph
-        pass
-    for node in gm.graph.nodes:
-        for path, cls in (node.meta.get("nn_module_stack") or {}).values():
-            # L['self'], G['model']; not L['self'].fc1, nor a resume
-            # function's L['___stack0'] (a submodule held on the stack).
-            if _ROOT_MODULE.fullmatch(str(path)):
-                return getattr(cls, "__name__", str(cls))
-    # ``Net.forward``, ``Net.torch_dynamo_resume_in_forward_at_12``, ``step``
-    return code.split(".")[0] if code and not code.startswith("<") else "fn"
-
-
-_ROOT_MODULE = re.compile(r"[LG]\['(?!___)[^']*'\]|self")
-
-
-def _compiled_module() -> torch.nn.Module | None:
-    """The module ``torch.compile`` (or ``Module.compile``) wrapped, found
-    on the Python stack that called into Dynamo; None for a compiled
-    function that no compiled module calls."""
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-    except ImportError:
-        return None
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        if isinstance(owner, OptimizedModule):
-            return owner._orig_mod
-        if isinstance(owner, torch.nn.Module) \
-                and getattr(owner, "_compiled_call_impl", None) is not None:
-            return owner
-        frame = frame.f_back
-    return None
-
-
-def _is_dynamic(gm: fx.GraphModule) -> bool:
-    return any(is_symbolic(node_value(node)) for node in gm.graph.nodes
-               if node.op == "placeholder")
-
-
-def run_time_tracing() -> AbstractContextManager[Any]:
-    """What Dynamo gives a backend, for one compiling at run time (on a
-    graph's first real call, outside Dynamo): a tracing context with a fake
-    mode of its own, where AOTAutograd leaves the metadata a plan is made
-    from (static shapes: the graph is compiled for one input layout)."""
-    from torch._guards import TracingContext, tracing
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return tracing(TracingContext(FakeTensorMode()))
-
-
-def _needs_grad(example_inputs: Sequence[Any]) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
-
-
-class _FirstCall:
-    """A compiled graph (``name``, of ``ops`` LTC ops) whose first call
-    (``_first_call``) chooses what runs from then on (``_call``), so that a
-    later call is one attribute and a call; ``cache`` counts what goes wrong."""
-
-    __slots__ = ("_cache", "_call", "_name", "_ops")
-
-    def __init__(self, name: str, ops: int, cache: GraphCache) -> None:
-        self._name = name
-        self._ops = ops
-        self._cache = cache
-        self._call: Callable[..., Any] = self._first_call
-
-    def __call__(self, *args: Any) -> Any:
-        return self._call(*args)
-
-    def _first_call(self, *args: Any) -> Any:
-        raise NotImplementedError
-
-
-class _Guarded(_FirstCall):
-    """Runs ``compiled`` and, should its first call fail (a stored graph that
-    does not run here), ``fallback`` from then on, with one warning."""
-
-    __slots__ = ("_compiled", "_fallback", "_wrap")
-
-    def __init__(self, compiled: Callable[..., Any], fallback: Callable[..., Any], name: str,
-                 cache: GraphCache, *, as_tuple: bool, ops: int) -> None:
-        super().__init__(name, ops, cache)
-        self._compiled = compiled
-        self._fallback = fallback
-        self._wrap = as_tuple
-
-    def _first_call(self, *args: Any) -> Any:
-        try:
-            out = self._compiled(*args)
-        except Exception as exc:  # whatever it is, eager computes the graph
-            logger.debug("%s: first replay failed", self._name, exc_info=True)
-            warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
-                      f"({type(exc).__name__}: {first_line(exc)}); running it eagerly")
-            self._cache.record("errors")
-            if isinstance(self._compiled, CompiledGraph):
-                # Remembered, so no later process fails the same way.
-                try:
-                    self._cache.remember_replay_failure(self._compiled, exc)
-                except Exception:
-                    logger.debug("%s: cannot store the negative entry", self._name,
-                                 exc_info=True)
-            self._call = self._fallback
-            return self._fallback(*args)
-        counters.bump(LTC_OPS, self._ops)
-        compiled = self._compiled
-        self._call = (lambda *a: tuple(compiled(*a))) if self._wrap else compiled
-        return tuple(out) if self._wrap else out
-
-
-class _Region(_FirstCall):
-    """One LTC region of a partitioned graph: extracted through the cache on
-    its first call, when real tensors arrive; returns a tuple, as the fused
-    submodule it replaces does."""
-
-    __slots__ = ("_module",)
-
-    def __init__(self, module: fx.GraphModule, name: str, ops: int, cache: GraphCache) -> None:
-        super().__init__(name, ops, cache)
-        self._module = module
-
-    def _first_call(self, *args: Any) -> Any:
-        try:
-            # AOTAutograd may run the compiled function under a dispatch mode;
-            # lazy tracing inside one fails (fact 7 in docs/design.md).
-            with _disable_current_modes(), torch.no_grad():
-                compiled = self._cache.extract_compiled_graph(self._module, args,
-                                                              name=self._name)
-        except Exception as exc:  # a region LTC cannot take runs eagerly, whatever the error
-            logger.debug("%s: extraction failed", self._name, exc_info=True)
-            warn_once(f"eager-region:{self._name}",
-                      f"{self._name}: LTC cannot extract this region; it runs eagerly "
-                      f"({first_line(exc)})")
-            self._call = _eager(self._module)
-            return self._call(*args)
-        self._call = _Guarded(compiled, _eager(self._module), self._name, self._cache,
-                              as_tuple=True, ops=self._ops)
-        return self._call(*args)
-
-
-def _eager(module: fx.GraphModule) -> Callable[..., Any]:
-    """``module``, a region, run eagerly on its inputs laid out as it was
-    traced. AOTAutograd traced it on fake tensors with eager's strides, and
-    its ``view``s rely on them, while the LTC region before it may hand back
-    a contiguous tensor where eager's was a transposed view (and CPU flash
-    attention between them returns its output in its query's layout), so a
-    region that falls back to eager used to fail on its first ``view``."""
-    strides = []
-    for node in module.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("val")
-        laid_out = isinstance(value, torch.Tensor) and not is_symbolic(value)
-        strides.append(tuple(value.stride()) if laid_out else None)
-    if not any(strides):
-        return module
-
-    def run(*args: Any) -> Any:
-        # A region writes none of its inputs (ops that mutate stay out of
-        # regions), so a copy of one in the traced layout is safe.
-        return module(*[_laid_out(arg, stride) for arg, stride in zip(args, strides,
-                                                                       strict=False)])
-
-    return run
-
-
-def _laid_out(value: Any, stride: tuple[int, ...] | None) -> Any:
-    if stride is None or not isinstance(value, torch.Tensor) or value.stride() == stride \
-            or len(stride) != value.dim():
-        return value
-    return torch.empty_strided(value.shape, stride, dtype=value.dtype,
-                               device=value.device).copy_(value)
-
-
-class _PerShape:
-    """A Dynamo graph with symbolic shapes, compiled for each concrete input
-    layout it is called with (each one is a cache entry of its own), as the
-    static graph of that layout would be (:mod:`ltc_cache.specialize`)."""
-
-    __slots__ = ("_compiled", "_gm", "_name", "_scalars", "_training", "program_backend")
-
-    def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
-                 training: bool) -> None:
-        from .specialize import scalar_inputs
-
-        self._backend = backend
-        self._gm = gm
-        self._name = name
-        self._training = training
-        self._scalars = scalar_inputs(gm)
-        self._compiled: dict[tuple[Any, ...], tuple[Callable[..., Any],
-                                                    Callable[..., Any]]] = {}
-
-    def __call__(self, *args: Any) -> Any:
-        signature = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor)
-                          else a for a in args)
-        if self._scalars:  # values the specialized graph holds as constants
-            signature += tuple(args[i].item() for i in self._scalars)
-        found = self._compiled.get(signature)
-        if found is None:
-            found = self._compile(signature, args)
-        compiled, pick = found
-        return compiled(*pick(args))
-
-    def _compile(self, signature: tuple[Any, ...], args: Sequence[Any]
-                 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        from .specialize import Unspecializable, specialize
-
-        logger.info("%s: compiling for shapes %s", self._name, signature)
-        try:
-            gm, kept = specialize(self._gm, args)
-        except Unspecializable as exc:
-            logger.info("%s: compiled as Dynamo made it (%s)", self._name, exc)
-            gm, kept = self._gm, list(range(len(args)))
-
-        def pick(values: Sequence[Any]) -> tuple[Any, ...]:  # the inputs the graph kept
-            return tuple(values[i] for i in kept)
-
-        with run_time_tracing():
-            compiled = self._backend._static(gm, list(pick(args)), self._name,
-                                             training=self._training)
-        self._compiled[signature] = found = (compiled, pick)
-        return found
 
 
 class LtcBackend:
@@ -352,10 +106,10 @@ class LtcBackend:
         counters.bump(DYNAMO_GRAPHS)
         from .specialize import Unspecializable, specialize
 
-        name = self._name or _model_name(gm)
+        name = self._name or model_name(gm)
         training = _needs_grad(example_inputs)
-        if _is_dynamic(gm):
-            return _PerShape(self, gm, name, training)
+        if is_dynamic(gm):
+            return PerShape(self, gm, name, training)
         try:  # the canonical form, which a symbolic graph at this shape shares
             gm, _ = specialize(gm, example_inputs, drop_unused=False)
         except Unspecializable as exc:
@@ -416,7 +170,7 @@ class LtcBackend:
         # Everything runs in LTC; counted as the aten ops of the stored IR.
         ops = compiled.entry.ir.count("aten::")
         counters.bump(ATEN_OPS, ops)
-        return _Guarded(compiled, gm.forward, name, cache, as_tuple=False, ops=ops)
+        return Guarded(compiled, gm.forward, name, cache, as_tuple=False, ops=ops)
 
     def _inference(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                    cache: GraphCache) -> Callable[..., Any]:
@@ -438,7 +192,7 @@ class LtcBackend:
                 logger.info("%s: running the stored plan %s", name, key.digest[:12])
                 cache.record(PLAN_HITS)
                 module = self._with_regions(planned, f"{name}.inference", cache)
-                return _Guarded(module.forward, gm.forward, f"{name}.plan", cache, as_tuple=False,
+                return Guarded(module.forward, gm.forward, f"{name}.plan", cache, as_tuple=False,
                                 ops=0)
         return self._aot(gm, example_inputs, name, cache, plan=key)
 
@@ -466,7 +220,7 @@ class LtcBackend:
                 joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
                                       self._with_regions(backward, f"{name}.backward", cache),
                                       layout)
-                return _Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False,
+                return Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False,
                                 ops=0)
         return self._aot(gm, example_inputs, name, cache, plan=key, training=True)
 
@@ -498,7 +252,7 @@ class LtcBackend:
                 # AOTAutograd's own graph, run eagerly, is what the
                 # partitioned one computes: where the latter fails on its
                 # first call (forward or backward), the former runs instead.
-                return make_boxed_func(_Guarded(module.forward, graph.forward,
+                return make_boxed_func(Guarded(module.forward, graph.forward,
                                                 f"{name}.{kind}", cache, as_tuple=False, ops=0))
             return compile_graph
 
@@ -519,7 +273,7 @@ class LtcBackend:
 
         # Once a training plan is made, the steps run as a warm process runs them.
         return joint_switch.joint_once_made(
-            compiled, pending, lambda joint, aot_fn: _Guarded(
+            compiled, pending, lambda joint, aot_fn: Guarded(
                 joint, aot_fn, f"{name}.plan", cache, as_tuple=False, ops=0))
 
     def _planned(self, parted: Partitioned, kind: str, example_inputs: Sequence[Any],
@@ -597,13 +351,13 @@ class LtcBackend:
 
     def _with_regions(self, parted: Partitioned, name: str, cache: GraphCache
                       ) -> fx.GraphModule:
-        """``parted``'s module, each region replaced by a :class:`_Region`
+        """``parted``'s module, each region replaced by a :class:`Region`
         that extracts it through the cache on its first call."""
         counters.bump(ATEN_OPS, parted.total_ops)
         for index, region in enumerate(parted.regions):
             submodule = parted.module.get_submodule(region)
             delattr(parted.module, region)
-            setattr(parted.module, region, _Region(submodule, f"{name}.r{index}",
+            setattr(parted.module, region, Region(submodule, f"{name}.r{index}",
                                                    parted.region_ops[region], cache))
         eager = ", ".join(f"{op} x{n}" for op, n in sorted(parted.eager_ops.items()))
         logger.info("%s: %d of %d aten ops in %d LTC regions; eager: %s", name,
@@ -627,3 +381,8 @@ def _accepted() -> str:
 
 
 backend = LtcBackend()
+
+
+def _needs_grad(example_inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)

@@ -75,7 +75,8 @@ class LtcProgramGraph(SerializableCallable):
         return call(*args)
 
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
-        from ..compile_backend.backend import LtcBackend, run_time_tracing
+        from ..compile_backend.backend import LtcBackend
+        from ..compile_backend.per_shape import run_time_tracing
 
         # Real inputs, as Dynamo gives them, and its tracing context.
         with run_time_tracing():

@@ -1,0 +1,87 @@
+"""Graphs compiled at run time: on their first real call, outside Dynamo,
+in a tracing context of their own; a graph with symbolic shapes once per
+concrete input layout, as the static graph of that layout."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx
+
+from .nodes import is_symbolic, node_value
+
+if TYPE_CHECKING:
+    from .backend import LtcBackend
+
+logger = logging.getLogger("ltc_cache.dynamo")
+
+
+def is_dynamic(gm: fx.GraphModule) -> bool:
+    return any(is_symbolic(node_value(node)) for node in gm.graph.nodes
+               if node.op == "placeholder")
+
+
+def run_time_tracing() -> AbstractContextManager[Any]:
+    """What Dynamo gives a backend, for one compiling at run time (on a
+    graph's first real call, outside Dynamo): a tracing context with a fake
+    mode of its own, where AOTAutograd leaves the metadata a plan is made
+    from (static shapes: the graph is compiled for one input layout)."""
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return tracing(TracingContext(FakeTensorMode()))
+
+
+class PerShape:
+    """A Dynamo graph with symbolic shapes, compiled for each concrete input
+    layout it is called with (each one is a cache entry of its own), as the
+    static graph of that layout would be (:mod:`ltc_cache.specialize`)."""
+
+    __slots__ = ("_compiled", "_gm", "_name", "_scalars", "_training", "program_backend")
+
+    def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
+                 training: bool) -> None:
+        from .specialize import scalar_inputs
+
+        self._backend = backend
+        self._gm = gm
+        self._name = name
+        self._training = training
+        self._scalars = scalar_inputs(gm)
+        self._compiled: dict[tuple[Any, ...], tuple[Callable[..., Any],
+                                                    Callable[..., Any]]] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        signature = tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor)
+                          else a for a in args)
+        if self._scalars:  # values the specialized graph holds as constants
+            signature += tuple(args[i].item() for i in self._scalars)
+        found = self._compiled.get(signature)
+        if found is None:
+            found = self._compile(signature, args)
+        compiled, pick = found
+        return compiled(*pick(args))
+
+    def _compile(self, signature: tuple[Any, ...], args: Sequence[Any]
+                 ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        from .specialize import Unspecializable, specialize
+
+        logger.info("%s: compiling for shapes %s", self._name, signature)
+        try:
+            gm, kept = specialize(self._gm, args)
+        except Unspecializable as exc:
+            logger.info("%s: compiled as Dynamo made it (%s)", self._name, exc)
+            gm, kept = self._gm, list(range(len(args)))
+
+        def pick(values: Sequence[Any]) -> tuple[Any, ...]:  # the inputs the graph kept
+            return tuple(values[i] for i in kept)
+
+        with run_time_tracing():
+            compiled = self._backend._static(gm, list(pick(args)), self._name,
+                                             training=self._training)
+        self._compiled[signature] = found = (compiled, pick)
+        return found
