@@ -41,7 +41,7 @@ class PerShape:
     layout it is called with (each one is a cache entry of its own), as the
     static graph of that layout would be (:mod:`ltc_cache.specialize`)."""
 
-    __slots__ = ("_compiled", "_gm", "_name", "_scalars", "_training", "program_backend")
+    __slots__ = ("_compiled", "_gm", "_name", "_backend", "_scalars", "_training")
 
     def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
                  training: bool) -> None:
