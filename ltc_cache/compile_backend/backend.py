@@ -9,20 +9,20 @@ Two paths, chosen per Dynamo graph:
   is remembered as a negative entry and takes the second path, in this
   process and every later one.
 - Otherwise (training, or inference that needs partitioning): AOTAutograd with
-  :func:`ltc_cache.decompose.decompositions`; each forward, backward or
+  :func:`ltc_cache.compile_backend.decompose.decompositions`; each forward, backward or
   inference graph is split into the regions LTC lowers and an eager rest
-  (:mod:`ltc_cache.partition`), and each region is extracted through the
+  (:mod:`ltc_cache.compile_backend.partition`), and each region is extracted through the
   cache on its first real call (the compilers get FakeTensors, fact 6 in
   docs/design.md). AOTAutograd's graphs are stored as a plan
-  (:mod:`ltc_cache.plan`; for training the forward and backward graphs,
-  :mod:`ltc_cache.joint`), so a warm start partitions them without running
+  (:mod:`ltc_cache.compile_backend.plan`; for training the forward and backward graphs,
+  :mod:`ltc_cache.compile_backend.joint`), so a warm start partitions them without running
   AOTAutograd.
 
 A region that cannot be extracted runs eagerly with one warning; the cache
 remembers it, so no later process traces it again. Graphs with symbolic
 shapes (Dynamo's automatic dynamic shapes) are compiled once per concrete
 shape, since an LTC graph is traced for one, in the canonical form a static
-graph of that shape has too (:mod:`ltc_cache.specialize`).
+graph of that shape has too (:mod:`ltc_cache.compile_backend.specialize`).
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ class LtcBackend:
     def _training(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                   cache: GraphCache) -> Callable[..., Any]:
         """Training: from the stored forward and backward graphs where there
-        are some (:mod:`ltc_cache.joint`), else through AOTAutograd, which
+        are some (:mod:`ltc_cache.compile_backend.joint`), else through AOTAutograd, which
         stores them."""
         from .joint import JointFunction, joint_graphs
         from .plan import plan_key

@@ -6,7 +6,7 @@ cannot lower (fact 10 in docs/design.md: ``where.self``, ``sin``, ``split``,
 Each one is exact for every input, not only for the inputs the models at
 hand feed it (masked fills instead of ``a * c + b * (1 - c)``, which turns
 -inf into NaN). A change here changes what a stored plan holds, so the
-plan key hashes this module's code (:func:`ltc_cache.plan.plan_key`).
+plan key hashes this module's code (:func:`ltc_cache.compile_backend.plan.plan_key`).
 """
 
 from __future__ import annotations

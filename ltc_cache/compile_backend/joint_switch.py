@@ -4,7 +4,7 @@ training plan is made.
 A cold process traces a training graph through AOTAutograd, whose runtime
 wrappers (``CompiledFunction`` and ``CompiledFunctionBackward``) then run
 every step: in a training step of the small GPT of BENCHMARKS.md they cost
-~2% more process CPU time than :class:`~ltc_cache.joint.JointFunction`, the
+~2% more process CPU time than :class:`~ltc_cache.compile_backend.joint.JointFunction`, the
 wrapper a warm process rebuilds from the stored plan. The plan is complete
 once AOTAutograd has compiled the backward graph (on the first backward,
 or earlier); from the next call on, :class:`JointOnceMade` runs the plan's

@@ -1,6 +1,6 @@
 """Split an aten graph into the regions LTC lowers and an eager rest.
 
-What lowers (:class:`ltc_cache.support.OpSupport`) is fused into regions by
+What lowers (:class:`ltc_cache.compile_backend.support.OpSupport`) is fused into regions by
 FX's capability-based partitioner; the rest stays in the parent graph, run
 eagerly between the regions. A graph holding an op LTC cannot lower is
 refused whole by the original extraction; partitioned, the rest of it still
@@ -30,7 +30,7 @@ REGION_PREFIX = "ltc_region_"
 @dataclass(frozen=True)
 class Partitioned:
     """``module`` calls each region as ``module.<region name>(*inputs)``; a
-    region returns a tuple. Stored in a plan as it is (:mod:`ltc_cache.plan`),
+    region returns a tuple. Stored in a plan as it is (:mod:`ltc_cache.compile_backend.plan`),
     so that a warm start does not partition again."""
 
     module: fx.GraphModule

@@ -39,9 +39,9 @@ def run_time_tracing() -> AbstractContextManager[Any]:
 class PerShape:
     """A Dynamo graph with symbolic shapes, compiled for each concrete input
     layout it is called with (each one is a cache entry of its own), as the
-    static graph of that layout would be (:mod:`ltc_cache.specialize`)."""
+    static graph of that layout would be (:mod:`ltc_cache.compile_backend.specialize`)."""
 
-    __slots__ = ("_compiled", "_gm", "_name", "_backend", "_scalars", "_training")
+    __slots__ = ("_backend", "_compiled", "_gm", "_name", "_scalars", "_training")
 
     def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
                  training: bool) -> None:

@@ -3,7 +3,7 @@ split into LTC regions and an eager rest, stored so that a warm start runs
 neither AOTAutograd nor the partitioner again.
 
 A Dynamo graph that LTC cannot lower whole is decomposed by AOTAutograd and
-partitioned (:mod:`ltc_cache.dynamo`). On a warm start its LTC regions are
+partitioned (:mod:`ltc_cache.compile_backend.backend`). On a warm start its LTC regions are
 cache hits, but AOTAutograd would still run: 0.4-0.6 s of a 2 s warm start
 for the small transformers of the tests, and partitioning 0.65 s of a GPT-2
 training start. Its graphs, and how they are partitioned, depend only on
@@ -17,7 +17,7 @@ graph's own call: no input mutated (but by the graph itself, ``copy_`` into
 it: a static key/value cache), no output that aliases an input or
 another output, no tensor subclass, no effect tokens or RNG state
 (:func:`runs_bare`). It holds the partitioned graph
-(:class:`ltc_cache.partition.Partitioned`): the parent graph, which calls
+(:class:`ltc_cache.compile_backend.partition.Partitioned`): the parent graph, which calls
 each region as a submodule, and each region's graph. Both are stored as
 data, never as code: each node's op, name, target and arguments, a target
 resolved only to a registered operator overload, ``operator.getitem`` or a
@@ -70,7 +70,7 @@ class PlanError(ValueError):
 def plan_key(key: CacheKey, *, training: bool = False) -> CacheKey:
     """The plan's key: the whole graph's key, plus the code that decides
     what a plan holds (:func:`_deciding_code`), plus whether it is a training
-    plan (forward and backward, :mod:`ltc_cache.joint`)."""
+    plan (forward and backward, :mod:`ltc_cache.compile_backend.joint`)."""
     kind = "training" if training else "inference"
     return derived_key(key, plan=f"{PLAN_FORMAT}:{_VERSION}:{kind}:{_deciding_code()}")
 

@@ -84,7 +84,7 @@ def changed_source(records: Sequence[Any]) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def _code_digest(code: types.CodeType) -> str:
-    """What a code object computes (:func:`ltc_cache.keys.code_digest`) and
+    """What a code object computes (:func:`ltc_cache.graph.keys.code_digest`) and
     which function it is (qualified name and file)."""
     parts = [code_digest(code), code.co_qualname, code.co_filename]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()

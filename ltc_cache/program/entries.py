@@ -2,7 +2,7 @@
 sources they were made from, and the checks that stand in for the guards
 Dynamo cannot save.
 
-A program (:mod:`ltc_cache.precompile`) is what Dynamo's AOT precompile
+A program (:mod:`ltc_cache.program.precompile`) is what Dynamo's AOT precompile
 makes of a function: the transformed bytecode, its guards and the FX graph
 the ltc_cache backend compiles. Its artifact is a pickle, which this cache
 refuses everywhere else, so a program entry holds it beside an HMAC-SHA256
@@ -19,7 +19,7 @@ the artifact:
   checked, as expressions with the value each must have
   (:func:`portable_check`), compared on load and on every call.
 
-Nothing here imports Dynamo; :mod:`ltc_cache.precompile` drives it.
+Nothing here imports Dynamo; :mod:`ltc_cache.program.precompile` drives it.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class ProgramParts:
                  artifact: bytes, frames: dict[str, Any] | None = None) -> None:
         self.name = name
         # None for one graph (Dynamo's AOT precompile); for a function Dynamo
-        # compiles as several frames (:mod:`ltc_cache.frames`), what they are
+        # compiles as several frames (:mod:`ltc_cache.program.frames`), what they are
         # (``codes``, ``breaks``), and ``checks`` per frame.
         self.frames = frames
         self.sources = sources

@@ -1,5 +1,5 @@
 """Where a later process finds a code object again, for a program of
-several frames (:mod:`ltc_cache.frames`): the codes Dynamo ran as they are
+several frames (:mod:`ltc_cache.program.frames`): the codes Dynamo ran as they are
 (recorded by module and name, handed back to the eval-frame hook at load),
 property getters the package cannot name, and Dynamo's name counter, kept
 past the names a loaded package installed.

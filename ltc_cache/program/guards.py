@@ -99,7 +99,7 @@ class GuardFilter:
     """The ``guard_filter_fn`` of a capture. Keeps every guard Dynamo can
     save; each one it cannot (an object identity), and each guard reached
     through such an object, becomes a portable check instead
-    (:func:`ltc_cache.program.portable_check`). A guard that can be neither
+    (:func:`ltc_cache.program.guards.portable_check`). A guard that can be neither
     makes the program unportable (it is not stored)."""
 
     def __init__(self, fn_globals: Mapping[str, Any]) -> None:

@@ -2,7 +2,7 @@
 warm start skips Dynamo too.
 
 The first call with a new input layout looks up a **program** for it
-(:mod:`ltc_cache.program`): what Dynamo's AOT precompile
+(:mod:`ltc_cache.program.entries`): what Dynamo's AOT precompile
 (``torch.compile(fn, fullgraph=True).aot_compile``) made of the function, its
 transformed bytecode, its guards, and the FX graph the ltc_cache backend
 compiles. A hit loads it with no capture and no trace: the graph goes
@@ -26,7 +26,7 @@ What keeps a program from being stale or wrong:
 A changed source, a failing guard or a program that does not load is
 captured again (and stored again). A function Dynamo cannot capture whole
 (a graph break) is compiled as several frames and stored as a program of
-frames (:mod:`ltc_cache.frames`); one whose program cannot be saved runs
+frames (:mod:`ltc_cache.program.frames`); one whose program cannot be saved runs
 through ``torch.compile(backend="ltc_cache")`` as before, with one INFO line.
 """
 
@@ -70,7 +70,7 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
     """``torch.compile(model, backend="ltc_cache", **kwargs)``, whose warm
     start loads the whole compiled program: no Dynamo capture, no LTC trace.
 
-    Takes a module (returns a :class:`~ltc_cache.compiled_module.CompiledModule`,
+    Takes a module (returns a :class:`~ltc_cache.program.compiled_module.CompiledModule`,
     a stand-in for it that training loops take for the module) or a function
     (returns a function), and works as a decorator, with or without
     arguments; any other callable goes to ``torch.compile`` as it is.
@@ -78,7 +78,7 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
     ``mode``, ``options``, ``disable``), used where a call goes through
     ``torch.compile``: ``dynamic=True``, or a program that cannot be saved.
     A function Dynamo compiles as several frames (graph breaks) is a program
-    of frames (:mod:`ltc_cache.frames`).
+    of frames (:mod:`ltc_cache.program.frames`).
     """
     unknown = set(kwargs) - _COMPILE_KWARGS
     if unknown:

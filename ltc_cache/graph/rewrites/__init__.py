@@ -32,7 +32,7 @@ that product, one node where there were two), and one makes the stored
 text mean what LTC built (:func:`bool_list_constants`).
 
 Each works on a parsed graph and the input layout in place; :func:`rewrite`
-applies them to an :class:`~ltc_cache.extract.Extraction` and keeps the
+applies them to an :class:`~ltc_cache.graph.extract.Extraction` and keeps the
 traced IR where anything fails, since a rewrite is an optimisation only.
 
 A module per family: ``views``, ``scalars`` (with the bool lists),

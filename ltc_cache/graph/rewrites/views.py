@@ -199,7 +199,7 @@ def _keep_output_layouts(graph: torch._C.Graph, views: set[int], returned: set[i
     and hand back each of ``returned`` (views the graph returns) through
     ``_unsafe_view``: the same memory, but no view to autograd, which
     refuses an in-place change of a view that an ``autograd.Function``
-    (AOTAutograd's, or :class:`~ltc_cache.joint.JointFunction`) returns."""
+    (AOTAutograd's, or :class:`~ltc_cache.compile_backend.joint.JointFunction`) returns."""
     follows = set(views)
     for node in graph.nodes():
         if node.kind() not in _NEW_LAYOUT and \

@@ -44,7 +44,7 @@ def test_a_region_falling_back_to_eager_gets_its_inputs_in_the_traced_layout():
 
 # -- generate() in child processes, cold then warm -------------------------------------
 
-CHILD = Path(__file__).with_name("generate_child.py")
+CHILD = Path(__file__).parents[1] / "generate_child.py"
 
 
 def generate(model: str, lengths: list[int], *options: str) -> dict:
@@ -114,7 +114,7 @@ def test_serve_example_answers_generation_requests_warm(cache_dir, tmp_path, mon
     generation requests of four prompt lengths with eager's tokens; a warm
     worker answers them with no Dynamo capture, AOTAutograd or LTC trace."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    serve = Path(__file__).parents[1] / "examples" / "serve.py"
+    serve = Path(__file__).parents[2] / "examples" / "serve.py"
 
     def fleet(workers: int) -> dict:
         proc = subprocess.run([sys.executable, str(serve), "--model", "lm", "--workers",

@@ -16,7 +16,7 @@ from ltc_cache.store import DiskStore
 # End to end: a fleet of worker processes importing torch (`pytest -m "not slow"` skips it).
 pytestmark = pytest.mark.slow
 
-SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
+SERVE = Path(__file__).parents[2] / "examples" / "serve.py"
 
 
 def run_serve(*args: str, env: dict[str, str] | None = None, model: str = "mlp",

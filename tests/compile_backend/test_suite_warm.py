@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import child_env
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 # Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
 # vision transformer, CNN with BatchNorm.

@@ -1,5 +1,5 @@
 """A cold process's training steps run through the plan's JointFunction
-once the plan is made (ltc_cache/joint_switch.py), with eager's losses and
+once the plan is made (ltc_cache/compile_backend/joint_switch.py), with eager's losses and
 gradients; the first step runs through AOTAutograd's own wrapper."""
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def test_machines_starting_together_trace_once(redis_server, cache_dir, tmp_path
     release, write_end = os.pipe()
     children = [
         subprocess.Popen(
-            [sys.executable, str(Path(__file__).parent / "child_extract.py"), "weighted",
+            [sys.executable, str(Path(__file__).parents[1] / "child_extract.py"), "weighted",
              "--wait"],
             stdin=release, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=child_env(LTC_CACHE_DIR=str(tmp_path / f"machine{i}"),
@@ -268,7 +268,7 @@ def test_entry_tampered_in_redis_is_rejected(redis_server, cache_dir, tmp_path):
     client.set(name, bytes(tampered))
 
     env_b = child_env(LTC_CACHE_DIR=str(tmp_path / "b"), LTC_CACHE_REMOTE=redis_server.url)
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "child_extract.py"),
+    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "child_extract.py"),
                            "weighted"], capture_output=True, text=True, env=env_b, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -304,7 +304,7 @@ def test_forged_entry_in_redis_is_rejected_when_entries_are_signed(redis_server,
 
     env_b = child_env(LTC_CACHE_DIR=str(tmp_path / "b"), LTC_CACHE_REMOTE=redis_server.url,
                       LTC_CACHE_SECRET=secret.decode())
-    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "child_extract.py"),
+    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "child_extract.py"),
                            "weighted"], capture_output=True, text=True, env=env_b, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])

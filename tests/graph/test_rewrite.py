@@ -796,7 +796,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         # Import this file under its test name, so that the classes (and
         # with them the cache keys of leaf modules) are the test's.
-        sys.path.insert(0, str(Path(__file__).parent))
+        sys.path.insert(0, str(Path(__file__).parents[1]))
         import test_rewrite
 
         test_rewrite.child(sys.argv[2:])
