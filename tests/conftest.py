@@ -92,7 +92,7 @@ def run_child(*args: str, env: dict[str, str] | None = None, timeout: float = 30
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-# -- a private redis-server (tests/test_redis.py) ----------------------------------------
+# -- a private redis-server (tests/store/test_redis.py) ----------------------------------------
 
 
 def free_port() -> int:

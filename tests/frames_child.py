@@ -9,7 +9,7 @@ forward breaks the graph) or a builder of ``DIR/framemodels.py``. ``--set``
 rebinds a global of that module before the first call (``--set-at``: before
 that step). Prints one JSON
 line: both runs' losses, the largest gradient difference, the counters and
-what ``ltc_cache.program.entries.precompile`` logged.
+what ``ltc_cache.program.precompile`` logged.
 """
 
 from __future__ import annotations

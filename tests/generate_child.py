@@ -6,7 +6,7 @@
 request's tokens (and eager's, for greedy decoding), its time, and the
 process's counters (ltc_cache's, Dynamo's captures). Random weights from a
 fixed seed, tiny configs, no downloads. ``tools/bench_generate.py`` and
-``tests/test_generate.py`` run it in fresh processes, cold then warm.
+``tests/program/test_generate.py`` run it in fresh processes, cold then warm.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A child process for tests/test_trainer.py: runs examples/trainer.py (a
+"""A child process for tests/program/test_trainer.py: runs examples/trainer.py (a
 transformers ``Trainer``, or the hand-written loop) with AOTAutograd's graph
 captures counted here (tests/warm_children.py's wrapper) and ltc_cache's
 warnings collected.

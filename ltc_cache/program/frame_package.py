@@ -27,7 +27,7 @@ logger = logging.getLogger("ltc_cache.precompile")
 
 def pinned_apis() -> dict[str, Any]:
     """The private torch 2.13 pieces this module relies on (pinned by
-    ``tests/test_frames.py``)."""
+    ``tests/program/test_frames.py``)."""
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo import bytecode_transformation, package
 

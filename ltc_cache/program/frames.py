@@ -16,7 +16,7 @@ alone, by Dynamo, as any recompile.
 This module keeps what ``ltc_cache.compile`` promises of a program:
 
 - the sources of every function Dynamo traced in any frame are recorded
-  (:func:`ltc_cache.program.describe.code_record`) and compared on load, instead of
+  (:func:`ltc_cache.program.describe.describe.code_record`) and compared on load, instead of
   Dynamo's own record (whole module texts it never compares);
 - guards Dynamo cannot save become portable checks per frame, added to that
   frame's guard manager (live in the capturing process, and on install in a
@@ -25,8 +25,8 @@ This module keeps what ``ltc_cache.compile`` promises of a program:
   the program's key and unpickled only once the signature holds;
 - names the package installs in module globals (resume functions, Dynamo's
   builtins dict) are kept clear of Dynamo's later captures in the process
-  (:func:`ltc_cache.program.frame_names.advance_unique_ids`): torch 2.13 names them from a process-wide
-  counter, and a recompile after a load would otherwise reuse one and fail
+  (:func:`ltc_cache.program.frame_names.advance_unique_ids`): torch 2.13
+  names them from a process-wide counter, and a recompile after a load would otherwise reuse one and fail
   (``Name '__builtins_dict___0' already exists in scope``).
 """
 

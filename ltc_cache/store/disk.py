@@ -299,7 +299,7 @@ class DiskStore(Store):
         """A query that reads diskcache's index table (``Cache``), through
         diskcache's own connection: its private ``_sql``, and its table
         layout, which is why pyproject pins the diskcache versions tested
-        (tests/test_diskcache_layout.py fails when either changes)."""
+        (tests/store/test_diskcache_layout.py fails when either changes)."""
         return self._guarded(lambda cache: cache._sql(sql, params).fetchall())
 
     def _value_disk(self) -> BytesOnlyDisk:

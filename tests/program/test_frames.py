@@ -1,4 +1,4 @@
-"""Programs of several frames (``ltc_cache.program.entries.frames``): functions Dynamo
+"""Programs of several frames (``ltc_cache.program.frames``): functions Dynamo
 compiles with graph breaks, cold then warm in child processes
 (``tests/frames_child.py``), against eager.
 

@@ -333,7 +333,7 @@ def test_poisoned_program_entries_are_never_unpickled(models, cache_dir, tmp_pat
 
 @pytest.mark.slow  # child processes
 def test_a_graph_break_is_a_program_of_several_frames(models, cache_dir):
-    # (More in tests/test_frames.py.)
+    # (More in tests/program/test_frames.py.)
     cold = run(models, "--model", "broken")
     assert_captured(cold)
     lines = [line for line in cold["logs"] if "frames" in line]
