@@ -26,8 +26,8 @@ This module keeps what ``ltc_cache.compile`` promises of a program:
 - names the package installs in module globals (resume functions, Dynamo's
   builtins dict) are kept clear of Dynamo's later captures in the process
   (:func:`ltc_cache.program.frame_names.advance_unique_ids`): torch 2.13
-  names them from a process-wide counter, and a recompile after a load would otherwise reuse one and fail
-  (``Name '__builtins_dict___0' already exists in scope``).
+  names them from a process-wide counter, and a recompile after a load
+  would otherwise reuse one and fail (``Name '__builtins_dict___0' already exists in scope``).
 """
 
 from __future__ import annotations
