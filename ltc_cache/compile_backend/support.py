@@ -25,7 +25,7 @@ from ..store import Store
 from ..wire import SUPPORT_RECORD_FORMAT, read_record, write_record
 from .nodes import is_symbolic, node_value
 
-__all__ = ["OpSupport", "op_signature", "support_record_key"]
+__all__ = ["OpSupport", "encode_support_record", "op_signature", "support_record_key"]
 
 logger = logging.getLogger("ltc_cache.support")
 
@@ -152,7 +152,7 @@ class OpSupport(OperatorSupportBase):
         if self._store is None or self._readonly:
             return
         try:
-            self._store.put(support_record_key(), _encode_record(self._known))
+            self._store.put(support_record_key(), encode_support_record(self._known))
         except Exception as exc:
             logger.warning("cannot write the op-support record in the cache (LTC_CACHE_DIR) "
                            "(%s)", exc)
@@ -214,7 +214,7 @@ class OpSupport(OperatorSupportBase):
         return {sig: why for sig, why in self._known.items() if why}
 
 
-def _encode_record(known: Mapping[str, str]) -> bytes:
+def encode_support_record(known: Mapping[str, str]) -> bytes:
     return write_record(SUPPORT_RECORD_FORMAT, {
         "version": _SUPPORT_RECORD_VERSION,
         "torch": torch.__version__,

@@ -368,10 +368,14 @@ def test_a_remote_url_of_another_scheme_is_refused_clearly(cache_dir):
 
 def test_internal_records_come_from_redis_too(redis_server, tmp_path, caplog):
     # A machine warmed from Redis must not probe ops again (issue 14, item 8).
-    from ltc_cache.compile_backend.support import OpSupport, _encode_record, support_record_key
+    from ltc_cache.compile_backend.support import (
+        OpSupport,
+        encode_support_record,
+        support_record_key,
+    )
 
     first = GraphCache(CacheConfig(directory=tmp_path / "a", remote=redis_server.url))
-    first.store.put(support_record_key(), _encode_record({"aten.sign.default(float32)": "no",
+    first.store.put(support_record_key(), encode_support_record({"aten.sign.default(float32)": "no",
                                                           "aten.tanh.default(float32)": ""}))
     extract_and_check(first, "weighted")  # and a per-name record
     second = GraphCache(CacheConfig(directory=tmp_path / "b", remote=redis_server.url))
