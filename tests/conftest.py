@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 TESTS = Path(__file__).parent
 
+# One thread in each test process and child: pytest-xdist already runs a
+# worker per core, and the models here are too small to gain from more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(autouse=True)
 def fresh_process_counters() -> Iterator[None]:
