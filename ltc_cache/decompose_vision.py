@@ -122,10 +122,44 @@ def _index_put(x: torch.Tensor, indices: Sequence[torch.Tensor | None],
     return aten.reshape.default(out, list(x.shape))
 
 
+def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """BatchNorm in training as eager computes it: ``native_batch_norm``
+    itself (LTC lowers it, and its backward, when it is given no running
+    statistics), and the update of the running statistics beside it as
+    plain ops. torch's own decomposition (mean, variance, normalise as
+    separate ops) put LeViT's gradients 4.2e-3 of the largest from eager's
+    (fact 34 in docs/design.md). Other dtypes and evaluation keep torch's."""
+    def batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   running_mean: torch.Tensor, running_var: torch.Tensor, training: bool,
+                   momentum: float, eps: float) -> Any:
+        if not training or x.dtype not in (torch.float32, torch.float64) \
+                or running_mean.dtype != x.dtype or running_var.dtype != x.dtype:
+            return torch_decomposition(x, weight, bias, running_mean, running_var, training,
+                                       momentum, eps)
+        out, mean, invstd = aten.native_batch_norm.default(x, weight, bias, None, None, True,
+                                                           momentum, eps)
+        dims = [d for d in range(x.dim()) if d != 1]
+        count = math.prod(x.shape[d] for d in dims)
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        squares = aten.pow.Tensor_Scalar(
+            aten.sub.Tensor(x, aten.reshape.default(mean, shape)), 2)
+        unbiased = aten.div.Scalar(aten.sum.dim_IntList(squares, dims), max(count - 1, 1))
+        new_mean = aten.add.Tensor(aten.mul.Scalar(mean, momentum),
+                                   aten.mul.Scalar(running_mean, 1 - momentum))
+        new_var = aten.add.Tensor(aten.mul.Scalar(unbiased, momentum),
+                                  aten.mul.Scalar(running_var, 1 - momentum))
+        return out, mean, invstd, new_mean, new_var
+    return batch_norm
+
+
 def vision_decompositions() -> dict[Any, Callable[..., Any]]:
     """Ours for the vision ops LTC does not lower; merged into
     :func:`ltc_cache.decompose.decompositions`."""
+    from torch._decomp import get_decompositions
+
+    functional = aten._native_batch_norm_legit_functional.default
     return {
+        functional: _batch_norm_training(get_decompositions([functional])[functional]),
         aten.hardtanh.default: _hardtanh,
         aten.hardtanh_backward.default: _hardtanh_backward,
         aten.hardswish.default: _hardswish,
