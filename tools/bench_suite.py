@@ -16,6 +16,11 @@ capture functions, and captures: Dynamo frames, programs captured and calls
 that fell back from a program to torch.compile) and the time of the first
 call.
 "warm/cold" is the warm first call over the cold one. One intra-op thread.
+
+With ``--inductor``, each model and mode also runs cold then warm through
+``torch.compile`` (Inductor, its FX graph and AOTAutograd caches on, in the
+pair's own directory), for its error against eager and its warm first call
+("LTC warm / Inductor warm").
 """
 
 from __future__ import annotations
@@ -57,7 +62,22 @@ def _regions(lines: list[str]) -> int:
     return total
 
 
-def child(name: str, mode: str) -> dict:
+def _buffer_error(model, eager) -> float:
+    """How far the buffers after the step (BatchNorm's running statistics,
+    updated in the graph) are from eager's: for floating buffers, relative
+    to the largest of each; any integer buffer that differs (a count of
+    batches) is infinitely far."""
+    worst = 0.0
+    for got, want in zip(model.buffers(), eager.buffers(), strict=True):
+        if not want.is_floating_point():
+            worst = max(worst, 0.0 if bool((got == want).all()) else float("inf"))
+        elif want.numel():
+            scale = want.abs().max().item() or 1.0
+            worst = max(worst, (got - want).abs().max().item() / scale)
+    return worst
+
+
+def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     import copy
     import logging
     import warnings
@@ -88,7 +108,7 @@ def child(name: str, mode: str) -> dict:
     result: dict = {"model": name, "mode": mode}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled = ltc_cache.compile(model)
+        compiled = ltc_cache.compile(model) if backend == "ltc_cache" else torch.compile(model)
         start = time.perf_counter()
         if train:
             loss = suite_models.loss_of(compiled(**inputs))
@@ -109,6 +129,7 @@ def child(name: str, mode: str) -> dict:
         result["error"] = max(worst / scale,
                               abs(loss.item() - want.item()) / max(abs(want.item()), 1e-12))
         result["missing_grads"] = sorted(missing)
+        result["buffer_error"] = _buffer_error(model, eager)
     else:
         with torch.no_grad():
             want = suite_models.main_output(eager(**inputs))
@@ -125,28 +146,43 @@ def child(name: str, mode: str) -> dict:
     return result
 
 
-def run_child(name: str, mode: str, directory: str) -> dict:
+def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache") -> dict:
     env = {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
+           "TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+           "TORCHINDUCTOR_COMPILE_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", name, mode],
+    proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", name, mode,
+                           "--backend", backend],
                           capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
         return {"model": name, "mode": mode, "crash": proc.stderr.strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def pair(name: str, mode: str) -> dict:
+def pair(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     with tempfile.TemporaryDirectory(prefix="ltc-suite-") as directory:
-        cold = run_child(name, mode, directory)
-        warm = run_child(name, mode, directory) if "crash" not in cold else cold
+        cold = run_child(name, mode, directory, backend)
+        warm = run_child(name, mode, directory, backend) if "crash" not in cold else cold
     return {"model": name, "mode": mode, "cold": cold, "warm": warm}
+
+
+def inductor_row(result: dict, inductor: dict) -> list[str]:
+    """Inductor's error (the worse of its two processes) and ltc_cache's warm
+    first call over Inductor's."""
+    cold, warm = inductor["cold"], inductor["warm"]
+    if "crash" in cold or "crash" in warm:
+        return ["crash", ""]
+    ours = result["warm"].get("first_s")
+    error = max(cold["error"], warm["error"])
+    return [f"{error:.1e}", f"{ours / warm['first_s']:.2f}" if ours else ""]
 
 
 def row(result: dict) -> list[str]:
     cold, warm = result["cold"], result["warm"]
     if "crash" in cold or "crash" in warm:
         crash = (cold.get("crash") or warm.get("crash") or [""])[0]
-        return [result["model"], result["mode"], "crash: " + crash[:80], "", "", "", ""]
+        return [result["model"], result["mode"], "crash: " + crash[:80], "", "", "", "", ""]
     stats = warm["stats"]
     captures = (warm["frames"] + stats.get("program_captures", 0)
                 + stats.get("program_fallbacks", 0))
@@ -157,16 +193,21 @@ def row(result: dict) -> list[str]:
             f"{'yes' if correct else 'NO'} ({error:.1e})",
             f"{share:.0%}", str(cold["regions"]),
             f"{stats['traces']}/{warm['aot']}/{captures}",
-            f"{warm['first_s'] / cold['first_s']:.2f}"]
+            f"{warm['first_s'] / cold['first_s']:.2f}",
+            f"{max(cold.get('buffer_error', 0.0), warm.get('buffer_error', 0.0)):.1e}"]
 
 
 HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
-          "warm traces/AOT/captures", "warm/cold first call"]
+          "warm traces/AOT/captures", "warm/cold first call", "buffers (error)"]
+INDUCTOR_HEADER = ["Inductor error", "LTC warm / Inductor warm"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"))
+    parser.add_argument("--backend", default="ltc_cache", choices=["ltc_cache", "inductor"])
+    parser.add_argument("--inductor", action="store_true",
+                        help="also run each through Inductor, cold then warm")
     parser.add_argument("--models", default="")
     parser.add_argument("--family", choices=["hf", "vision"], default=None)
     parser.add_argument("--modes", default="infer,train")
@@ -174,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write every result to this file")
     options = parser.parse_args(argv)
     if options.child:
-        print(json.dumps(child(*options.child)))
+        print(json.dumps(child(*options.child, backend=options.backend)))
         return 0
     sys.path.insert(0, str(TOOLS))
     import suite_models
@@ -184,14 +225,20 @@ def main(argv: list[str] | None = None) -> int:
     for name in models:
         for mode in options.modes.split(","):
             result = pair(name, mode)
+            cells = row(result)
+            if options.inductor:
+                result["inductor"] = pair(name, mode, "inductor")
+                cells += inductor_row(result, result["inductor"])
             results.append(result)
-            print(" | ".join(row(result)), flush=True)
+            print(" | ".join(cells), flush=True)
     if options.json:
         Path(options.json).write_text(json.dumps(results, indent=1))
     if options.markdown:
         from markdown_table import table
 
-        print(table([HEADER, *(row(r) for r in results)]))
+        header = HEADER + (INDUCTOR_HEADER if options.inductor else [])
+        print(table([header, *(row(r) + (inductor_row(r, r["inductor"]) if "inductor" in r
+                                            else []) for r in results)]))
     return 0
 
 

@@ -201,5 +201,8 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
         aten.var.correction: _var,
         aten._transformer_encoder_layer_fwd.default: _transformer_encoder_layer,
     })
+    from .decompose_vision import vision_decompositions
+
+    table.update(vision_decompositions())
     return table
 

@@ -102,9 +102,15 @@ _JOINT_OUTPUT_TYPES = frozenset({"non_alias", "unsafe_view_alias"})
 def trainable(metadata: Any, example_inputs: Sequence[Any]) -> bool:
     """Whether AOTAutograd's autograd wrapper of this graph does nothing
     :class:`JointFunction` does not (``metadata``: its ``ViewAndMutationMeta``
-    after partitioning)."""
+    after partitioning). Inputs the forward graph updates itself need no
+    wrapper: BatchNorm's running statistics are a ``copy_`` into the buffer
+    at the graph's end (``keep_inference_input_mutations`` keeps such
+    updates of inputs that need no gradient in the training graph too; fact
+    32 in docs/design.md)."""
     return (
-        runs_bare(metadata, example_inputs, output_types=_JOINT_OUTPUT_TYPES)
+        runs_bare(metadata, example_inputs, output_types=_JOINT_OUTPUT_TYPES,
+                  mutations_in_graph=True)
+        and not metadata.num_mutated_inp_runtime_indices
         and all(issubclass(o.raw_type, torch.Tensor) for o in metadata.output_info)
         and metadata.num_symints_saved_for_bw == 0
         and not (metadata.num_opaque_objects_saved_for_bw or 0)

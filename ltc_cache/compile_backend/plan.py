@@ -84,14 +84,15 @@ def _deciding_code() -> str:
     log line keeps every stored plan, while a changed rule makes new ones;
     and by the values of the two modules' constants, which their functions
     read by name (``partition._MIN_VIEW_ELEMENTS``, ``REGION_PREFIX``)."""
-    from . import decompose, partition, support
+    from . import decompose, decompose_vision, partition, support
 
-    functions = [value for module in (decompose, partition) for value in vars(module).values()
+    modules = (decompose, decompose_vision, partition)
+    functions = [value for module in modules for value in vars(module).values()
                  if isinstance(value, types.FunctionType)
                  and value.__module__ == module.__name__]
     functions += [support.op_signature, support._static_rules, support.OpSupport.why_not]
     parts = [f"{f.__qualname__}={code_digest(f.__code__)}" for f in functions]
-    parts += [f"{module.__name__}.{name}={value!r}" for module in (decompose, partition)
+    parts += [f"{module.__name__}.{name}={value!r}" for module in modules
               for name, value in vars(module).items()
               if not name.startswith("__") and type(value) in (bool, int, float, str)]
     digest = hashlib.sha256()

@@ -60,7 +60,10 @@ def _static_rules(node: fx.Node) -> str | None:
         return "random"
     if target._schema.is_mutable:
         return "mutates an input"
-    leaves = torch.utils._pytree.tree_leaves(node_value(node))
+    # A None among the results is an output the graph asked not to have
+    # (``convolution_backward``'s output_mask): no node reads it, and the
+    # region returns only the tensors (fact 33 in docs/design.md).
+    leaves = [v for v in torch.utils._pytree.tree_leaves(node_value(node)) if v is not None]
     if not leaves or not all(isinstance(v, torch.Tensor) for v in leaves):
         return "returns a non-tensor"
     if any(is_symbolic(v) for v in leaves):
