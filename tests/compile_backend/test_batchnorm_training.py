@@ -1,5 +1,5 @@
 """BatchNorm CNN training inside LTC: the vision decompositions
-(ltc_cache.decompose_vision) compute what eager's kernels do, AOTAutograd
+(ltc_cache.compile_backend.decompose_vision) compute what eager's kernels do, AOTAutograd
 still keeps a buffer's update in the training graph (fact 32 in
 docs/design.md), and a small CNN's training step (BatchNorm, ReLU6,
 Hardswish, an indexed bias) runs in two LTC regions, its running statistics
@@ -15,7 +15,7 @@ import torch
 from test_compile_backend import fresh_backend
 
 import ltc_cache
-from ltc_cache.decompose_vision import vision_decompositions
+from ltc_cache.compile_backend.decompose_vision import vision_decompositions
 
 aten = torch.ops.aten
 
