@@ -167,6 +167,10 @@ CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
     "read-returned-views": ("ltc_cache.partition", "_read_outside",
                             lambda node, nodes: False),
     "joint-cold": ("ltc_cache.joint_switch", "joint_once_made", lambda aot, made, wrap: aot),
+    "tails-to-producers": ("ltc_cache.partition", "_tails_to_their_producers",
+                           lambda proposed: proposed),
+    "views-at-edges": ("ltc_cache.partition", "_views_apart_at_edges",
+                       lambda graph, nodes: None),
 }
 
 
