@@ -168,6 +168,10 @@ CHANGES: dict[str, tuple[str, str, Callable[..., object]]] = {
                             lambda node, nodes: False),
     "joint-cold": ("ltc_cache.compile_backend.joint_switch", "joint_once_made",
                    lambda aot, made, wrap: aot),
+    "tails-to-producers": ("ltc_cache.compile_backend.partition", "_tails_to_their_producers",
+                           lambda proposed: proposed),
+    "views-at-edges": ("ltc_cache.compile_backend.partition", "_views_apart_at_edges",
+                       lambda graph, nodes: None),
 }
 
 

@@ -119,6 +119,120 @@ def _return_input_views_apart(graph: fx.Graph) -> None:
             output.replace_input_with(node, twin)
 
 
+# Views whose twin is taken in the parent graph (:func:`_views_apart_at_edges`),
+# and the op the twin runs: ``view`` becomes ``reshape``, which takes any
+# layout (a region's input may be laid out otherwise than AOTAutograd traced
+# it, fact 23 in docs/design.md), and is a view of a contiguous tensor.
+_aten = torch.ops.aten
+_TWIN_OF: dict[Any, Any] = {
+    _aten.view.default: _aten.reshape.default,
+    _aten._unsafe_view.default: _aten.reshape.default,
+    _aten.t.default: _aten.t.default,
+    _aten.transpose.int: _aten.transpose.int,
+    _aten.permute.default: _aten.permute.default,
+    _aten.unsqueeze.default: _aten.unsqueeze.default,
+    _aten.expand.default: _aten.expand.default,
+    _aten.detach.default: _aten.detach.default,
+}
+# Twins a graph's output may read: they keep a contiguous tensor contiguous
+# (a transposed weight gradient handed to the optimizer made steps slower,
+# :func:`_leave_out_trailing_views`).
+_RETURNABLE_TWINS = frozenset({_aten.view.default, _aten._unsafe_view.default,
+                               _aten.detach.default})
+
+
+def _views_apart_at_edges(graph: fx.Graph, nodes: dict[fx.Node, Any]) -> None:
+    """Give the readers outside a proposed region of each large view inside
+    it a twin of the view taken in the parent graph, in place.
+
+    The region returned such a view as a copy on every call (LTC lowers
+    views to copies, fact 5 in docs/design.md): in a training backward the
+    ``view`` of each activation gradient a product reads, which the weight
+    gradients' products in a later region read too (12 copies of 256 KB a
+    step of the small GPT of BENCHMARKS.md); in its forward the view of
+    attention's output the backward's product reads, and the ``detach`` of
+    it the attention backward reads. With the twin, the region returns the
+    tensor the view chain starts from (its own input, or a tensor it
+    computed: no copy) and keeps its view where it reads it. A chain that
+    starts at a view of another kind inside the region stays."""
+    for node in list(nodes):
+        if node not in nodes or node.target not in _TWIN_OF or not _large_view(node) \
+                or not isinstance(node.args[0], fx.Node):
+            continue
+        outside = [u for u in node.users if u not in nodes and (
+            u.op != "output" or node.target in _RETURNABLE_TWINS)]
+        if not outside:
+            continue
+        chain = [node]
+        while chain[-1].args[0] in nodes and chain[-1].args[0].target in _TWIN_OF:
+            chain.append(chain[-1].args[0])
+        root = chain[-1].args[0]
+        if root in nodes and getattr(root.target, "is_view", False):
+            continue
+        if len(outside) == len(node.users) and len(chain) == 1:
+            del nodes[node]  # read outside only: it leaves the region whole
+            continue
+        twin = root
+        with graph.inserting_after(node):
+            for view in reversed(chain):
+                twin = graph.call_function(_TWIN_OF[view.target], (twin, *view.args[1:]),
+                                           view.kwargs)
+                twin.meta = dict(view.meta)
+        for user in outside:
+            user.replace_input_with(node, twin)
+
+
+def _components(nodes: dict[fx.Node, Any]) -> list[list[fx.Node]]:
+    """The weakly connected parts of a proposed region, each in graph order."""
+    seen: set[fx.Node] = set()
+    parts = []
+    for start in nodes:
+        if start in seen:
+            continue
+        seen.add(start)
+        part, stack = [], [start]
+        while stack:
+            node = stack.pop()
+            part.append(node)
+            for other in (*node.all_input_nodes, *node.users):
+                if other in nodes and other not in seen:
+                    seen.add(other)
+                    stack.append(other)
+        parts.append([n for n in nodes if n in set(part)])
+    return parts
+
+
+def _tails_to_their_producers(proposed: list[Any]) -> list[Any]:
+    """Move each connected part of a proposed region that reads only one
+    other region (besides the graph's inputs) and that only the graph's
+    output reads into that region; returns the regions left non-empty.
+
+    FX's partitioner fuses the products of a training backward that make
+    the weight gradients, independent of each other, into one region run
+    after all the others (the small GPT of BENCHMARKS.md: 17 products and
+    38 inputs, every activation gradient kept until the end). Each one joins
+    the region that computes the gradient it reads, and runs while that
+    gradient is fresh in the cache. No cycle can form: the part reads only
+    that region and the graph's inputs, and nothing but the output reads it."""
+    region_of = {node: part for part in proposed for node in part.nodes}
+    for part in proposed:
+        pieces = _components(part.nodes)
+        for piece in pieces:
+            inside = set(piece)
+            if any(u.op != "output" for n in piece for u in n.users if u not in inside):
+                continue
+            producers = {region_of.get(i) for n in piece for i in n.all_input_nodes
+                         if i not in inside and i.op not in ("placeholder", "get_attr")}
+            if len(producers) != 1 or None in producers or part in producers:
+                continue
+            (target,) = producers
+            for node in piece:
+                del part.nodes[node]
+                target.nodes[node] = None
+                region_of[node] = target
+    return [part for part in proposed if part.nodes]
+
+
 def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
     """Fuse the LTC-lowerable parts of ``gm`` into submodules, in place.
 
@@ -137,8 +251,10 @@ def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
     # one of views alone would only copy (LTC lowers views to copies).
     proposed = [p for p in partitioner.propose_partitions()
                 if any(op_signature(n) is not None and not n.target.is_view for n in p.nodes)]
+    proposed = _tails_to_their_producers(proposed)
     for part in proposed:
         _leave_out_trailing_views(part.nodes)
+        _views_apart_at_edges(gm.graph, part.nodes)
     # Graph order, so that region names are the same in every process.
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     proposed.sort(key=lambda p: min(order[n] for n in p.nodes))

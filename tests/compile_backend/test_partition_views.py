@@ -144,3 +144,51 @@ def test_through_torch_compile_the_region_stores_no_copy_of_the_view(cache_dir, 
     assert regions
     for ir in regions:
         assert "transpose" not in ir and "permute" not in ir
+
+
+def test_a_view_read_inside_and_by_another_region_is_taken_twice():
+    """A backward views each activation gradient for its product and the
+    weight gradient's product in a later region reads the view too: the
+    region keeps its view, and the later region reads a twin taken in the
+    parent graph, so the first returns the gradient itself, not a copy."""
+    def twice(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.mm(x, w)
+        v = g.view(64, 256)
+        s = torch.sign(torch.tanh(v))  # the cut between two regions
+        return torch.tanh(s) * 2, v
+
+    x, w = torch.randn(128, 128), torch.randn(128, 128)
+    gm = make_fx(twice)(x, w)
+    parted = partition(gm, OpSupport())
+    parent = parted.module
+    twins = [n for n in parent.graph.nodes if n.target is aten.reshape.default]
+    assert len(twins) == 1 and twins[0].args[0].op == "call_function"  # the region's output
+    first = parent.get_submodule(parted.regions[0])
+    outputs = first.graph.output_node().args[0]
+    assert not any(getattr(n, "target", None) is aten.view.default for n in outputs)
+    assert any(n.target is aten.view.default for n in view_nodes(first))
+    torch.testing.assert_close(parent(x, w), twice(x, w), atol=0, rtol=0)
+
+
+def tails(x, w1, w2, y):
+    """Two products that only the output reads (a backward's weight
+    gradients), each reading one region's result."""
+    h = torch.mm(x, w1)
+    o = torch.mm(torch.sign(h), w2)
+    o2 = torch.mm(torch.sign(o), w2)
+    return o2, torch.mm(y, h), torch.mm(y, o)
+
+
+def test_a_product_only_the_output_reads_joins_the_region_it_reads():
+    """FX's partitioner fused such products into one region after all the
+    others, keeping what they read alive until the end; each now runs in
+    the region that computes its input."""
+    args = [torch.randn(128, 128) for _ in range(4)]
+    gm = make_fx(tails)(*args)
+    parted = partition(gm, OpSupport())
+    assert [parted.region_ops[r] for r in parted.regions] == [2, 2, 1]
+    for name in parted.regions[:2]:  # each computes a result and the tail reading it
+        region = parted.module.get_submodule(name)
+        products = [n for n in region.graph.nodes if n.target is aten.mm.default]
+        assert len(products) == 2 and products[0] in products[1].all_input_nodes
+    torch.testing.assert_close(parted.module(*args), tails(*args), atol=0, rtol=0)
