@@ -128,7 +128,7 @@ def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..
     statistics), and the update of the running statistics beside it as
     plain ops. torch's own decomposition (mean, variance, normalise as
     separate ops) put LeViT's gradients 4.2e-3 of the largest from eager's
-    (fact 34 in docs/design.md). Other dtypes and evaluation keep torch's."""
+    (fact 33 in docs/design.md). Other dtypes and evaluation keep torch's."""
     def batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    running_mean: torch.Tensor, running_var: torch.Tensor, training: bool,
                    momentum: float, eps: float) -> Any:
