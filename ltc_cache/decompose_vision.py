@@ -4,7 +4,8 @@ MobileNetV2's ReLU6 (``hardtanh`` and its backward), LeViT's and
 MobileNetV3's ``hardswish`` and its backward, and advanced indexing
 (LeViT's attention biases, bilinear upsampling's ``_unsafe_index``) with
 the ``index_put`` that accumulates its gradient. Each of them left eagerly
-split a CNN's graph into one LTC region per block.
+split a CNN's graph into one LTC region per block. And BatchNorm in
+training, as eager computes it (:func:`_batch_norm_training`).
 
 Kept apart from :mod:`ltc_cache.decompose` (which merges this table into
 its own), so that each can change without the other; the plan key hashes
