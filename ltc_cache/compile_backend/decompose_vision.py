@@ -4,7 +4,8 @@ MobileNetV2's ReLU6 (``hardtanh`` and its backward), LeViT's and
 MobileNetV3's ``hardswish`` and its backward, and advanced indexing
 (LeViT's attention biases, bilinear upsampling's ``_unsafe_index``) with
 the ``index_put`` that accumulates its gradient. Each of them left eagerly
-split a CNN's graph into one LTC region per block.
+split a CNN's graph into one LTC region per block. And BatchNorm in
+training, as eager computes it (:func:`_batch_norm_training`).
 
 Kept apart from :mod:`ltc_cache.decompose` (which merges this table into
 its own), so that each can change without the other; the plan key hashes
@@ -128,7 +129,7 @@ def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..
     statistics), and the update of the running statistics beside it as
     plain ops. torch's own decomposition (mean, variance, normalise as
     separate ops) put LeViT's gradients 4.2e-3 of the largest from eager's
-    (fact 34 in docs/design.md). Other dtypes and evaluation keep torch's."""
+    (fact 33 in docs/design.md). Other dtypes and evaluation keep torch's."""
     def batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    running_mean: torch.Tensor, running_var: torch.Tensor, training: bool,
                    momentum: float, eps: float) -> Any:

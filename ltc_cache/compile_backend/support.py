@@ -29,7 +29,9 @@ __all__ = ["OpSupport", "encode_support_record", "op_signature", "support_record
 
 logger = logging.getLogger("ltc_cache.support")
 
-_SUPPORT_RECORD_VERSION = 1
+# 2: records of 1 may hold native_batch_norm as unlowered (probed under the
+# Python dispatcher).
+_SUPPORT_RECORD_VERSION = 2
 
 
 def support_record_key() -> str:
@@ -177,7 +179,9 @@ class OpSupport(OperatorSupportBase):
             return
         # Called from AOTAutograd's compilers with its FakeTensorMode active:
         # lazy tensors must be made outside it (fact 7 in docs/design.md).
-        with _disable_current_modes():
+        # And outside the Python dispatcher, whose kernel for
+        # native_batch_norm makes it an op LTC does not lower (fact 33).
+        with _disable_current_modes(), torch._C._DisablePythonDispatcher():
             for signature, node in todo.items():
                 why = _probe(node)
                 self.probes += 1
