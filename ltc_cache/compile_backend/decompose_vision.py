@@ -1,5 +1,5 @@
 """Decompositions for the ops of vision models' training graphs that the
-LTC TorchScript backend does not lower (fact 33 in docs/design.md):
+LTC TorchScript backend does not lower (fact 35 in docs/design.md):
 MobileNetV2's ReLU6 (``hardtanh`` and its backward), LeViT's and
 MobileNetV3's ``hardswish`` and its backward, and advanced indexing
 (LeViT's attention biases, bilinear upsampling's ``_unsafe_index``) with
@@ -129,7 +129,7 @@ def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..
     statistics), and the update of the running statistics beside it as
     plain ops. torch's own decomposition (mean, variance, normalise as
     separate ops) put LeViT's gradients 4.2e-3 of the largest from eager's
-    (fact 33 in docs/design.md). Other dtypes and evaluation keep torch's."""
+    (fact 35 in docs/design.md). Other dtypes and evaluation keep torch's."""
     def batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    running_mean: torch.Tensor, running_var: torch.Tensor, training: bool,
                    momentum: float, eps: float) -> Any:

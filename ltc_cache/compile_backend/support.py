@@ -64,7 +64,7 @@ def _static_rules(node: fx.Node) -> str | None:
         return "mutates an input"
     # A None among the results is an output the graph asked not to have
     # (``convolution_backward``'s output_mask): no node reads it, and the
-    # region returns only the tensors (fact 33 in docs/design.md).
+    # region returns only the tensors (fact 35 in docs/design.md).
     leaves = [v for v in torch.utils._pytree.tree_leaves(node_value(node)) if v is not None]
     if not leaves or not all(isinstance(v, torch.Tensor) for v in leaves):
         return "returns a non-tensor"
@@ -180,7 +180,7 @@ class OpSupport(OperatorSupportBase):
         # Called from AOTAutograd's compilers with its FakeTensorMode active:
         # lazy tensors must be made outside it (fact 7 in docs/design.md).
         # And outside the Python dispatcher, whose kernel for
-        # native_batch_norm makes it an op LTC does not lower (fact 33).
+        # native_batch_norm makes it an op LTC does not lower (fact 35).
         with _disable_current_modes(), torch._C._DisablePythonDispatcher():
             for signature, node in todo.items():
                 why = _probe(node)
