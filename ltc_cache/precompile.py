@@ -49,6 +49,7 @@ from .compiled_module import CompiledModule, stand_in
 from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
 from .frames import FramesProgram, load_program, store_program
+from .identity_checks import OBJECT, Aliasing, identity_check
 from .keys import CacheKey
 from .program import (
     OBJECT_DEPTH,
@@ -60,7 +61,6 @@ from .program import (
     names_process_specific,
     negative_program_entry,
     plain_object,
-    portable_check,
     portable_expression,
     program_entry,
     program_key,
@@ -199,9 +199,11 @@ class _GuardFilter:
         self.unportable: str | None = None
         # Where Dynamo installs the globals it names after object ids.
         self._fn_globals = fn_globals
+        self._functions: set[str] = set()
 
     def __call__(self, entries: Sequence[Any]) -> list[bool]:
         self.checks, self.unportable = [], None
+        seen: list[Any] = []  # the objects ``object`` checks compare, in order
         # A guard through a global named after an object id would never hold
         # in another process, saved or not: a portable check stands in for it.
         dropped = {e.orig_guard.name for e in entries
@@ -211,6 +213,7 @@ class _GuardFilter:
         # module or class they load (those are saved by name) and stay.
         functions = {e.orig_guard.name for e in entries
                      if e.guard_type in ("CLOSURE_MATCH", "FUNCTION_MATCH")}
+        self._functions = functions
         keep, direct = [], set()
         for e in entries:
             guard = e.orig_guard
@@ -238,15 +241,27 @@ class _GuardFilter:
                     # own guards say what it is.
                     keep.append(False)
                     continue
-                self.checks.append(portable_check(expr, e.guard_type,
+                self.checks.append(identity_check(expr, e.guard_type,
                                                   tuple(e.derived_guard_types), e.has_value,
-                                                  e.value))
+                                                  e.value, seen))
                 keep.append(False)
             except Unportable as exc:
+                if self._saved_beside(e):
+                    keep.append(True)
+                    continue
                 self.unportable = self.unportable or str(exc)
                 keep.append(True)  # saving it then fails: no program is stored
         self.globals = sorted(direct)
         return keep
+
+    def _saved_beside(self, e: Any) -> bool:
+        """Whether Dynamo saves this guard though another guard of its
+        source is checked here: a guard it can serialise (a config's
+        ``NOT_PRESENT_IN_GENERIC_DICT``, read through the pickled scope on
+        load) on a source reached by name."""
+        guard = e.orig_guard
+        return (not self._unserializable(e) and not names_process_specific(guard.name)
+                and not self._beneath(guard.originating_source, self._functions))
 
     @staticmethod
     def _unserializable(e: Any) -> bool:
@@ -279,7 +294,7 @@ class _Checks:
             # One expression a line (they are compiled together, once).
             if not isinstance(expr, str) or "\n" in expr or "\r" in expr:
                 raise EntryError(f"program: malformed check {check!r:.80}")
-            if kind not in ("same", "eq", "type", "len"):
+            if kind not in ("same", "eq", "type", "len", OBJECT):
                 raise EntryError(f"program: unknown check kind {kind!r}")
             parsed.append((expr, kind, expected))
         self._checks = parsed
@@ -300,6 +315,7 @@ class _Checks:
                               "<ltc_cache program checks>", "exec"), namespace)
         values = namespace["_values"](f_locals, f_globals)
         objects, lines = [], []
+        aliasing = Aliasing()
         for (expr, kind, expected), got in zip(self._checks, values, strict=True):
             try:
                 if isinstance(got, Exception):
@@ -307,13 +323,15 @@ class _Checks:
                 (value,) = got
                 if kind == "len":
                     ok = len(value) == expected
+                elif kind == OBJECT:
+                    ok = aliasing.fits(value, expected)
                 else:
                     ok = describe(type(value) if kind == "type" else value) == expected
             except Exception as exc:
                 return f"{expr}: {type(exc).__name__}: {first_line(exc)}"
             if not ok:
                 return f"{expr} is not what the program was made with"
-            if kind == "same":
+            if kind in ("same", OBJECT):
                 objects.append(value)
                 lines.append(f"if ({expr}) is not _o[{len(objects) - 1}]: return False")
             elif kind == "type":
