@@ -665,6 +665,8 @@ def test_objects_are_described_by_what_they_are():
 
     B.__qualname__ = A.__qualname__
     assert describe(A) != describe(B)  # a class constant counts
+    assert describe(int | None) == describe(int | None) != describe(float | None)
+    assert describe(A | None) != describe(B | None)  # a union's classes by what they are
     with pytest.raises(Unportable):
         describe(object())
 

@@ -21,12 +21,7 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 # Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
 # vision transformer, CNN with BatchNorm.
-FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2",
-            pytest.param("T5Small", marks=pytest.mark.xfail(
-                strict=True, reason="a NOT_PRESENT_IN_GENERIC_DICT guard on the model's config "
-                "has no portable check yet: the program is not saved, and each start "
-                "captures through torch.compile (0 traces, 0 AOTAutograd)")),
-            "ViT",
+FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2", "T5Small", "ViT",
             pytest.param("ResNet", marks=pytest.mark.xfail(
                 strict=True, reason="BatchNorm's training graph updates buffers in place: "
                 "AOTAutograd runs on every start until such graphs are stored as plans"))]

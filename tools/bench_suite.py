@@ -3,6 +3,7 @@ through ``ltc_cache.compile``, cold then warm in fresh processes.
 
     python tools/bench_suite.py [--models ResNet,ViT] [--family hf|vision]
                                 [--modes train,infer] [--markdown] [--json FILE]
+                                [--inductor MODELS] [--repeat N]
 
 For each model and mode, two fresh processes over one new cache directory:
 the cold one, then the warm one. Each builds the model (seed 0), runs one
@@ -16,6 +17,14 @@ capture functions, and captures: Dynamo frames, programs captured and calls
 that fell back from a program to torch.compile) and the time of the first
 call.
 "warm/cold" is the warm first call over the cold one. One intra-op thread.
+
+``--inductor ResNet,ViT`` (training only) also runs those models through
+``torch.compile`` (Inductor, its FX graph and AOTAutograd caches on, over a
+new cache directory of their own, compile workers in-process), cold then
+warm, and compares the first warm step of the two: after the cold pairs,
+``--repeat`` warm processes of each, alternating (ltc_cache, Inductor,
+ltc_cache, ...), medians of the first step's process CPU time and of its
+wall time.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,7 +67,7 @@ def _regions(lines: list[str]) -> int:
     return total
 
 
-def child(name: str, mode: str) -> dict:
+def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     import copy
     import logging
     import warnings
@@ -88,8 +98,8 @@ def child(name: str, mode: str) -> dict:
     result: dict = {"model": name, "mode": mode}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled = ltc_cache.compile(model)
-        start = time.perf_counter()
+        compiled = ltc_cache.compile(model) if backend == "ltc_cache" else torch.compile(model)
+        start, cpu = time.perf_counter(), time.process_time()
         if train:
             loss = suite_models.loss_of(compiled(**inputs))
             loss.backward()
@@ -97,6 +107,7 @@ def child(name: str, mode: str) -> dict:
             with torch.no_grad():
                 got = suite_models.main_output(compiled(**inputs))
         result["first_s"] = time.perf_counter() - start
+        result["first_cpu_s"] = time.process_time() - cpu
     if train:
         want = suite_models.loss_of(eager(**inputs))
         want.backward()
@@ -125,10 +136,14 @@ def child(name: str, mode: str) -> dict:
     return result
 
 
-def run_child(name: str, mode: str, directory: str) -> dict:
+def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache") -> dict:
     env = {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", name, mode],
+    if backend == "inductor":
+        env.update(TORCHINDUCTOR_CACHE_DIR=directory, TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+                   TORCHINDUCTOR_AUTOGRAD_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
+    proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", name, mode,
+                           "--backend", backend],
                           capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
         return {"model": name, "mode": mode, "crash": proc.stderr.strip().splitlines()[-1:]}
@@ -160,6 +175,46 @@ def row(result: dict) -> list[str]:
             f"{warm['first_s'] / cold['first_s']:.2f}"]
 
 
+def against_inductor(name: str, repeat: int) -> dict:
+    """Training: cold then ``repeat`` warm processes of ltc_cache and of
+    Inductor, the warm ones alternating; each over a cache of its own."""
+    with tempfile.TemporaryDirectory(prefix="ltc-suite-") as ltc, \
+            tempfile.TemporaryDirectory(prefix="inductor-suite-") as inductor:
+        cold = {"ltc": run_child(name, "train", ltc),
+                "inductor": run_child(name, "train", inductor, "inductor")}
+        warm: dict[str, list[dict]] = {"ltc": [], "inductor": []}
+        for _ in range(repeat):
+            warm["ltc"].append(run_child(name, "train", ltc))
+            warm["inductor"].append(run_child(name, "train", inductor, "inductor"))
+    return {"model": name, "cold": cold, "warm": warm}
+
+
+def inductor_row(result: dict) -> list[str]:
+    runs = [result["cold"]["ltc"], result["cold"]["inductor"], *result["warm"]["ltc"],
+            *result["warm"]["inductor"]]
+    crash = next((r["crash"] for r in runs if "crash" in r), None)
+    if crash is not None:
+        return [result["model"], "crash: " + (crash or [""])[0][:80], "", "", "", "", ""]
+
+    def median(backend: str, field: str) -> float:
+        return statistics.median(r[field] for r in result["warm"][backend])
+
+    ratios = [a["first_cpu_s"] / b["first_cpu_s"]
+              for a, b in zip(result["warm"]["ltc"], result["warm"]["inductor"], strict=True)]
+    error = max(r["error"] for r in result["warm"]["inductor"])
+    return [result["model"], f"{median('ltc', 'first_cpu_s'):.2f}",
+            f"{median('inductor', 'first_cpu_s'):.2f}",
+            f"{median('ltc', 'first_cpu_s') / median('inductor', 'first_cpu_s'):.3f}",
+            f"{min(ratios):.3f}-{max(ratios):.3f}",
+            f"{median('ltc', 'first_s') / median('inductor', 'first_s'):.3f}",
+            f"{result['cold']['inductor']['first_s']:.1f} ({error:.1e})"]
+
+
+INDUCTOR_HEADER = ["model", "ltc_cache warm first step (CPU s)",
+                   "Inductor warm first step (CPU s)", "ltc_cache / Inductor (CPU)",
+                   "range of the pairs", "ltc_cache / Inductor (wall)",
+                   "Inductor cold first step, s (error)"]
+
 HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
           "warm traces/AOT/captures", "warm/cold first call"]
 
@@ -167,6 +222,13 @@ HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"))
+    parser.add_argument("--backend", choices=["ltc_cache", "inductor"], default="ltc_cache",
+                        help="(with --child) what compiles the model")
+    parser.add_argument("--inductor", default="",
+                        help="models whose warm first training step is compared with "
+                        "Inductor's (instead of the suite table)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="warm processes of each backend for --inductor")
     parser.add_argument("--models", default="")
     parser.add_argument("--family", choices=["hf", "vision"], default=None)
     parser.add_argument("--modes", default="infer,train")
@@ -174,10 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write every result to this file")
     options = parser.parse_args(argv)
     if options.child:
-        print(json.dumps(child(*options.child)))
+        print(json.dumps(child(*options.child, backend=options.backend)))
         return 0
     sys.path.insert(0, str(TOOLS))
     import suite_models
+
+    if options.inductor:
+        compared = []
+        for name in options.inductor.split(","):
+            compared.append(against_inductor(name, options.repeat))
+            print(" | ".join(inductor_row(compared[-1])), flush=True)
+        if options.json:
+            Path(options.json).write_text(json.dumps(compared, indent=1))
+        if options.markdown:
+            from markdown_table import table
+
+            print(table([INDUCTOR_HEADER, *(inductor_row(r) for r in compared)]))
+        return 0
 
     models = options.models.split(",") if options.models else suite_models.names(options.family)
     results = []
