@@ -252,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             from markdown_table import table
 
             print(table([INDUCTOR_HEADER, *(inductor_row(r) for r in compared)]))
+            # The same processes' suite rows (ltc_cache cold, its first warm process).
+            print(table([HEADER, *(row({"model": r["model"], "mode": "train",
+                                         "cold": r["cold"]["ltc"], "warm": r["warm"]["ltc"][0]})
+                                   for r in compared)]))
         return 0
 
     models = options.models.split(",") if options.models else suite_models.names(options.family)
