@@ -61,7 +61,7 @@ class JointLayout:
       pooled output is ``last_hidden_state[:, 0]``), each as ``[index,
       base, size, stride, storage offset, requires_grad, base stride]``
       as traced. Like AOTAutograd's wrapper, the autograd node leaves them
-      out, and each is taken again as a view of its base's output (fact 32
+      out, and each is taken again as a view of its base's output (fact 33
       in docs/design.md), so that gradients reach the base through it.
     """
 

@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in options.inductor.split(","):
             compared.append(against_inductor(name, options.repeat))
             print(" | ".join(inductor_row(compared[-1])), flush=True)
-        if options.json:
-            Path(options.json).write_text(json.dumps(compared, indent=1))
+            if options.json:  # after each model: a long run stopped early keeps its results
+                Path(options.json).write_text(json.dumps(compared, indent=1))
         if options.markdown:
             from markdown_table import table
 
