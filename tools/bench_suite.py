@@ -3,6 +3,7 @@ through ``ltc_cache.compile``, cold then warm in fresh processes.
 
     python tools/bench_suite.py [--models ResNet,ViT] [--family hf|vision]
                                 [--modes train,infer] [--markdown] [--json FILE]
+                                [--inductor MODELS] [--repeat N]
 
 For each model and mode, two fresh processes over one new cache directory:
 the cold one, then the warm one. Each builds the model (seed 0), runs one
@@ -17,10 +18,13 @@ that fell back from a program to torch.compile) and the time of the first
 call.
 "warm/cold" is the warm first call over the cold one. One intra-op thread.
 
-With ``--inductor``, each model and mode also runs cold then warm through
-``torch.compile`` (Inductor, its FX graph and AOTAutograd caches on, in the
-pair's own directory), for its error against eager and its warm first call
-("LTC warm / Inductor warm").
+``--inductor ResNet,ViT`` (training only) also runs those models through
+``torch.compile`` (Inductor, its FX graph and AOTAutograd caches on, over a
+new cache directory of their own, compile workers in-process), cold then
+warm, and compares the first warm step of the two: after the cold pairs,
+``--repeat`` warm processes of each, alternating (ltc_cache, Inductor,
+ltc_cache, ...), medians of the first step's process CPU time and of its
+wall time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,7 +114,7 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = ltc_cache.compile(model) if backend == "ltc_cache" else torch.compile(model)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if train:
             loss = suite_models.loss_of(compiled(**inputs))
             loss.backward()
@@ -117,6 +122,7 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
             with torch.no_grad():
                 got = suite_models.main_output(compiled(**inputs))
         result["first_s"] = time.perf_counter() - start
+        result["first_cpu_s"] = time.process_time() - cpu
     if train:
         want = suite_models.loss_of(eager(**inputs))
         want.backward()
@@ -148,10 +154,10 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
 
 def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache") -> dict:
     env = {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
-           "TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "inductor"),
-           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-           "TORCHINDUCTOR_COMPILE_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if backend == "inductor":
+        env.update(TORCHINDUCTOR_CACHE_DIR=directory, TORCHINDUCTOR_FX_GRAPH_CACHE="1",
+                   TORCHINDUCTOR_AUTOGRAD_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
     proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", name, mode,
                            "--backend", backend],
                           capture_output=True, text=True, env=env, timeout=1200)
@@ -160,22 +166,11 @@ def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache") 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def pair(name: str, mode: str, backend: str = "ltc_cache") -> dict:
+def pair(name: str, mode: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="ltc-suite-") as directory:
-        cold = run_child(name, mode, directory, backend)
-        warm = run_child(name, mode, directory, backend) if "crash" not in cold else cold
+        cold = run_child(name, mode, directory)
+        warm = run_child(name, mode, directory) if "crash" not in cold else cold
     return {"model": name, "mode": mode, "cold": cold, "warm": warm}
-
-
-def inductor_row(result: dict, inductor: dict) -> list[str]:
-    """Inductor's error (the worse of its two processes) and ltc_cache's warm
-    first call over Inductor's."""
-    cold, warm = inductor["cold"], inductor["warm"]
-    if "crash" in cold or "crash" in warm:
-        return ["crash", ""]
-    ours = result["warm"].get("first_s")
-    error = max(cold["error"], warm["error"])
-    return [f"{error:.1e}", f"{ours / warm['first_s']:.2f}" if ours else ""]
 
 
 def row(result: dict) -> list[str]:
@@ -197,17 +192,60 @@ def row(result: dict) -> list[str]:
             f"{max(cold.get('buffer_error', 0.0), warm.get('buffer_error', 0.0)):.1e}"]
 
 
+def against_inductor(name: str, repeat: int) -> dict:
+    """Training: cold then ``repeat`` warm processes of ltc_cache and of
+    Inductor, the warm ones alternating; each over a cache of its own."""
+    with tempfile.TemporaryDirectory(prefix="ltc-suite-") as ltc, \
+            tempfile.TemporaryDirectory(prefix="inductor-suite-") as inductor:
+        cold = {"ltc": run_child(name, "train", ltc),
+                "inductor": run_child(name, "train", inductor, "inductor")}
+        warm: dict[str, list[dict]] = {"ltc": [], "inductor": []}
+        for _ in range(repeat):
+            warm["ltc"].append(run_child(name, "train", ltc))
+            warm["inductor"].append(run_child(name, "train", inductor, "inductor"))
+    return {"model": name, "cold": cold, "warm": warm}
+
+
+def inductor_row(result: dict) -> list[str]:
+    runs = [result["cold"]["ltc"], result["cold"]["inductor"], *result["warm"]["ltc"],
+            *result["warm"]["inductor"]]
+    crash = next((r["crash"] for r in runs if "crash" in r), None)
+    if crash is not None:
+        return [result["model"], "crash: " + (crash or [""])[0][:80], "", "", "", "", ""]
+
+    def median(backend: str, field: str) -> float:
+        return statistics.median(r[field] for r in result["warm"][backend])
+
+    ratios = [a["first_cpu_s"] / b["first_cpu_s"]
+              for a, b in zip(result["warm"]["ltc"], result["warm"]["inductor"], strict=True)]
+    error = max(r["error"] for r in result["warm"]["inductor"])
+    return [result["model"], f"{median('ltc', 'first_cpu_s'):.2f}",
+            f"{median('inductor', 'first_cpu_s'):.2f}",
+            f"{median('ltc', 'first_cpu_s') / median('inductor', 'first_cpu_s'):.3f}",
+            f"{min(ratios):.3f}-{max(ratios):.3f}",
+            f"{median('ltc', 'first_s') / median('inductor', 'first_s'):.3f}",
+            f"{result['cold']['inductor']['first_s']:.1f} ({error:.1e})"]
+
+
+INDUCTOR_HEADER = ["model", "ltc_cache warm first step (CPU s)",
+                   "Inductor warm first step (CPU s)", "ltc_cache / Inductor (CPU)",
+                   "range of the pairs", "ltc_cache / Inductor (wall)",
+                   "Inductor cold first step, s (error)"]
+
 HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
           "warm traces/AOT/captures", "warm/cold first call", "buffers (error)"]
-INDUCTOR_HEADER = ["Inductor error", "LTC warm / Inductor warm"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"))
-    parser.add_argument("--backend", default="ltc_cache", choices=["ltc_cache", "inductor"])
-    parser.add_argument("--inductor", action="store_true",
-                        help="also run each through Inductor, cold then warm")
+    parser.add_argument("--backend", choices=["ltc_cache", "inductor"], default="ltc_cache",
+                        help="(with --child) what compiles the model")
+    parser.add_argument("--inductor", default="",
+                        help="models whose warm first training step is compared with "
+                        "Inductor's (instead of the suite table)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="warm processes of each backend for --inductor")
     parser.add_argument("--models", default="")
     parser.add_argument("--family", choices=["hf", "vision"], default=None)
     parser.add_argument("--modes", default="infer,train")
@@ -220,25 +258,36 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(TOOLS))
     import suite_models
 
+    if options.inductor:
+        compared = []
+        for name in options.inductor.split(","):
+            compared.append(against_inductor(name, options.repeat))
+            print(" | ".join(inductor_row(compared[-1])), flush=True)
+            if options.json:  # after each model: a long run stopped early keeps its results
+                Path(options.json).write_text(json.dumps(compared, indent=1))
+        if options.markdown:
+            from markdown_table import table
+
+            print(table([INDUCTOR_HEADER, *(inductor_row(r) for r in compared)]))
+            # The same processes' suite rows (ltc_cache cold, its first warm process).
+            print(table([HEADER, *(row({"model": r["model"], "mode": "train",
+                                         "cold": r["cold"]["ltc"], "warm": r["warm"]["ltc"][0]})
+                                   for r in compared)]))
+        return 0
+
     models = options.models.split(",") if options.models else suite_models.names(options.family)
     results = []
     for name in models:
         for mode in options.modes.split(","):
             result = pair(name, mode)
-            cells = row(result)
-            if options.inductor:
-                result["inductor"] = pair(name, mode, "inductor")
-                cells += inductor_row(result, result["inductor"])
             results.append(result)
-            print(" | ".join(cells), flush=True)
+            print(" | ".join(row(result)), flush=True)
     if options.json:
         Path(options.json).write_text(json.dumps(results, indent=1))
     if options.markdown:
         from markdown_table import table
 
-        header = HEADER + (INDUCTOR_HEADER if options.inductor else [])
-        print(table([header, *(row(r) + (inductor_row(r, r["inductor"]) if "inductor" in r
-                                            else []) for r in results)]))
+        print(table([HEADER, *(row(r) for r in results)]))
     return 0
 
 

@@ -56,6 +56,13 @@ class JointLayout:
       takes one for a view (an in-place change of it is then allowed, as in
       eager): a region returns fresh tensors, but an eager op of the
       partitioned graph may return a view.
+    - ``aliases``: the user outputs that are views of another user output
+      (``OutputType.alias_of_intermediate_base_is_user_output``: DINOv2's
+      pooled output is ``last_hidden_state[:, 0]``), each as ``[index,
+      base, size, stride, storage offset, requires_grad, base stride]``
+      as traced. Like AOTAutograd's wrapper, the autograd node leaves them
+      out, and each is taken again as a view of its base's output (fact 37
+      in docs/design.md), so that gradients reach the base through it.
     """
 
     outputs: int
@@ -65,13 +72,19 @@ class JointLayout:
     tangents: tuple[int, ...]
     tangent_strides: tuple[tuple[int, ...], ...]
     unsafe_views: tuple[int, ...]
+    aliases: tuple[tuple[Any, ...], ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        wire = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        if not self.aliases:  # plans stored before aliases read the same
+            del wire["aliases"]
+        return wire
 
     @classmethod
     def from_wire(cls, obj: Any) -> JointLayout:
         names = [f.name for f in fields(cls)]
+        if isinstance(obj, dict) and "aliases" not in obj:
+            obj = {**obj, "aliases": []}
         if not isinstance(obj, dict) or sorted(obj) != sorted(names):
             raise EntryError("plan: joint layout of the wrong shape")
         try:
@@ -82,21 +95,31 @@ class JointLayout:
                 tangents=tuple(int(i) for i in obj["tangents"]),
                 tangent_strides=tuple(tuple(int(s) for s in st)
                                       for st in obj["tangent_strides"]),
-                unsafe_views=tuple(int(i) for i in obj["unsafe_views"]))
+                unsafe_views=tuple(int(i) for i in obj["unsafe_views"]),
+                aliases=tuple(_alias_from_wire(a) for a in obj["aliases"]))
         except (TypeError, ValueError):
             raise EntryError("plan: joint layout of the wrong shape") from None
         if len(layout.requires_grad) != layout.outputs \
                 or len(layout.tangent_strides) != len(layout.tangents) \
                 or any(not 0 <= i < layout.outputs
-                       for i in (*layout.tangents, *layout.unsafe_views)) \
+                       for i in (*layout.tangents, *layout.unsafe_views,
+                                 *(a[k] for a in layout.aliases for k in (0, 1)))) \
                 or min(layout.outputs, layout.saved, layout.saved_unchecked) < 0:
             raise EntryError("plan: joint layout out of range")
         return layout
 
 
+def _alias_from_wire(obj: Any) -> tuple[Any, ...]:
+    index, base, size, stride, offset, requires_grad, base_stride = obj
+    return (int(index), int(base), tuple(int(d) for d in size), tuple(int(d) for d in stride),
+            int(offset), bool(requires_grad), tuple(int(d) for d in base_stride))
+
+
 # What AOTAutograd's wrapper does for these output types, _Joint does too:
-# nothing for the first, ``_unsafe_view`` for the second.
-_JOINT_OUTPUT_TYPES = frozenset({"non_alias", "unsafe_view_alias"})
+# nothing for the first, ``_unsafe_view`` for the second, a view of another
+# output for the third (JointLayout.aliases).
+_ALIAS_OF_OUTPUT = "alias_of_intermediate_base_is_user_output"
+_JOINT_OUTPUT_TYPES = frozenset({"non_alias", "unsafe_view_alias", _ALIAS_OF_OUTPUT})
 
 
 def trainable(metadata: Any, example_inputs: Sequence[Any]) -> bool:
@@ -116,7 +139,18 @@ def trainable(metadata: Any, example_inputs: Sequence[Any]) -> bool:
         and not (metadata.num_opaque_objects_saved_for_bw or 0)
         and not metadata.num_backward_tokens
         and not metadata.indices_of_inputs_that_requires_grad_with_mutations_in_bw
+        and all(_views_a_plain_output(metadata, o) for o in metadata.output_info
+                if o.output_type.name == _ALIAS_OF_OUTPUT)
     )
+
+
+def _views_a_plain_output(metadata: Any, info: Any) -> bool:
+    """An alias of another user output that is itself no alias (and no
+    mutated input comes first among the forward's returns)."""
+    base = info.base_idx
+    return (not metadata.num_mutated_inp_runtime_indices and base is not None
+            and 0 <= base < len(metadata.output_info)
+            and metadata.output_info[base].output_type.name in ("non_alias", "unsafe_view_alias"))
 
 
 def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
@@ -147,8 +181,10 @@ def joint_layout(forward: fx.GraphModule, backward: fx.GraphModule,
     outputs = metadata.num_outputs
     unchecked = metadata.num_tensors_saved_with_no_vc_check or 0
     saved = len(_outputs(forward)) - outputs - unchecked
+    # AOTAutograd's backward takes no tangent for a view of another output.
     tangents = tuple(i for i, info in enumerate(metadata.output_info)
-                     if info.requires_grad_for_backward)
+                     if info.requires_grad_for_backward
+                     and info.output_type.name != _ALIAS_OF_OUTPUT)
     tangent_nodes = _placeholders(backward)[saved + unchecked:]
     strides = []
     for node in tangent_nodes:
@@ -160,12 +196,29 @@ def joint_layout(forward: fx.GraphModule, backward: fx.GraphModule,
                          requires_grad=tuple(bool(o.requires_grad) for o in metadata.output_info),
                          tangents=tangents, tangent_strides=tuple(strides),
                          unsafe_views=tuple(i for i, info in enumerate(metadata.output_info)
-                                            if info.output_type.name == "unsafe_view_alias"))
+                                            if info.output_type.name == "unsafe_view_alias"),
+                         aliases=_aliases(forward, metadata))
     try:
         _check(forward, backward, layout)
     except EntryError as exc:
         raise PlanError(str(exc)) from None
     return layout
+
+
+def _aliases(forward: fx.GraphModule, metadata: Any) -> tuple[tuple[Any, ...], ...]:
+    """JointLayout.aliases: each view of another output as traced."""
+    outs = _outputs(forward)
+    aliases = []
+    for index, info in enumerate(metadata.output_info):
+        if info.output_type.name != _ALIAS_OF_OUTPUT:
+            continue
+        view, base = (getattr(outs[i], "meta", {}).get("val") for i in (index, info.base_idx))
+        if not isinstance(view, torch.Tensor) or not isinstance(base, torch.Tensor):
+            raise PlanError("a view of an output with no traced value")
+        aliases.append((index, info.base_idx, tuple(view.shape), tuple(view.stride()),
+                        int(view.storage_offset()), bool(info.requires_grad),
+                        tuple(base.stride())))
+    return tuple(aliases)
 
 
 def joint_graphs(entry: Entry) -> tuple[Partitioned, Partitioned, JointLayout]:
@@ -193,6 +246,8 @@ class _Joint(torch.autograd.Function):
         user = list(outs[:layout.outputs])
         for i in layout.unsafe_views:
             user[i] = _unsafe_view(user[i], user[i].shape)
+        for alias in layout.aliases:  # taken again from its base by JointFunction
+            user[alias[0]] = None
         checked_end = layout.outputs + layout.saved
         # Saved views are detached, as AOTAutograd's wrapper detaches them
         # (``_AutogradSavedState.save_from_forward``): a transposed weight
@@ -204,7 +259,8 @@ class _Joint(torch.autograd.Function):
         ctx.unchecked = _detached_views(outs[checked_end:])
         ctx.joint = joint
         ctx.mark_non_differentiable(*(t for t, grad in zip(user, layout.requires_grad,
-                                                            strict=True) if not grad))
+                                                            strict=True)
+                                      if not grad and t is not None))
         return tuple(user)
 
     @staticmethod
@@ -236,4 +292,15 @@ class JointFunction:
         self.layout = layout
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
-        return _Joint.apply(self, *args)
+        outs = _Joint.apply(self, *args)
+        if not self.layout.aliases:
+            return outs
+        outs = list(outs)
+        for index, base, size, stride, offset, requires_grad, base_stride in self.layout.aliases:
+            source = outs[base]
+            if source.stride() != base_stride:  # the view would read other elements
+                raise RuntimeError(f"output {base} is laid out otherwise than traced "
+                                   f"({source.stride()} against {base_stride})")
+            view = source.as_strided(size, stride, offset)
+            outs[index] = view if requires_grad else view.detach()
+        return tuple(outs)

@@ -188,6 +188,9 @@ def _describe(obj: Any, depth: int, path: tuple[int, ...]) -> Any:
         # which transformers' forwards reach (BERT's classifier), are
         # what their repr names.
         return ["typing", repr(obj)]
+    if isinstance(obj, types.UnionType):
+        # ``int | None`` in an annotation (BART's forward reaches one).
+        return ["union", [describe(arg, depth + 1) for arg in obj.__args__]]
     raise Unportable(f"cannot describe a {type(obj).__module__}.{type(obj).__qualname__} "
                      "across processes")
 

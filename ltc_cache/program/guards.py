@@ -6,7 +6,6 @@ load and, as one generated function, on every call."""
 from __future__ import annotations
 
 import builtins
-import enum
 import re
 import sys
 import types
@@ -14,15 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import EntryError, Unportable, first_line
-from .describe import SIMPLE, describe
-
-# Guard kinds a check can take the place of, and what it compares.
-_IDENTITY_GUARDS = frozenset({"ID_MATCH", "CLASS_MATCH", "FUNCTION_MATCH", "CLOSURE_MATCH",
-                              "MODULE_MATCH", "BUILTIN_MATCH"})
-
-
-_VALUE_GUARDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
-
+from .checks import OBJECT, Aliasing, identity_check
+from .describe import describe
 
 # Globals Dynamo installs under a name made of an object id and the compile
 # id (``OutputGraph.install_global_by_id``: ``f"{prefix}_{id(value)}_c{n}"``;
@@ -54,28 +46,6 @@ def names_process_specific(expr: str) -> bool:
     return _BY_ID_GLOBAL.search(expr) is not None
 
 
-def portable_check(expr: str, guard_type: str, derived: Sequence[str], has_value: bool,
-                   value: Any) -> list[Any]:
-    """The check that stands in for a guard Dynamo cannot save: ``[expr,
-    kind, expected]``, where ``expr`` is the guard's source (``L[...]``,
-    ``G[...]``). ``same``: the object is described alike on load and is the
-    very object on each later call; ``eq``: equal to a constant; ``type``:
-    of a class described alike; ``len``: of a length. Raises Unportable."""
-    if not has_value:
-        raise Unportable(f"{guard_type} guard on {expr} has no value to compare")
-    if guard_type in _IDENTITY_GUARDS or "ID_MATCH" in derived:
-        return [expr, "same", describe(value)]
-    if guard_type in _VALUE_GUARDS:
-        if not isinstance(value, SIMPLE) and not isinstance(value, enum.Enum):
-            raise Unportable(f"{guard_type} guard on {expr}: a {type(value).__name__}")
-        return [expr, "same" if isinstance(value, enum.Enum) else "eq", describe(value)]
-    if guard_type == "TYPE_MATCH":
-        return [expr, "type", describe(type(value))]
-    if guard_type == "SEQUENCE_LENGTH":
-        return [expr, "len", len(value)]
-    raise Unportable(f"{guard_type} guard on {expr}")
-
-
 _BUILTINS_DICT = re.compile(r"G\['(__builtins_dict___\d+)'\]")
 
 
@@ -99,7 +69,7 @@ class GuardFilter:
     """The ``guard_filter_fn`` of a capture. Keeps every guard Dynamo can
     save; each one it cannot (an object identity), and each guard reached
     through such an object, becomes a portable check instead
-    (:func:`ltc_cache.program.guards.portable_check`). A guard that can be neither
+    (:mod:`.checks`). A guard that can be neither
     makes the program unportable (it is not stored)."""
 
     def __init__(self, fn_globals: Mapping[str, Any]) -> None:
@@ -108,9 +78,11 @@ class GuardFilter:
         self.unportable: str | None = None
         # Where Dynamo installs the globals it names after object ids.
         self._fn_globals = fn_globals
+        self._functions: set[str] = set()
 
     def __call__(self, entries: Sequence[Any]) -> list[bool]:
         self.checks, self.unportable = [], None
+        seen: list[Any] = []  # the objects ``object`` checks compare, in order
         # A guard through a global named after an object id would never hold
         # in another process, saved or not: a portable check stands in for it.
         dropped = {e.orig_guard.name for e in entries
@@ -120,6 +92,7 @@ class GuardFilter:
         # module or class they load (those are saved by name) and stay.
         functions = {e.orig_guard.name for e in entries
                      if e.guard_type in ("CLOSURE_MATCH", "FUNCTION_MATCH")}
+        self._functions = functions
         keep, direct = [], set()
         for e in entries:
             guard = e.orig_guard
@@ -147,15 +120,27 @@ class GuardFilter:
                     # own guards say what it is.
                     keep.append(False)
                     continue
-                self.checks.append(portable_check(expr, e.guard_type,
+                self.checks.append(identity_check(expr, e.guard_type,
                                                   tuple(e.derived_guard_types), e.has_value,
-                                                  e.value))
+                                                  e.value, seen))
                 keep.append(False)
             except Unportable as exc:
+                if self._saved_beside(e):
+                    keep.append(True)
+                    continue
                 self.unportable = self.unportable or str(exc)
                 keep.append(True)  # saving it then fails: no program is stored
         self.globals = sorted(direct)
         return keep
+
+    def _saved_beside(self, e: Any) -> bool:
+        """Whether Dynamo saves this guard though another guard of its
+        source is checked here: a guard it can serialise (a config's
+        ``NOT_PRESENT_IN_GENERIC_DICT``, read through the pickled scope on
+        load) on a source reached by name."""
+        guard = e.orig_guard
+        return (not self._unserializable(e) and not names_process_specific(guard.name)
+                and not self._beneath(guard.originating_source, self._functions))
 
     @staticmethod
     def _unserializable(e: Any) -> bool:
@@ -188,7 +173,7 @@ class Checks:
             # One expression a line (they are compiled together, once).
             if not isinstance(expr, str) or "\n" in expr or "\r" in expr:
                 raise EntryError(f"program: malformed check {check!r:.80}")
-            if kind not in ("same", "eq", "type", "len"):
+            if kind not in ("same", "eq", "type", "len", OBJECT):
                 raise EntryError(f"program: unknown check kind {kind!r}")
             parsed.append((expr, kind, expected))
         self._checks = parsed
@@ -209,6 +194,7 @@ class Checks:
                               "<ltc_cache program checks>", "exec"), namespace)
         values = namespace["_values"](f_locals, f_globals)
         objects, lines = [], []
+        aliasing = Aliasing()
         for (expr, kind, expected), got in zip(self._checks, values, strict=True):
             try:
                 if isinstance(got, Exception):
@@ -216,13 +202,15 @@ class Checks:
                 (value,) = got
                 if kind == "len":
                     ok = len(value) == expected
+                elif kind == OBJECT:
+                    ok = aliasing.fits(value, expected)
                 else:
                     ok = describe(type(value) if kind == "type" else value) == expected
             except Exception as exc:
                 return f"{expr}: {type(exc).__name__}: {first_line(exc)}"
             if not ok:
                 return f"{expr} is not what the program was made with"
-            if kind == "same":
+            if kind in ("same", OBJECT):
                 objects.append(value)
                 lines.append(f"if ({expr}) is not _o[{len(objects) - 1}]: return False")
             elif kind == "type":

@@ -369,3 +369,46 @@ def test_aotautograd_internals_plans_rely_on():
     # The inference wrapper leaves such outputs as they are.
     assert runtime_wrappers._HANDLER_MAP[schemas.OutputType.unsafe_view_alias] is \
         runtime_wrappers.NoopAliasHandler
+
+
+class PoolsItsOutput(torch.nn.Module):
+    """DINOv2's outputs: the last hidden state and, as a view of it, the
+    first token of each row (``OutputType.alias_of_intermediate_base_is_user_output``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = torch.nn.functional.layer_norm(self.fc(x), (8,))
+        return hidden, hidden[:, 0, :]
+
+
+def test_a_training_output_that_views_another_is_stored_in_the_plan(cache_dir):
+    """AOTAutograd's wrapper takes such an output again as a view of its
+    base; the plan's does too, so the warm start runs no AOTAutograd, its
+    gradients reach the weights through the view, and the view aliases its
+    base as in eager."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8)
+    deltas = []
+    for _ in range(2):  # cold, then from the plan (a fresh backend, as in a new process)
+        torch._dynamo.reset()
+        model, eager = PoolsItsOutput(), PoolsItsOutput()
+        eager.load_state_dict(model.state_dict())
+        before = ltc_cache.stats()
+        compiled = torch.compile(model, backend=LtcBackend(GraphCache(CacheConfig.from_env())))
+        (hidden, pooled), (want_hidden, want_pooled) = compiled(x), eager(x)
+        assert pooled._base is (hidden._base if hidden._base is not None else hidden)
+        (hidden.pow(2).mean() + pooled.sum()).backward()
+        (want_hidden.pow(2).mean() + want_pooled.sum()).backward()
+        torch.testing.assert_close(pooled, want_pooled, atol=1e-6, rtol=1e-6)
+        for got, want in zip(model.parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(got.grad, want.grad, atol=1e-6, rtol=1e-6)
+        after = ltc_cache.stats()
+        deltas.append({name: after.get(name, 0) - before.get(name, 0)
+                       for name in ("aot_traces", "plan_hits", "errors")})
+    assert deltas == [{"aot_traces": 1, "plan_hits": 0, "errors": 0},
+                      {"aot_traces": 0, "plan_hits": 1, "errors": 0}], deltas
+    [(_, entry)] = plans(cache_dir)
+    assert entry.payload["joint"]["aliases"][0][:2] == [1, 0]

@@ -21,12 +21,7 @@ TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 # Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
 # vision transformer, CNN with BatchNorm (its running statistics as eager's, in few regions).
-FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2",
-            pytest.param("T5Small", marks=pytest.mark.xfail(
-                strict=True, reason="a NOT_PRESENT_IN_GENERIC_DICT guard on the model's config "
-                "has no portable check yet: the program is not saved, and each start "
-                "captures through torch.compile (0 traces, 0 AOTAutograd)")),
-            "ViT", "ResNet"]
+FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2", "T5Small", "ViT", "ResNet"]
 
 
 def child(model: str) -> dict:

@@ -224,6 +224,100 @@ def test_a_global_named_after_an_object_id_is_never_checked_by_that_name():
         portable_expression(f"G['__weakref_{id(expr)}_c1']()", {f"__weakref_{id(expr)}_c1": 1})
 
 
+@pytest.mark.slow  # three child processes
+def test_a_config_deep_copied_in_forward_loads_warm_and_a_changed_one_misses(models, cache_dir):
+    """Encoder-decoder models deep-copy their config in ``forward``, and
+    ``copy.deepcopy`` reads ``id(config)``: Dynamo guards the config's
+    identity (and that of each value it copies), which no process but the
+    capturing one has, and checks class attributes are absent from its
+    ``__dict__``. The identities become checks of class and aliasing (no
+    check names an address or id), so the warm process loads; a config
+    that holds another value than the one the program was traced with
+    still misses."""
+    (models / "progmodels.py").write_text(MODELS + '''
+
+import copy
+
+
+class Config:
+    kind = "plain"  # read through the instance: absent from its __dict__
+
+    def __init__(self, scale=3.0):
+        self.scale = scale
+        self.labels = {0: "a", 1: "b"}
+
+
+class Copies(Net):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def forward(self, x):
+        config = copy.deepcopy(self.config)
+        if config.kind == "plain":
+            x = x * config.scale
+        return super().forward(x)
+
+
+def copies():
+    torch.manual_seed(0)
+    return Copies(Config())
+
+
+def copies_scaled():
+    torch.manual_seed(0)
+    return Copies(Config(scale=5.0))
+''')
+    cold = run(models, "--model", "copies")
+    assert_captured(cold)
+    store = ReadOnlyDiskStore(cache_dir)
+    try:
+        (key,) = program_keys(cache_dir)
+        checks = decode(store.peek(key)).payload["checks"]
+    finally:
+        store.close()
+    assert any(kind == "object" for _, kind, _ in checks), checks
+    # Nothing process-specific: no global named after an id, no id or address as a value.
+    assert not any(re.search(r"_\d{6,}_c\d|0x[0-9a-f]{6,}", expr) for expr, _, _ in checks)
+    assert not any(isinstance(v, int) and v > 2**20 for _, _, v in checks), checks
+    warm = run(models, "--model", "copies")
+    assert_warm(warm)
+    assert warm["outputs"] == cold["outputs"]
+    other = run(models, "--model", "copies_scaled")
+    assert_correct(other)
+    assert other["stats"].get("program_hits", 0) == 0, other
+    assert any("does not fit this call" in line for line in other["logs"]), other["logs"]
+    assert other["outputs"] != cold["outputs"]
+
+
+def test_object_checks_compare_class_and_aliasing():
+    """Two sources that were one object at capture must be one object on
+    load, two distinct ones distinct; the class must be described alike."""
+    from ltc_cache.errors import Unportable
+    from ltc_cache.program.checks import identity_check
+    from ltc_cache.program.guards import Checks
+
+    class Config:
+        pass
+
+    shared, other = Config(), Config()
+    seen: list = []
+    one = [identity_check(f"L[{n!r}]", "ID_MATCH", ("ID_MATCH",), True, shared, seen)
+           for n in ("a", "b")]
+    two = [one[0], identity_check("L['b']", "ID_MATCH", ("ID_MATCH",), True, other, seen)]
+    assert [c[2][1] for c in one] == [0, 0] and two[1][2][1] == 1
+    assert Checks(one).resolve({"a": shared, "b": shared}, {}) is None
+    assert Checks(one).resolve({"a": shared, "b": other}, {}) is not None
+    assert Checks(two).resolve({"a": other, "b": shared}, {}) is None
+    assert Checks(two).resolve({"a": shared, "b": shared}, {}) is not None
+    assert Checks(one).resolve({"a": 1, "b": 1}, {}) is not None  # another class
+    fits = Checks(one)
+    assert fits.resolve({"a": shared, "b": shared}, {}) is None
+    assert fits.fast({"a": shared, "b": shared}, {}) and not fits.fast({"a": other, "b": other}, {})
+    with pytest.raises(Unportable, match="sentinel"):
+        identity_check("L['a']", "ID_MATCH", ("ID_MATCH",), True, object(), [])
+
+
 @pytest.mark.slow  # child processes
 def test_decorated_function(models, cache_dir):
     (models / "progmodels.py").write_text(MODELS + '''
@@ -574,6 +668,8 @@ def test_objects_are_described_by_what_they_are():
 
     B.__qualname__ = A.__qualname__
     assert describe(A) != describe(B)  # a class constant counts
+    assert describe(int | None) == describe(int | None) != describe(float | None)
+    assert describe(A | None) != describe(B | None)  # a union's classes by what they are
     with pytest.raises(Unportable):
         describe(object())
 
