@@ -45,6 +45,7 @@ import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from .cache import GraphCache, default_cache
+from .check_exprs import without_dict_copies
 from .compiled_module import CompiledModule, stand_in
 from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
@@ -313,6 +314,7 @@ class _Checks:
                 return f"{expr}: {type(exc).__name__}: {first_line(exc)}"
             if not ok:
                 return f"{expr} is not what the program was made with"
+            expr = without_dict_copies(expr)  # the same value, read without copying
             if kind == "same":
                 objects.append(value)
                 lines.append(f"if ({expr}) is not _o[{len(objects) - 1}]: return False")
