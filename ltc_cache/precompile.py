@@ -45,7 +45,7 @@ import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
 from .cache import GraphCache, default_cache
-from .check_exprs import without_dict_copies
+from .check_exprs import checks_code, without_dict_copies
 from .compiled_module import CompiledModule, stand_in
 from .diagnostics import counters, warn_once
 from .errors import EntryError, UncacheableGraph, first_line
@@ -297,8 +297,8 @@ class _Checks:
                           f"    except Exception as _e:\n        _out.append(_e)\n"
                           for expr, _, _ in self._checks)
         namespace = {**closure, "__builtins__": builtins}
-        exec(builtins.compile(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n",
-                              "<ltc_cache program checks>", "exec"), namespace)
+        exec(checks_code(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n"),
+             namespace)
         values = namespace["_values"](f_locals, f_globals)
         objects, lines = [], []
         for (expr, kind, expected), got in zip(self._checks, values, strict=True):
@@ -332,7 +332,7 @@ class _Checks:
         source = ("def _check(L, G):\n    try:\n" + body +
                   "\n    except Exception:\n        return False\n    return True\n")
         namespace = {**closure, "__builtins__": builtins, "_o": objects}
-        exec(builtins.compile(source, "<ltc_cache program checks>", "exec"), namespace)
+        exec(checks_code(source), namespace)
         self.fast = namespace["_check"]
         return None
 
