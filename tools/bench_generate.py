@@ -21,8 +21,11 @@ to its first generated token; each length's first request (the sum, the
 largest, and the warm worker's against Inductor's warm worker's); steady
 decoding in tokens per second (between the first and the last new token of
 a request, the median of four) with the default number of threads and with
-one; the Dynamo captures, AOTAutograd traces and LTC traces of the warm
-worker; and whether every greedy answer equals eager's.
+one, and with one thread per second of the process's CPU time (what a
+shared machine's other jobs disturb least); the Dynamo captures,
+AOTAutograd traces and LTC traces of the warm worker; and whether every
+greedy answer equals eager's. The three cold workers run one after another,
+then the three warm ones, so that the routes meet the machine's load alike.
 """
 
 from __future__ import annotations
@@ -79,11 +82,13 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
 
         def __init__(self) -> None:
             self.times: list[float] = []
+            self.cpu: list[float] = []  # the process's CPU time, less noisy on a shared machine
             self.prompt_seen = False
 
         def put(self, value: Any) -> None:
             if self.prompt_seen:
                 self.times.append(time.time())
+                self.cpu.append(time.process_time())
             self.prompt_seen = True
 
         def end(self) -> None:
@@ -112,20 +117,21 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
         answers[n] = tokens
     counts = {"captures": captures(), **ltc_cache.stats()}
 
-    def steady() -> float:
-        rates = []
+    def steady() -> tuple[float, float]:
+        rates, cpu_rates = [], []
         for _ in range(STEADY_RUNS):
             _, clock, _ = request(lengths[0])
             rates.append((len(clock.times) - 1) / (clock.times[-1] - clock.times[0]))
-        return statistics.median(rates)
+            cpu_rates.append((len(clock.cpu) - 1) / (clock.cpu[-1] - clock.cpu[0]))
+        return statistics.median(rates), statistics.median(cpu_rates)
 
     default_threads = torch.get_num_threads()
-    rate_default = steady()
+    rate_default, _ = steady()
     torch.set_num_threads(1)
-    rate_one = steady()
+    rate_one, cpu_rate_one = steady()
     return {"first_token": first_token, "firsts": firsts, "answers": answers,
             "steady_default": rate_default, "steady_one": rate_one,
-            "threads": default_threads, "counts": counts}
+            "steady_one_cpu": cpu_rate_one, "threads": default_threads, "counts": counts}
 
 
 # --- the parent ----------------------------------------------------------------
@@ -143,13 +149,13 @@ def run_worker(model: str, route: str, lengths: list[int], new_tokens: int,
 
 
 def measure(model: str, new_tokens: int, scratch: Path) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for route in ROUTES:
-        env = _env(Path(tempfile.mkdtemp(prefix=f"{model}-{route}-", dir=scratch)))
-        cold = run_worker(model, route, list(LENGTHS), new_tokens, env)
-        warm = run_worker(model, route, list(reversed(LENGTHS)), new_tokens, env)
-        results[route] = {"cold": cold, "warm": warm}
-        print(f"# {model} {route}: done", file=sys.stderr)
+    results: dict[str, Any] = {route: {} for route in ROUTES}
+    envs = {route: _env(Path(tempfile.mkdtemp(prefix=f"{model}-{route}-", dir=scratch)))
+            for route in ROUTES}
+    for start, lengths in (("cold", list(LENGTHS)), ("warm", list(reversed(LENGTHS)))):
+        for route in ROUTES:
+            results[route][start] = run_worker(model, route, lengths, new_tokens, envs[route])
+            print(f"# {model} {route} {start}: done", file=sys.stderr)
     return results
 
 
@@ -165,12 +171,13 @@ def report(model: str, results: dict[str, Any]) -> str:
     inductor_warm = results["inductor"]["warm"]
     rows = [["route", "start", "process start to first token", "first requests (sum)",
              "largest first request", "vs Inductor warm (sum)", "steady tok/s (default)",
-             "steady tok/s (1 thread)", "captures / AOT / LTC traces", "greedy = eager"]]
+             "steady tok/s (1 thread)", "steady tok/CPU-s (1 thread)",
+             "captures / AOT / LTC traces", "greedy = eager"]]
     for route in ROUTES:
         for start in ("cold", "warm"):
             r = results[route][start]
             if "failed" in r:
-                rows.append([route, start, f"failed: {r['failed']}", *["-"] * 7])
+                rows.append([route, start, f"failed: {r['failed']}", *["-"] * 8])
                 continue
             firsts = list(r["firsts"].values())
             vs = "-"
@@ -179,7 +186,7 @@ def report(model: str, results: dict[str, Any]) -> str:
             c = r["counts"]
             rows.append([route, start, f"{r['first_token']:.2f} s", f"{sum(firsts):.2f} s",
                          f"{max(firsts):.2f} s", vs, f"{r['steady_default']:.1f}",
-                         f"{r['steady_one']:.1f}",
+                         f"{r['steady_one']:.1f}", f"{r['steady_one_cpu']:.1f}",
                          f"{c['captures']} / {c.get('aot_traces', 0)} / {c.get('traces', 0)}",
                          _same_answers(r, eager)])
     return f"### {model}\n\n" + table(rows)

@@ -313,11 +313,22 @@ def _val_from_wire(obj: Any) -> Any:
     raise EntryError(f"plan: unknown value {obj!r:.80}")
 
 
-def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None = None
-                    ) -> fx.GraphModule:
+def _lazy_module_class() -> type[fx.GraphModule]:
+    """torch's GraphModule that generates its code on first use, where this
+    torch has it (private: pinned by tests/test_plan.py), else GraphModule."""
+    try:
+        from torch.fx._lazy_graph_module import _LazyGraphModule
+    except ImportError:
+        return fx.GraphModule
+    return _LazyGraphModule if issubclass(_LazyGraphModule, fx.GraphModule) else fx.GraphModule
+
+
+def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None = None,
+                    *, lazy: bool = False) -> fx.GraphModule:
     """The graph module :func:`graph_to_wire` wrote, with the same node names
     (so the regions rebuilt with it have the same keys) and ``submodules``
-    for its region calls; raises EntryError for anything else."""
+    for its region calls; raises EntryError for anything else. ``lazy``:
+    its Python code is generated when first read or called, not here."""
     submodules = submodules or {}
     if not isinstance(obj, dict) or obj.get("format") != PLAN_FORMAT \
             or obj.get("version") != _VERSION:
@@ -348,7 +359,7 @@ def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None =
                 node.meta["val"] = _val_from_wire(val)
             nodes[name] = node
         graph.lint()
-        gm = fx.GraphModule(root, graph)
+        gm = (_lazy_module_class() if lazy else fx.GraphModule)(root, graph)
     except EntryError:
         raise
     except Exception as exc:  # a node list of the wrong shape
@@ -370,7 +381,10 @@ def partitioned_from_wire(obj: Any) -> Partitioned:
                 and item[0] == f"{REGION_PREFIX}{len(regions)}" and isinstance(item[2], int)):
             raise EntryError(f"plan: malformed region {item!r:.80}")
         name, wire, ops = item
-        regions[name] = graph_from_wire(wire)
+        # Lazy: the parent's GraphModule recompiles its submodules, and a
+        # region's code is read once more only for its key (one generation,
+        # not two, on every warm load).
+        regions[name] = graph_from_wire(wire, lazy=True)
         region_ops[name] = ops
     module = graph_from_wire(obj.get("graph"), regions)
     total, eager = obj.get("total_ops"), obj["eager_ops"]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import EntryError, Unportable, first_line
+from .check_exprs import checks_code, without_dict_copies
 from .checks import OBJECT, Aliasing, identity_check
 from .describe import describe
 
@@ -190,8 +191,8 @@ class Checks:
                           f"    except Exception as _e:\n        _out.append(_e)\n"
                           for expr, _, _ in self._checks)
         namespace = {**closure, "__builtins__": builtins}
-        exec(builtins.compile(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n",
-                              "<ltc_cache program checks>", "exec"), namespace)
+        exec(checks_code(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n"),
+             namespace)
         values = namespace["_values"](f_locals, f_globals)
         objects, lines = [], []
         aliasing = Aliasing()
@@ -210,6 +211,7 @@ class Checks:
                 return f"{expr}: {type(exc).__name__}: {first_line(exc)}"
             if not ok:
                 return f"{expr} is not what the program was made with"
+            expr = without_dict_copies(expr)  # the same value, read without copying
             if kind in ("same", OBJECT):
                 objects.append(value)
                 lines.append(f"if ({expr}) is not _o[{len(objects) - 1}]: return False")
@@ -227,6 +229,6 @@ class Checks:
         source = ("def _check(L, G):\n    try:\n" + body +
                   "\n    except Exception:\n        return False\n    return True\n")
         namespace = {**closure, "__builtins__": builtins, "_o": objects}
-        exec(builtins.compile(source, "<ltc_cache program checks>", "exec"), namespace)
+        exec(checks_code(source), namespace)
         self.fast = namespace["_check"]
         return None

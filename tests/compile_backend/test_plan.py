@@ -200,6 +200,25 @@ def test_a_partitioned_plan_rebuilds_its_regions_node_for_node(cache_dir):
             torch.testing.assert_close(got, expected, atol=0, rtol=0)
 
 
+def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_dir):
+    """Pins torch's private lazy GraphModule (torch.fx._lazy_graph_module):
+    a region rebuilt from a plan generates no code until its key reads it,
+    so the parent's recompile of its submodules does not generate it twice."""
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    from ltc_cache.compile_backend.plan import _lazy_module_class
+
+    assert _lazy_module_class() is _LazyGraphModule  # torch changed: see plan.py
+    model, x = Mixed().eval(), torch.randn(3, 4)
+    gm, _ = inference_graph(model, x)
+    parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
+    rebuilt = partitioned_from_wire(round_trip(partitioned_to_wire(parted)))
+    region = rebuilt.module.get_submodule(parted.regions[0])
+    assert isinstance(region, _LazyGraphModule) and type(region)._needs_recompile()
+    assert region.code == parted.module.get_submodule(parted.regions[0]).code
+    assert not type(region)._needs_recompile()
+
+
 @pytest.mark.parametrize("how", ["region out of order", "call of a non-region", "op counts"])
 def test_a_bad_partitioned_plan_is_an_entry_error(cache_dir, how):
     gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
