@@ -313,7 +313,7 @@ def _val_from_wire(obj: Any) -> Any:
     raise EntryError(f"plan: unknown value {obj!r:.80}")
 
 
-def _lazy_module_class() -> type[fx.GraphModule]:
+def lazy_module_class() -> type[fx.GraphModule]:
     """torch's GraphModule that generates its code on first use, where this
     torch has it (private: pinned by tests/test_plan.py), else GraphModule."""
     try:
@@ -359,7 +359,7 @@ def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None =
                 node.meta["val"] = _val_from_wire(val)
             nodes[name] = node
         graph.lint()
-        gm = (_lazy_module_class() if lazy else fx.GraphModule)(root, graph)
+        gm = (lazy_module_class() if lazy else fx.GraphModule)(root, graph)
     except EntryError:
         raise
     except Exception as exc:  # a node list of the wrong shape

@@ -206,9 +206,9 @@ def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_d
     so the parent's recompile of its submodules does not generate it twice."""
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
-    from ltc_cache.compile_backend.plan import _lazy_module_class
+    from ltc_cache.compile_backend.plan import lazy_module_class
 
-    assert _lazy_module_class() is _LazyGraphModule  # torch changed: see plan.py
+    assert lazy_module_class() is _LazyGraphModule  # torch changed: see plan.py
     model, x = Mixed().eval(), torch.randn(3, 4)
     gm, _ = inference_graph(model, x)
     parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
