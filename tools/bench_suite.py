@@ -41,20 +41,6 @@ from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
-AOT = {"traces": 0}
-
-
-def _count_aot_traces() -> None:
-    from torch._functorch._aot_autograd import graph_compile
-
-    for name in ("aot_dispatch_autograd_graph", "aot_dispatch_base_graph"):
-        original = getattr(graph_compile, name)
-
-        def counted(*args, _original=original, **kwargs):
-            AOT["traces"] += 1
-            return _original(*args, **kwargs)
-
-        setattr(graph_compile, name, counted)
 
 
 def _regions(lines: list[str]) -> int:
@@ -90,7 +76,9 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     import torch
 
     sys.path.insert(0, str(TOOLS))
+    sys.path.insert(0, str(ROOT / "tests"))
     import suite_models
+    from warm_children import AOT, count_aot_traces  # AOTAutograd's traces, counted apart
 
     import ltc_cache
 
@@ -104,7 +92,7 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     logger = logging.getLogger("ltc_cache")
     logger.setLevel(logging.INFO)
     logger.addHandler(Collect())
-    _count_aot_traces()
+    count_aot_traces()
     torch.manual_seed(0)
     model, inputs = suite_models.build(name)
     train = mode == "train"
