@@ -138,6 +138,16 @@ def program_keys(directory: Path) -> list[str]:
         store.close()
 
 
+def stored_checks(directory: Path) -> list:
+    """The portable checks of the one program stored in ``directory``."""
+    (key,) = program_keys(directory)
+    store = ReadOnlyDiskStore(directory)
+    try:
+        return decode(store.peek(key)).payload["checks"]
+    finally:
+        store.close()
+
+
 @pytest.mark.slow  # two child processes
 def test_cold_then_warm(models, cache_dir):
     cold = run(models)
@@ -190,12 +200,7 @@ def type_checked():
 ''')
     cold = run(models, "--model", "type_checked")
     assert_captured(cold)
-    store = ReadOnlyDiskStore(cache_dir)
-    try:
-        (key,) = program_keys(cache_dir)
-        checks = decode(store.peek(key)).payload["checks"]
-    finally:
-        store.close()
+    checks = stored_checks(cache_dir)
     exprs = [expr for expr, _, _ in checks]
     assert any("__import__('torch'" in expr and expr.endswith(".Tensor") for expr in exprs), exprs
     assert not any(re.search(r"_\d{6,}_c\d", expr) for expr in exprs), exprs
@@ -270,12 +275,7 @@ def copies_scaled():
 ''')
     cold = run(models, "--model", "copies")
     assert_captured(cold)
-    store = ReadOnlyDiskStore(cache_dir)
-    try:
-        (key,) = program_keys(cache_dir)
-        checks = decode(store.peek(key)).payload["checks"]
-    finally:
-        store.close()
+    checks = stored_checks(cache_dir)
     assert any(kind == "object" for _, kind, _ in checks), checks
     # Nothing process-specific: no global named after an id, no id or address as a value.
     assert not any(re.search(r"_\d{6,}_c\d|0x[0-9a-f]{6,}", expr) for expr, _, _ in checks)
