@@ -19,9 +19,10 @@ from conftest import TESTS, child_env
 pytestmark = pytest.mark.slow
 
 # Models that also train for a few steps (forward and backward graphs).
-TRAINED = {"gpt2", "llama", "cnn"}
+TRAINED = {"gpt2", "cnn"}
 STEPS = 5
-MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "cnn"]
+# (Llama trains and infers warm in test_warm_training.py and test_generate.py.)
+MODELS = ["gpt2", "bert", "t5", "transformer_encoder", "cnn"]
 
 
 def run_model(model: str, steps: int) -> dict:

@@ -35,7 +35,8 @@ def cli_stats() -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt2", "llama_gqa", "gpt2_dropout", "token_mlp"])
+# (GPT-2 without dropout: its graphs are gpt2_dropout's but for the RNG.)
+@pytest.mark.parametrize("model", ["llama_gqa", "gpt2_dropout", "token_mlp"])
 def test_training_warm_start_runs_no_aotautograd(model, cache_dir):
     """AdamW steps, an output changed in place, an eval() pass, a frozen
     parameter, load_state_dict (token_mlp's logits view an intermediate):
@@ -87,7 +88,7 @@ def by_length(run: dict, lengths: str) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["gpt2", "llama"])
+@pytest.mark.parametrize("model", ["gpt2"])
 def test_dynamic_true_runs_in_ltc_and_warms_in_any_order(model, cache_dir):
     """dynamic=True: Dynamo passes the models' float attributes as 0-dim
     tensors read with .item(), which AOTAutograd cannot trace; they are

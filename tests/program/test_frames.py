@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, child_env
+from conftest import TESTS, child_env, free_port
 
 from ltc_cache.graph.entry import decode, encode
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
@@ -351,8 +351,7 @@ def test_ddp_ranks_cold_then_warm(order, cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     out = tmp_path / "out"
     out.mkdir()
-    port = 29500 + os.getpid() % 400
-    cold = torchrun(order, out, port)
+    cold = torchrun(order, out, free_port())  # (tests run side by side)
     reference = cold[0]["reference"]
     for rank in cold:
         assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
@@ -360,7 +359,7 @@ def test_ddp_ranks_cold_then_warm(order, cache_dir, tmp_path, monkeypatch):
     # Across ranks each LTC graph is traced once (the other rank waits, then hits).
     assert sum(rank["stats"]["traces"] for rank in cold) == graph_entries(cache_dir) > 0
 
-    warm = torchrun(order, out, port + 1)
+    warm = torchrun(order, out, free_port())
     for rank in warm:
         assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
         assert rank["aot_traces"] == 0, rank
