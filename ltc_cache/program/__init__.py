@@ -1,8 +1,11 @@
 """Layer 3, whole programs: `ltc_cache.compile`, built on `compile_backend`.
 
-`precompile` captures a function once through Dynamo and stores it as a
-signed program entry (`entries`); a warm process loads it with no Dynamo
-capture. `frames` and `frame_names` keep a function Dynamo splits into
-several frames as one program; `compiled_module` is the module stand-in
-`ltc_cache.compile(module)` returns.
+`precompile` is `compile()`; `programs` keeps the programs of one function
+and captures one through Dynamo (`capture`, `program_graph`) or loads it
+(`loaded`) from a signed program entry (`entries`, `signing`), so a warm
+process runs with no Dynamo capture. The guards Dynamo cannot save become
+checks (`guards`, `checks`, `check_exprs`) of objects described across
+processes (`describe`). `frames`, `frame_package` and `frame_names` keep a
+function Dynamo splits into several frames as one program;
+`compiled_module` is the module stand-in `ltc_cache.compile(module)` returns.
 """
