@@ -275,31 +275,24 @@ def with_lightning(name: str, model: torch.nn.Module, how: str, steps: int) -> d
             "steady_step_s": statistics.median(clock.steps[2:] or clock.steps)}
 
 
+LOOPS = {"trainer": with_trainer, "accelerate": with_accelerate, "lightning": with_lightning,
+         "script": with_script}
+
+
 def run(options: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     model = build(options.model)
     reference = copy.deepcopy(model) if options.reference else None
     with tempfile.TemporaryDirectory(prefix="ltc-trainer-") as scratch:
-        if options.loop == "trainer":
-            result = with_trainer(options.model, model, options.compile, options.steps,
-                                  Path(scratch) / "run")
-            if reference is not None:
-                eager = with_trainer(options.model, reference, "eager", options.steps,
-                                     Path(scratch) / "eager")
-        elif options.loop == "accelerate":
-            result = with_accelerate(options.model, model, options.compile, options.steps,
-                                     Path(scratch) / "run")
-            if reference is not None:
-                eager = with_accelerate(options.model, reference, "eager", options.steps,
-                                        Path(scratch) / "eager")
-        elif options.loop == "lightning":
-            result = with_lightning(options.model, model, options.compile, options.steps)
-            if reference is not None:
-                eager = with_lightning(options.model, reference, "eager", options.steps)
-        else:
-            result = with_script(options.model, model, options.compile, options.steps)
-            if reference is not None:
-                eager = with_script(options.model, reference, "eager", options.steps)
+        def train(target: torch.nn.Module, how: str, output: str) -> dict[str, Any]:
+            loop = LOOPS[options.loop]
+            if options.loop in ("trainer", "accelerate"):  # the two that write a run directory
+                return loop(options.model, target, how, options.steps, Path(scratch) / output)
+            return loop(options.model, target, how, options.steps)
+
+        result = train(model, options.compile, "run")
+        if reference is not None:
+            eager = train(reference, "eager", "eager")
     if reference is not None:
         result["eager_losses"], result["eager_eval_loss"] = eager["losses"], eager["eval_loss"]
     if options.compile in ("ltc_cache", "torch"):
