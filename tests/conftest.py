@@ -87,13 +87,25 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_child(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> dict:
-    """Run tests/child_extract.py and return its JSON report."""
-    proc = subprocess.run([sys.executable, str(TESTS / "child_extract.py"), *args],
+def json_child(script: str, *args: str, env: dict[str, str] | None = None,
+               timeout: float = 300) -> dict:
+    """Run the child script ``tests/<script>`` and return the JSON report it
+    prints last."""
+    proc = subprocess.run([sys.executable, str(TESTS / script), *args],
                           capture_output=True, text=True, env=env or child_env(),
                           timeout=timeout)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_child(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> dict:
+    """Run tests/child_extract.py and return its JSON report."""
+    return json_child("child_extract.py", *args, env=env, timeout=timeout)
+
+
+def relative_error(got: list[float], want: list[float]) -> float:
+    """The largest relative difference of two equally long lists (losses)."""
+    return max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want, strict=True))
 
 
 # -- a private redis-server (tests/store/test_redis.py) ----------------------------------------

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TESTS, child_env
+from conftest import TESTS, child_env, relative_error
 
 # End to end: real models compiled in fresh processes (`pytest -m "not slow"` skips them).
 pytestmark = pytest.mark.slow
@@ -32,10 +32,6 @@ def run_model(model: str, steps: int) -> dict:
     proc = subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def relative_error(got: list[float], want: list[float]) -> float:
-    return max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -12,18 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, child_env
+from conftest import child_env, json_child, relative_error
 
 
 def child(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, str(TESTS / "warm_children.py"), *args],
-                          capture_output=True, text=True, env=child_env(), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def relative_error(got: list[float], want: list[float]) -> float:
-    return max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want, strict=True))
+    return json_child("warm_children.py", *args, timeout=900)
 
 
 def cli_stats() -> dict:

@@ -9,26 +9,15 @@ bit, which are eager's (to 1e-5).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from conftest import TESTS, child_env
+from conftest import json_child, relative_error
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 
 def child(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, str(TESTS / "trainer_child.py"), *args],
-                          capture_output=True, text=True, env=child_env(), timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def relative_error(got: list[float], want: list[float]) -> float:
-    return max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want, strict=True))
+    return json_child("trainer_child.py", *args, timeout=900)
 
 
 def assert_warm(cold: dict, warm: dict, programs: int) -> None:
