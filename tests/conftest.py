@@ -28,6 +28,14 @@ TESTS = Path(__file__).parent
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the cores. A slow test's worker
+    waits while its child processes start, import torch and exit; a spare
+    worker fills those gaps (the whole suite on 2 cores: 17 minutes with
+    2 workers, about 9 with 3)."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 @pytest.fixture(autouse=True)
 def fresh_process_counters() -> Iterator[None]:
     """Each test sees its own warnings and counts, as a new process would,

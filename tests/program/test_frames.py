@@ -331,7 +331,7 @@ def torchrun(order: str, out: Path, port: int) -> list[dict]:
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
                f"--master_port={port}", str(TESTS / "ddp_child.py"), order, str(out)]
     proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
-                          timeout=900)
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
