@@ -2,8 +2,10 @@
 ``generate()`` requests through ltc_cache against eager.
 
 ``python tests/generate_child.py MODEL --lengths 5,9 [--route forward]
-[--cache static] [--sample] [--new 16]`` prints one JSON line: each
-request's tokens (and eager's, for greedy decoding), its time, and the
+[--cache static] [--sample | --then-sample] [--new 16]`` prints one JSON
+line: each request's tokens (and eager's, for greedy decoding), its time
+(``--then-sample``: a sampled request of the first length after the
+greedy ones, in the same process), and the
 process's counters (ltc_cache's, Dynamo's captures). Random weights from a
 fixed seed, tiny configs, no downloads. ``tools/bench_generate.py`` and
 ``tests/program/test_generate.py`` run it in fresh processes, cold then warm.
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=("eager", "forward", "torch", "module", "inductor"))
     parser.add_argument("--cache", default="dynamic", choices=("dynamic", "static"))
     parser.add_argument("--sample", action="store_true")
+    parser.add_argument("--then-sample", action="store_true",
+                        help="one sampled request after the greedy ones")
     parser.add_argument("--new", type=int, default=8, help="new tokens per request")
     parser.add_argument("--no-check", action="store_true", help="skip eager's tokens")
     args = parser.parse_args(argv)
@@ -147,16 +151,20 @@ def main(argv: list[str] | None = None) -> int:
             for n in lengths:
                 expected[n] = model.generate(prompt(n), **kwargs).tolist()
     generate = compiled(model, args.route)
+    runs = [(n, kwargs) for n in lengths]
+    if args.then_sample:
+        runs.append((lengths[0], generation_kwargs(args.cache, True, args.new)))
     requests, warned = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        for n in lengths:
+        for i, (n, request_kwargs) in enumerate(runs):
             torch.manual_seed(n)
             start = time.perf_counter()
             with torch.no_grad():
-                tokens = generate(prompt(n), **kwargs).tolist()
+                tokens = generate(prompt(n), **request_kwargs).tolist()
             requests.append({"length": n, "seconds": time.perf_counter() - start,
-                             "tokens": tokens, "eager": expected.get(n)})
+                             "tokens": tokens,
+                             "eager": expected.get(n) if i < len(lengths) else None})
     warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     print(json.dumps({"requests": requests, "stats": ltc_cache.stats(),
                       "captures": captures(), "warnings": warned}))

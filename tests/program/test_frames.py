@@ -215,29 +215,33 @@ def test_a_global_rebound_between_steps_is_seen(models, cache_dir, process):
         assert result["stats"].get("program_hits", 0) == 1, result
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("part", ["artifact", "checks"])
-def test_a_poisoned_frame_never_runs(models, cache_dir, tmp_path, part):
+@pytest.mark.slow  # four child processes
+def test_a_poisoned_frame_never_runs(models, cache_dir, tmp_path):
+    """A frames program poisoned in turn in its artifact (the frames'
+    bytecode and graphs swapped for a payload) and in its checks (one
+    dropped, so a frame would run unchecked): each next process refuses it
+    with one warning, captures and stores a good one, which the last loads."""
     assert_correct(run("branchy", models))
-    (program,) = frame_programs(cache_dir)
     marker = tmp_path / "PAYLOAD_RAN"
-    payload = dict(program.payload)
-    if part == "artifact":  # the frames' bytecode and graphs swapped for a payload
-        payload["artifact"] = pickle.dumps(Payload(str(marker)))
-    else:  # a frame's portable checks dropped (it would run unchecked)
-        payload["checks"] = payload["checks"][1:]
-    store = DiskStore(cache_dir)
-    try:
-        store.put(program.key, encode(dataclasses.replace(program, payload=payload)))
-    finally:
-        store.close()
-    warm = run("branchy", models)
-    assert not marker.exists(), "a poisoned frame was unpickled"
-    assert warm["losses"] == pytest.approx(warm["eager"], abs=1e-5), warm
-    # Refused with one warning (counted as a bad entry), captured, stored again.
-    assert warm["stats"]["errors"] == 1, warm
-    assert any("signature" in w for w in warm["warnings"]), warm
-    assert warm["stats"]["program_captures"] == 1, warm
+    for part in ("artifact", "checks"):
+        (program,) = frame_programs(cache_dir)
+        payload = dict(program.payload)
+        if part == "artifact":
+            payload["artifact"] = pickle.dumps(Payload(str(marker)))
+        else:
+            payload["checks"] = payload["checks"][1:]
+        store = DiskStore(cache_dir)
+        try:
+            store.put(program.key, encode(dataclasses.replace(program, payload=payload)))
+        finally:
+            store.close()
+        warm = run("branchy", models)
+        assert not marker.exists(), "a poisoned frame was unpickled"
+        assert warm["losses"] == pytest.approx(warm["eager"], abs=1e-5), (part, warm)
+        # Refused with one warning (counted as a bad entry), captured, stored again.
+        assert warm["stats"]["errors"] == 1, (part, warm)
+        assert any("signature" in w for w in warm["warnings"]), (part, warm)
+        assert warm["stats"]["program_captures"] == 1, (part, warm)
     assert_warm(run("branchy", models))
 
 
