@@ -243,7 +243,7 @@ class Programs:
 
             if guard_filter.unportable:  # the guard kept for that made saving fail
                 why = f"its program cannot be saved ({guard_filter.unportable})"
-            elif isinstance(exc, Unsupported) and self._frames is None:
+            elif breaks_the_graph(exc) and self._frames is None:
                 # A graph break: Dynamo compiles it as several frames, stored
                 # as one program when they are run (:meth:`_run_frames`).
                 self._frames = FramesProgram.fresh(self._fn, self._name,
@@ -355,3 +355,20 @@ class Programs:
                                                  own_sources), key, local_only=local_only)
         self._to_torch_compile(layout, why)
         return None
+
+
+def breaks_the_graph(exc: BaseException) -> bool:
+    """Whether Dynamo, not held to one graph, would split the function at
+    what made ``exc``: a graph break, or a branch on a tensor's value
+    (``if x.any().item():``, Longformer's global attention). Under
+    ``fullgraph=True`` the latter is a ``UserError`` raised while handling
+    ``GuardOnDataDependentSymNode``; without it, Dynamo breaks the graph at
+    the ``item()`` (fact 42 in docs/design.md)."""
+    from torch._dynamo.exc import Unsupported, UserError
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    if isinstance(exc, Unsupported):
+        return True
+    return isinstance(exc, UserError) and isinstance(exc.__context__,
+                                                    GuardOnDataDependentSymNode)
+

@@ -54,6 +54,23 @@ class Branchy(torch.nn.Module):
 
 def branchy():
     return Branchy()
+
+
+class Flagged(Branchy):
+    """A branch on a tensor's value read with ``item()``, as Longformer's
+    global attention: one graph is refused as data-dependent, not as a
+    graph break."""
+
+    def forward(self, x):
+        y = self.first(x)
+        flag = (x > 0).flatten().any().item()
+        if flag:
+            y = y * SCALE
+        return after.act(self.second(y))
+
+
+def flagged():
+    return Flagged()
 '''
 
 AFTER = '''\
@@ -161,6 +178,36 @@ def test_gpt2_training_is_warm(cache_dir, tmp_path, monkeypatch):
     warm = run("gpt2")
     assert_warm(warm)
     assert warm["losses"] == cold["losses"]
+
+
+def test_a_branch_on_an_item_is_a_graph_break_to_dynamo():
+    """Under ``fullgraph=True`` a branch on ``item()`` is a ``UserError``
+    raised while handling ``GuardOnDataDependentSymNode``; ltc_cache takes
+    it for a graph break (fact 42 in docs/design.md)."""
+    from ltc_cache.program.programs import breaks_the_graph
+
+    def flagged(x):
+        if (x > 0).flatten().any().item():
+            return x * 2
+        return x + 1
+
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.UserError) as raised:
+        torch.compile(flagged, fullgraph=True, dynamic=False, backend="eager")(torch.ones(3))
+    torch._dynamo.reset()
+    assert breaks_the_graph(raised.value), repr(raised.value)
+    assert not breaks_the_graph(RuntimeError("something else"))
+
+
+@pytest.mark.slow  # two child processes
+def test_a_branch_on_an_item_is_stored_as_frames_and_loaded_warm(models, cache_dir):
+    """Longformer's pattern: it went to torch.compile on every start."""
+    cold = run("flagged", models)
+    assert_correct(cold)
+    assert cold["stats"]["program_captures"] == 1, cold
+    assert cold["stats"].get("program_fallbacks", 0) == 0, cold
+    assert len(frame_programs(cache_dir)) == 1
+    assert_warm(run("flagged", models))
 
 
 @pytest.mark.slow
