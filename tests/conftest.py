@@ -32,7 +32,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker more than the cores. A slow test's worker
     waits while its child processes start, import torch and exit; a spare
     worker fills those gaps (the whole suite on 2 cores: 17 minutes with
-    2 workers, about 9 with 3)."""
+    2 workers, 7 to 9 with 3)."""
     return len(os.sched_getaffinity(0)) + 1
 
 

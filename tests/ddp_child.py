@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.destroy_process_group()
     # Everything is written. A rank has still hung after this, in torch's
     # teardown at interpreter exit (faulthandler: the main thread past
-    # main(), no Python frame below it) in 2 of about 20 runs on a loaded
-    # machine; skip that teardown.
+    # main(), no Python frame below it) in 2 of about 40 launches on a
+    # loaded machine; skip that teardown.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -371,4 +371,3 @@ def breaks_the_graph(exc: BaseException) -> bool:
         return True
     return isinstance(exc, UserError) and isinstance(exc.__context__,
                                                     GuardOnDataDependentSymNode)
-
