@@ -29,6 +29,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -103,7 +104,7 @@ def _count_visits() -> list[str]:
 CAPTURES: list[str] = []
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser()
     parser.add_argument("order", choices=("ddp_of_compiled", "compiled_ddp",
                                           "torch_compile_ddp", "inductor_ddp"))
@@ -177,4 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    main()

@@ -2,7 +2,7 @@
 ``generate()`` requests through ltc_cache against eager.
 
 ``python tests/generate_child.py MODEL --lengths 5,9 [--route forward]
-[--cache static] [--sample | --then-sample] [--new 16]`` prints one JSON
+[--cache static] [--then-sample] [--new 16]`` prints one JSON
 line: each request's tokens (and eager's, for greedy decoding), its time
 (``--then-sample``: a sampled request of the first length after the
 greedy ones, in the same process), and the
@@ -132,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--route", default="forward",
                         choices=("eager", "forward", "torch", "module", "inductor"))
     parser.add_argument("--cache", default="dynamic", choices=("dynamic", "static"))
-    parser.add_argument("--sample", action="store_true")
     parser.add_argument("--then-sample", action="store_true",
                         help="one sampled request after the greedy ones")
     parser.add_argument("--new", type=int, default=8, help="new tokens per request")
@@ -144,27 +143,27 @@ def main(argv: list[str] | None = None) -> int:
 
     lengths = [int(n) for n in args.lengths.split(",")]
     model = build(args.model)
-    kwargs = generation_kwargs(args.cache, args.sample, args.new)
+    kwargs = generation_kwargs(args.cache, False, args.new)
     expected = {}
-    if not args.no_check and not args.sample:
+    if not args.no_check:
         with torch.no_grad():
             for n in lengths:
                 expected[n] = model.generate(prompt(n), **kwargs).tolist()
     generate = compiled(model, args.route)
-    runs = [(n, kwargs) for n in lengths]
+    # (length, generate's arguments, eager's tokens or None)
+    runs = [(n, kwargs, expected.get(n)) for n in lengths]
     if args.then_sample:
-        runs.append((lengths[0], generation_kwargs(args.cache, True, args.new)))
+        runs.append((lengths[0], generation_kwargs(args.cache, True, args.new), None))
     requests, warned = [], []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        for i, (n, request_kwargs) in enumerate(runs):
+        for n, request_kwargs, eager in runs:
             torch.manual_seed(n)
             start = time.perf_counter()
             with torch.no_grad():
                 tokens = generate(prompt(n), **request_kwargs).tolist()
             requests.append({"length": n, "seconds": time.perf_counter() - start,
-                             "tokens": tokens,
-                             "eager": expected.get(n) if i < len(lengths) else None})
+                             "tokens": tokens, "eager": eager})
     warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     print(json.dumps({"requests": requests, "stats": ltc_cache.stats(),
                       "captures": captures(), "warnings": warned}))
