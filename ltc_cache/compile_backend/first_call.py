@@ -90,11 +90,13 @@ class Region(FirstCall):
     its first call, when real tensors arrive; returns a tuple, as the fused
     submodule it replaces does."""
 
-    __slots__ = ("_module",)
+    __slots__ = ("_digest", "_module")
 
-    def __init__(self, module: fx.GraphModule, name: str, ops: int, cache: GraphCache) -> None:
+    def __init__(self, module: fx.GraphModule, name: str, ops: int, cache: GraphCache, *,
+                 digest: str | None = None) -> None:
         super().__init__(name, ops, cache)
         self._module = module
+        self._digest = digest  # its graph_digest, where a stored plan holds it
 
     def _first_call(self, *args: Any) -> Any:
         try:
@@ -102,7 +104,8 @@ class Region(FirstCall):
             # lazy tracing inside one fails (fact 7 in docs/design.md).
             with _disable_current_modes(), torch.no_grad():
                 compiled = self._cache.extract_compiled_graph(self._module, args,
-                                                              name=self._name)
+                                                              name=self._name,
+                                                              digest=self._digest)
         except Exception as exc:  # a region LTC cannot take runs eagerly, whatever the error
             logger.debug("%s: extraction failed", self._name, exc_info=True)
             warn_once(f"eager-region:{self._name}",

@@ -42,7 +42,7 @@ from torch import fx
 
 from ..errors import EntryError
 from ..graph.entry import Entry, new_meta, tensor_from_wire, tensor_to_wire
-from ..graph.keys import CacheKey, code_digest, derived_key
+from ..graph.keys import CacheKey, code_digest, derived_key, graph_digest
 from ..wire import PLAN_FORMAT
 from .nodes import is_symbolic
 from .partition import REGION_PREFIX, Partitioned
@@ -243,10 +243,15 @@ def partitioned_to_wire(parted: Partitioned) -> dict[str, Any]:
     """``parted`` as msgpack-able data: the parent graph, each region's
     graph and the op counts; raises :class:`PlanError` for a graph a plan
     cannot hold."""
+    regions = [parted.module.get_submodule(name) for name in parted.regions]
     return {
         "graph": graph_to_wire(parted.module, parted.regions),
-        "regions": [[name, graph_to_wire(parted.module.get_submodule(name)),
-                     parted.region_ops[name]] for name in parted.regions],
+        # A region's digest is the graph part of its key, stored so that a
+        # warm start need not generate its code to look its entry up; the
+        # rebuilt region has the same code (node names are kept), so the
+        # same digest.
+        "regions": [[name, graph_to_wire(region), parted.region_ops[name], graph_digest(region)]
+                    for name, region in zip(parted.regions, regions, strict=True)],
         "total_ops": parted.total_ops,
         "eager_ops": dict(parted.eager_ops),
     }
@@ -376,14 +381,19 @@ def partitioned_from_wire(obj: Any) -> Partitioned:
         raise EntryError("not a plan of this ltc_cache")
     regions: dict[str, fx.GraphModule] = {}
     region_ops: dict[str, int] = {}
+    digests: dict[str, str] = {}
     for item in obj["regions"]:
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                and item[0] == f"{REGION_PREFIX}{len(regions)}" and isinstance(item[2], int)):
+        # [name, graph, ops, digest]; plans stored before digests lack the last.
+        if not (isinstance(item, list) and len(item) in (3, 4) and isinstance(item[0], str)
+                and item[0] == f"{REGION_PREFIX}{len(regions)}" and isinstance(item[2], int)
+                and (len(item) == 3 or isinstance(item[3], str))):
             raise EntryError(f"plan: malformed region {item!r:.80}")
-        name, wire, ops = item
+        name, wire, ops = item[:3]
+        if len(item) == 4:
+            digests[name] = item[3]
         # Lazy: the parent's GraphModule recompiles its submodules, and a
-        # region's code is read once more only for its key (one generation,
-        # not two, on every warm load).
+        # region's code is read only for its key, where the plan holds no
+        # digest, or to run it eagerly.
         regions[name] = graph_from_wire(wire, lazy=True)
         region_ops[name] = ops
     module = graph_from_wire(obj.get("graph"), regions)
@@ -391,4 +401,4 @@ def partitioned_from_wire(obj: Any) -> Partitioned:
     if not isinstance(total, int) or not all(isinstance(k, str) and isinstance(v, int)
                                              for k, v in eager.items()):
         raise EntryError("plan: malformed op counts")
-    return Partitioned(module, tuple(regions), region_ops, total, eager)
+    return Partitioned(module, tuple(regions), region_ops, total, eager, digests)

@@ -90,13 +90,15 @@ class GraphCache:
             self._error(topic, message)
 
     def extract_compiled_graph(self, model: fx.GraphModule, example_inputs: Sequence[Any], *,
-                               name: str | None = None) -> CompiledGraph:
-        """See :func:`ltc_cache.extract_compiled_graph`."""
+                               name: str | None = None,
+                               digest: str | None = None) -> CompiledGraph:
+        """See :func:`ltc_cache.extract_compiled_graph`; ``digest``: see
+        :func:`~ltc_cache.graph.keys.compute_key`."""
         store = self.store
         # Resolved once for the key, the entry check and the binding.
         tensors = module_tensors(model)
         try:
-            key = (compute_key(model, example_inputs, tensors=tensors)
+            key = (compute_key(model, example_inputs, tensors=tensors, digest=digest)
                    if store is not None else None)
         except UncacheableGraph as exc:
             warn_once("uncacheable", f"{exc}; tracing without the cache")

@@ -23,7 +23,7 @@ from ..errors import UncacheableGraph
 from ..wire import SCHEMA_VERSION
 
 __all__ = ["CacheKey", "code_digest", "compute_key", "derived_key", "differing_parts",
-           "module_tensors"]
+           "graph_digest", "module_tensors"]
 
 logger = logging.getLogger("ltc_cache.keys")
 
@@ -151,11 +151,22 @@ def hash_lines(lines: Iterator[str] | Sequence[str]) -> str:
     return hashlib.sha256("".join(f"{line}\0" for line in lines).encode()).hexdigest()
 
 
+def graph_digest(model: fx.GraphModule) -> str:
+    """The ``graph`` part of ``model``'s key: a hash of its generated code
+    and of the leaf modules' state that the code leaves out."""
+    return hash_lines(_graph_text(model))
+
+
 def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
-                tensors: Mapping[str, torch.Tensor] | None = None) -> CacheKey:
+                tensors: Mapping[str, torch.Tensor] | None = None,
+                digest: str | None = None) -> CacheKey:
     """The key of tracing ``model`` on inputs laid out like ``example_inputs``.
 
-    ``tensors`` is ``module_tensors(model)`` where the caller has it already.
+    ``tensors`` is ``module_tensors(model)`` where the caller has it already;
+    ``digest`` is ``graph_digest(model)``, where the caller holds it from an
+    entry whose own key covers this graph (a partitioning plan's regions):
+    generating a region's code only to hash it was the largest part of
+    looking its entry up on a warm start.
     Raises :class:`UncacheableGraph` for an input with no stable signature.
     """
     tensors = module_tensors(model) if tensors is None else tensors
@@ -163,7 +174,7 @@ def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
         "schema": hash_lines([f"schema={SCHEMA_VERSION}"]),
         "torch": hash_lines([torch.__version__, str(torch.version.git_version)]),
         "backend": hash_lines(_backend_text()),
-        "graph": hash_lines(_graph_text(model)),
+        "graph": digest if digest is not None else graph_digest(model),
         "module_tensors": hash_lines(_tensor_signatures(tensors)),
         "inputs": hash_lines(_value_signature(v) for v in example_inputs),
         "lazy_config": hash_lines(_lazy_config_text()),

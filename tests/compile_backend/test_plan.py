@@ -28,6 +28,7 @@ from ltc_cache.compile_backend.plan import (
 from ltc_cache.compile_backend.support import OpSupport
 from ltc_cache.errors import EntryError
 from ltc_cache.graph.entry import Entry, decode, encode
+from ltc_cache.graph.keys import compute_key, graph_digest
 from ltc_cache.wire import is_entry_key
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
@@ -217,6 +218,29 @@ def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_d
     assert isinstance(region, _LazyGraphModule) and type(region)._needs_recompile()
     assert region.code == parted.module.get_submodule(parted.regions[0]).code
     assert not type(region)._needs_recompile()
+
+
+def test_a_plan_holds_its_regions_key_digests(cache_dir):
+    """A loaded plan keys its regions by the digests it stored, which are
+    what their code hashes to: the same keys, no code generated for them.
+    A plan stored before digests still loads (its regions hash their code)."""
+    model, x = Mixed().eval(), torch.randn(3, 4)
+    gm, _ = inference_graph(model, x)
+    parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
+    wire = round_trip(partitioned_to_wire(parted))
+    rebuilt = partitioned_from_wire(wire)
+    assert set(rebuilt.region_digests) == set(parted.regions)
+    for name in parted.regions:
+        region = rebuilt.module.get_submodule(name)
+        inputs = [torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride())
+                  for n in region.graph.find_nodes(op="placeholder")]
+        stored = compute_key(region, inputs, digest=rebuilt.region_digests[name])
+        assert type(region)._needs_recompile()  # keyed without its code
+        assert stored == compute_key(region, inputs)
+        assert rebuilt.region_digests[name] == graph_digest(parted.module.get_submodule(name))
+    for item in wire["regions"]:
+        del item[3]
+    assert partitioned_from_wire(wire).region_digests == {}
 
 
 @pytest.mark.parametrize("how", ["region out of order", "call of a non-region", "op counts"])
