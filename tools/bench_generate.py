@@ -18,7 +18,9 @@ on directories of its own, a cold worker (empty caches) then a warm one
 
 It reports, per route and start: the time from the worker's process start
 to its first generated token; each length's first request (the sum, the
-largest, and the warm worker's against Inductor's warm worker's); steady
+largest, and the warm worker's against Inductor's warm worker's), and the
+same for each first request's latency to its first token (what compiling
+adds to a request, without its 32 tokens of decoding); steady
 decoding in tokens per second (between the first and the last new token of
 a request, the median of four) with the default number of threads and with
 one, and with one thread per second of the process's CPU time (what a
@@ -109,11 +111,12 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
         return tokens[0].tolist(), clock, start
 
     first_token = None
-    firsts, answers = {}, {}
+    firsts, ttfts, answers = {}, {}, {}
     for n in lengths:
         tokens, clock, start = request(n)
         first_token = first_token or clock.times[0] - started
         firsts[n] = clock.times[-1] - start
+        ttfts[n] = clock.times[0] - start  # the request's latency to its first token
         answers[n] = tokens
     counts = {"captures": captures(), **ltc_cache.stats()}
 
@@ -129,7 +132,7 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
     rate_default, _ = steady()
     torch.set_num_threads(1)
     rate_one, cpu_rate_one = steady()
-    return {"first_token": first_token, "firsts": firsts, "answers": answers,
+    return {"first_token": first_token, "firsts": firsts, "ttfts": ttfts, "answers": answers,
             "steady_default": rate_default, "steady_one": rate_one,
             "steady_one_cpu": cpu_rate_one, "threads": default_threads, "counts": counts}
 
@@ -170,22 +173,26 @@ def report(model: str, results: dict[str, Any]) -> str:
     eager = results["eager"]["cold"]
     inductor_warm = results["inductor"]["warm"]
     rows = [["route", "start", "process start to first token", "first requests (sum)",
-             "largest first request", "vs Inductor warm (sum)", "steady tok/s (default)",
+             "largest first request", "vs Inductor warm (sum)",
+             "first requests' first tokens (sum)", "vs Inductor warm (first tokens)",
+             "steady tok/s (default)",
              "steady tok/s (1 thread)", "steady tok/CPU-s (1 thread)",
              "captures / AOT / LTC traces", "greedy = eager"]]
     for route in ROUTES:
         for start in ("cold", "warm"):
             r = results[route][start]
             if "failed" in r:
-                rows.append([route, start, f"failed: {r['failed']}", *["-"] * 8])
+                rows.append([route, start, f"failed: {r['failed']}", *["-"] * 10])
                 continue
-            firsts = list(r["firsts"].values())
-            vs = "-"
+            firsts, ttfts = list(r["firsts"].values()), list(r["ttfts"].values())
+            vs = vs_ttft = "-"
             if "failed" not in inductor_warm:
                 vs = f"{sum(firsts) / sum(inductor_warm['firsts'].values()):.3f}x"
+                vs_ttft = f"{sum(ttfts) / sum(inductor_warm['ttfts'].values()):.3f}x"
             c = r["counts"]
             rows.append([route, start, f"{r['first_token']:.2f} s", f"{sum(firsts):.2f} s",
-                         f"{max(firsts):.2f} s", vs, f"{r['steady_default']:.1f}",
+                         f"{max(firsts):.2f} s", vs, f"{sum(ttfts):.2f} s", vs_ttft,
+                         f"{r['steady_default']:.1f}",
                          f"{r['steady_one']:.1f}", f"{r['steady_one_cpu']:.1f}",
                          f"{c['captures']} / {c.get('aot_traces', 0)} / {c.get('traces', 0)}",
                          _same_answers(r, eager)])

@@ -27,6 +27,7 @@ graph of that shape has too (:mod:`ltc_cache.compile_backend.specialize`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Sequence
@@ -266,7 +267,8 @@ class LtcBackend:
             # a plan holds, not by AOTAutograd's runtime wrapper.
             keep_inference_input_mutations=True,
         )
-        compiled = aot(gm, example_inputs)
+        with _backward_compiled_with_forward(plan is not None and training):
+            compiled = aot(gm, example_inputs)
         if plan is None or not training:
             return compiled
         from . import joint_switch
@@ -382,6 +384,20 @@ def _accepted() -> str:
 
 
 backend = LtcBackend()
+
+
+def _backward_compiled_with_forward(wanted: bool) -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd compiles a backward graph on its first backward call, so a
+    graph whose outputs get no gradient in the cold process (one of
+    Longformer's) stored no training plan, and every warm start ran
+    AOTAutograd for it. Its private switch (pinned by
+    tests/compile_backend/test_plan.py) compiles the backward with the
+    forward, and so stores the plan, whatever the step's backward reaches."""
+    from torch._functorch import config
+
+    if not wanted or not hasattr(config, "force_non_lazy_backward_lowering"):
+        return contextlib.nullcontext()
+    return config.patch(force_non_lazy_backward_lowering=True)
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:

@@ -6,8 +6,9 @@ wrappers (``CompiledFunction`` and ``CompiledFunctionBackward``) then run
 every step: in a training step of the small GPT of BENCHMARKS.md they cost
 ~2% more process CPU time than :class:`~ltc_cache.compile_backend.joint.JointFunction`, the
 wrapper a warm process rebuilds from the stored plan. The plan is complete
-once AOTAutograd has compiled the backward graph (on the first backward,
-or earlier); from the next call on, :class:`JointOnceMade` runs the plan's
+once AOTAutograd has compiled the backward graph (with the forward, where
+the backend asks it to: before the first step; else on the first
+backward); from the next call on, :class:`JointOnceMade` runs the plan's
 own forward and backward modules (the very ones AOTAutograd's wrapper
 calls, regions already extracted) through ``JointFunction``.
 """

@@ -1,9 +1,12 @@
 """A cold process's training steps run through the plan's JointFunction
 once the plan is made (ltc_cache/compile_backend/joint_switch.py), with eager's losses and
-gradients; the first step runs through AOTAutograd's own wrapper."""
+gradients: from the first step, since the backward is compiled with the
+forward; where AOTAutograd compiles it lazily, the first step runs through
+AOTAutograd's own wrapper."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -38,7 +41,14 @@ def _backward_nodes(loss: torch.Tensor) -> set[str]:
     return names
 
 
-def test_cold_training_switches_to_the_joint_function_with_eager_results(cache_dir):
+@pytest.mark.parametrize("backward", ["with the forward", "lazily"])
+def test_cold_training_switches_to_the_joint_function_with_eager_results(cache_dir, monkeypatch,
+                                                                          backward):
+    if backward == "lazily":  # as on a torch without the switch
+        from ltc_cache.compile_backend import backend
+
+        monkeypatch.setattr(backend, "_backward_compiled_with_forward",
+                            lambda wanted: contextlib.nullcontext())
     torch.manual_seed(0)
     reference, x = Net(), torch.randn(8, 16)
     models = {"eager": copy.deepcopy(reference), "compiled": copy.deepcopy(reference)}
@@ -62,6 +72,8 @@ def test_cold_training_switches_to_the_joint_function_with_eager_results(cache_d
         for p, q in zip(models["compiled"].parameters(), models["eager"].parameters(),
                         strict=True):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert "CompiledFunctionBackward" in nodes[0] and "_JointBackward" not in nodes[0]
-    for later in nodes[1:]:
+    joint_from = 0 if backward == "with the forward" else 1
+    for first in nodes[:joint_from]:
+        assert "CompiledFunctionBackward" in first and "_JointBackward" not in first
+    for later in nodes[joint_from:]:
         assert "_JointBackward" in later and "CompiledFunctionBackward" not in later

@@ -455,3 +455,33 @@ def test_a_training_output_that_views_another_is_stored_in_the_plan(cache_dir):
                       {"aot_traces": 0, "plan_hits": 1, "errors": 0}], deltas
     [(_, entry)] = plans(cache_dir)
     assert entry.payload["joint"]["aliases"][0][:2] == [1, 0]
+
+
+def test_a_training_graph_whose_backward_never_ran_still_stores_its_plan(cache_dir):
+    """A step whose loss reaches none of a graph's outputs never runs that
+    graph's backward, which AOTAutograd compiles lazily (one of Longformer's
+    graphs): its plan is stored all the same (the backward is compiled with
+    the forward), so the warm start runs no AOTAutograd, and a backward that
+    does come later runs from the plan, with eager's gradients."""
+    from torch._functorch import config
+
+    assert hasattr(config, "force_non_lazy_backward_lowering")  # torch changed: see backend.py
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    deltas = []
+    for _ in range(2):  # cold, then from the plan (a fresh backend, as in a new process)
+        torch._dynamo.reset()
+        model, eager = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        eager.load_state_dict(model.state_dict())
+        before = ltc_cache.stats()
+        compiled = torch.compile(model, backend=LtcBackend(GraphCache(CacheConfig.from_env())))
+        torch.testing.assert_close(compiled(x), eager(x), atol=1e-6, rtol=1e-6)  # no backward
+        after = ltc_cache.stats()
+        deltas.append({name: after.get(name, 0) - before.get(name, 0)
+                       for name in ("aot_traces", "plan_hits", "errors")})
+    assert deltas == [{"aot_traces": 1, "plan_hits": 0, "errors": 0},
+                      {"aot_traces": 0, "plan_hits": 1, "errors": 0}], deltas
+    compiled(x).pow(2).sum().backward()
+    eager(x).pow(2).sum().backward()
+    for got, want in zip(model.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-6, rtol=1e-6)
