@@ -392,7 +392,8 @@ def _backward_compiled_with_forward(wanted: bool) -> contextlib.AbstractContextM
     Longformer's) stored no training plan, and every warm start ran
     AOTAutograd for it. Its private switch (pinned by
     tests/compile_backend/test_plan.py) compiles the backward with the
-    forward, and so stores the plan, whatever the step's backward reaches."""
+    forward, and so stores the plan, whatever the step's backward reaches
+    (fact 43 in docs/design.md)."""
     from torch._functorch import config
 
     if not wanted or not hasattr(config, "force_non_lazy_backward_lowering"):
