@@ -160,6 +160,12 @@ class LtcBackend:
 
     def _whole(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                cache: GraphCache) -> Callable[..., Any] | None:
+        if any("as_strided" in str(node.target) for node in gm.graph.nodes):
+            # LTC strides the elements in logical order, eager the storage;
+            # the partitioner keeps each as_strided where they would differ
+            # eager (fact 45 in docs/design.md).
+            logger.info("%s: not lowered whole (it calls as_strided); partitioning", name)
+            return None
         try:
             with torch.no_grad():
                 compiled = cache.extract_compiled_graph(gm, example_inputs, name=name)

@@ -9,12 +9,13 @@ runs in LTC.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
+from torch.fx.passes.operator_support import OperatorSupportBase
 
 from .nodes import node_value
 
@@ -185,6 +186,41 @@ def _views_apart_at_edges(graph: fx.Graph, nodes: dict[fx.Node, Any]) -> None:
             user.replace_input_with(node, twin)
 
 
+class _Outside(OperatorSupportBase):
+    """``support``, but for ``eager``: nodes that must run in the parent graph."""
+
+    def __init__(self, support: OperatorSupportBase, eager: set[fx.Node]) -> None:
+        self._support = support
+        self._eager = eager
+
+    def is_node_supported(self, submodules: Mapping[str, torch.nn.Module],
+                          node: fx.Node) -> bool:
+        return node not in self._eager and self._support.is_node_supported(submodules, node)
+
+
+def _strided_views(graph: fx.Graph, eager_strided: Callable[[fx.Node], bool]) -> set[fx.Node]:
+    """The views an ``as_strided`` left eager reads through (``eager_strided``
+    says which are), back to the tensor they view, and that tensor where
+    eager's is not contiguous: eager's strides address its storage, so it
+    must be laid out as eager lays it out. A region's outputs are
+    contiguous, and views taken in the parent keep eager's layout (fact 45
+    in docs/design.md)."""
+    eager: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or not eager_strided(node):
+            continue
+        source = node.args[0]
+        while isinstance(source, fx.Node) and source.op == "call_function" \
+                and getattr(source.target, "is_view", False):
+            eager.add(source)
+            source = source.args[0]
+        value = node_value(source) if isinstance(source, fx.Node) else None
+        if isinstance(source, fx.Node) and source.op == "call_function" \
+                and isinstance(value, torch.Tensor) and not value.is_contiguous():
+            eager.add(source)
+    return eager
+
+
 def _components(nodes: dict[fx.Node, Any]) -> list[list[fx.Node]]:
     """The weakly connected parts of a proposed region, each in graph order."""
     seen: set[fx.Node] = set()
@@ -245,11 +281,13 @@ def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
 
-    from .support import op_signature
+    from .support import op_signature, strided_otherwise
 
     support.learn(gm.graph.nodes)
     _return_input_views_apart(gm.graph)
-    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    eager = _strided_views(gm.graph, strided_otherwise)
+    partitioner = CapabilityBasedPartitioner(gm, _Outside(support, eager) if eager else support,
+                                             allows_single_node_partition=True)
     # A region must compute something to pay for its lookup and replay call:
     # one of views alone would only copy (LTC lowers views to copies).
     proposed = [p for p in partitioner.propose_partitions()

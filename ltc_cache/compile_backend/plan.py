@@ -90,7 +90,8 @@ def _deciding_code() -> str:
     functions = [value for module in modules for value in vars(module).values()
                  if isinstance(value, types.FunctionType)
                  and value.__module__ == module.__name__]
-    functions += [support.op_signature, support._static_rules, support.OpSupport.why_not]
+    functions += [support.op_signature, support._static_rules, support.strided_otherwise,
+                  support._strides_its_own_order, support.OpSupport.why_not]
     parts = [f"{f.__qualname__}={code_digest(f.__code__)}" for f in functions]
     parts += [f"{module.__name__}.{name}={value!r}" for module in modules
               for name, value in vars(module).items()

@@ -62,6 +62,8 @@ def _static_rules(node: fx.Node) -> str | None:
         return "random"
     if target._schema.is_mutable:
         return "mutates an input"
+    if strided_otherwise(node):
+        return "as_strided over a layout that is not its input's contiguous order"
     # A None among the results is an output the graph asked not to have
     # (``convolution_backward``'s output_mask): no node reads it, and the
     # region returns only the tensors (fact 35 in docs/design.md).
@@ -74,6 +76,38 @@ def _static_rules(node: fx.Node) -> str | None:
         if is_symbolic(node_value(arg)):
             return "symbolic argument"
     return None
+
+
+# Ops that address their input's storage by strides.
+_STRIDED = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default,
+                      torch.ops.aten.as_strided_scatter.default})
+
+
+def strided_otherwise(node: fx.Node) -> bool:
+    """Whether ``node`` is an ``as_strided`` that LTC would compute otherwise
+    than eager (it then runs eagerly, over its input as eager lays it out)."""
+    return node.target in _STRIDED and not _strides_its_own_order(node)
+
+
+def _strides_its_own_order(node: fx.Node) -> bool:
+    """Whether an ``as_strided`` reads the same elements in LTC as in eager.
+    Eager's strides address the input's storage; LTC's address the input's
+    elements in logical order. They agree where the input is contiguous
+    from the offset used and the strides reach no element past its end.
+    Longformer's sliding-window chunks take ``as_strided`` of a transposed
+    view: in LTC that read other elements (fact 45 in docs/design.md)."""
+    first = 2 if node.target is torch.ops.aten.as_strided_scatter.default else 1
+    size, stride = node.args[first], node.args[first + 1]
+    offset = node.args[first + 2] if len(node.args) > first + 2 \
+        else node.kwargs.get("storage_offset")
+    base = node_value(node.args[0])
+    if not isinstance(base, torch.Tensor) or not base.is_contiguous():
+        return False
+    if offset is not None and offset != base.storage_offset():
+        return False
+    if any(n == 0 for n in size):  # reads nothing
+        return True
+    return sum((n - 1) * st for n, st in zip(size, stride, strict=True)) < base.numel()
 
 
 def _lazy_zeros(value: Any) -> Any:
