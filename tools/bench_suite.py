@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             result = pair(name, mode)
             results.append(result)
             print(" | ".join(row(result)), flush=True)
-    if options.json:
-        Path(options.json).write_text(json.dumps(results, indent=1))
+            if options.json:  # after each pair: a long run stopped early keeps its results
+                Path(options.json).write_text(json.dumps(results, indent=1))
     if options.markdown:
         from markdown_table import table
 
