@@ -56,14 +56,15 @@ def _regions(lines: list[str]) -> int:
 def _buffer_error(model, eager) -> float:
     """How far the buffers after the step (BatchNorm's running statistics,
     updated in the graph) are from eager's: for floating buffers, relative
-    to the largest of each; any integer buffer that differs (a count of
+    to the largest of each, or absolute below 1 (a running mean of ~1e-9 is
+    rounding, not a scale); any integer buffer that differs (a count of
     batches) is infinitely far."""
     worst = 0.0
     for got, want in zip(model.buffers(), eager.buffers(), strict=True):
         if not want.is_floating_point():
             worst = max(worst, 0.0 if bool((got == want).all()) else float("inf"))
         elif want.numel():
-            scale = want.abs().max().item() or 1.0
+            scale = max(want.abs().max().item(), 1.0)
             worst = max(worst, (got - want).abs().max().item() / scale)
     return worst
 
