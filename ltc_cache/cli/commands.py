@@ -265,8 +265,9 @@ def _frames_fields(payload: dict[str, Any], frames: dict[str, Any]) -> list[tupl
 
 def _partitioned_summary(wire: dict[str, Any]) -> str:
     """A partitioned graph of a plan in a line (its nodes: --json)."""
+    # A region is [name, graph, ops] or, with its key digest, [..., digest].
     graphs = [wire.get("graph")] + [r[1] for r in wire.get("regions") or ()
-                                    if isinstance(r, list) and len(r) == 3]
+                                    if isinstance(r, list) and len(r) in (3, 4)]
     graphs = [g for g in graphs if isinstance(g, dict)]
     nodes = sum(len(g.get("nodes") or ()) for g in graphs)
     constants = sum(len(g.get("constants") or ()) for g in graphs)
