@@ -214,10 +214,10 @@ def _strided_views(graph: fx.Graph, eager_strided: Callable[[fx.Node], bool]) ->
                 and getattr(source.target, "is_view", False):
             eager.add(source)
             source = source.args[0]
-        value = node_value(source) if isinstance(source, fx.Node) else None
-        if isinstance(source, fx.Node) and source.op == "call_function" \
-                and isinstance(value, torch.Tensor) and not value.is_contiguous():
-            eager.add(source)
+        if isinstance(source, fx.Node) and source.op == "call_function":
+            value = node_value(source)
+            if isinstance(value, torch.Tensor) and not value.is_contiguous():
+                eager.add(source)
     return eager
 
 
