@@ -86,7 +86,8 @@ def _backward_split(step, reps: int) -> dict[str, float]:
     """Process CPU ms per step of the backward's parts (see the docstring)."""
     import torch
 
-    from ltc_cache import joint, replay
+    from ltc_cache.compile_backend import joint
+    from ltc_cache.graph import replay
 
     clock, parts = time.process_time, dict.fromkeys(
         ["loss.backward()", "JointFunction backward", "region calls", "eager ops"], 0.0)

@@ -37,6 +37,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..collector import holding_off
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, first_line
 from ..graph.cache import GraphCache, default_cache
@@ -189,19 +190,21 @@ class LtcBackend:
             key = plan_key(compute_key(gm, example_inputs))
         except UncacheableGraph:
             return self._aot(gm, example_inputs, name, cache)
-        entry = cache.lookup_plan(key)
-        if entry is not None:
-            try:
-                planned = plan_graph(entry)
-            except EntryError as exc:
-                cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
-            else:
-                logger.info("%s: running the stored plan %s", name, key.digest[:12])
-                cache.record(PLAN_HITS)
-                module = self._with_regions(planned, f"{name}.inference", cache)
-                return Guarded(module.forward, gm.forward, f"{name}.plan", cache, as_tuple=False,
-                                ops=0)
-        return self._aot(gm, example_inputs, name, cache, plan=key)
+        with holding_off():  # a plan's graphs rebuilt (fact 46 in docs/design.md)
+            entry = cache.lookup_plan(key)
+            planned = None
+            if entry is not None:
+                try:
+                    parted = plan_graph(entry)
+                except EntryError as exc:
+                    cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
+                else:
+                    planned = self._with_regions(parted, f"{name}.inference", cache)
+        if planned is None:
+            return self._aot(gm, example_inputs, name, cache, plan=key)
+        logger.info("%s: running the stored plan %s", name, key.digest[:12])
+        cache.record(PLAN_HITS)
+        return Guarded(planned.forward, gm.forward, f"{name}.plan", cache, as_tuple=False, ops=0)
 
     def _training(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                   cache: GraphCache) -> Callable[..., Any]:
@@ -215,21 +218,23 @@ class LtcBackend:
             key = plan_key(compute_key(gm, example_inputs), training=True)
         except UncacheableGraph:
             return self._aot(gm, example_inputs, name, cache)
-        entry = cache.lookup_plan(key)
-        if entry is not None:
-            try:
-                forward, backward, layout = joint_graphs(entry)
-            except EntryError as exc:
-                cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
-            else:
-                logger.info("%s: running the stored training plan %s", name, key.digest[:12])
-                cache.record(PLAN_HITS)
-                joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
-                                      self._with_regions(backward, f"{name}.backward", cache),
-                                      layout)
-                return Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False,
-                                ops=0)
-        return self._aot(gm, example_inputs, name, cache, plan=key, training=True)
+        with holding_off():  # a plan's graphs rebuilt (fact 46 in docs/design.md)
+            entry = cache.lookup_plan(key)
+            joint = None
+            if entry is not None:
+                try:
+                    forward, backward, layout = joint_graphs(entry)
+                except EntryError as exc:
+                    cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
+                else:
+                    joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
+                                          self._with_regions(backward, f"{name}.backward", cache),
+                                          layout)
+        if joint is None:
+            return self._aot(gm, example_inputs, name, cache, plan=key, training=True)
+        logger.info("%s: running the stored training plan %s", name, key.digest[:12])
+        cache.record(PLAN_HITS)
+        return Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False, ops=0)
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
              cache: GraphCache, *, plan: CacheKey | None = None,
