@@ -17,6 +17,9 @@ capture functions, and captures: Dynamo frames, programs captured and calls
 that fell back from a program to torch.compile) and the time of the first
 call.
 "warm/cold" is the warm first call over the cold one. One intra-op thread.
+The processes write and read their bytecode caches (under the cache
+directory), as an installed package's are, even where the environment sets
+``PYTHONDONTWRITEBYTECODE``.
 
 ``--inductor ResNet,ViT`` (training only) also runs those models through
 ``torch.compile`` (Inductor, its FX graph and AOTAutograd caches on, over a
@@ -143,7 +146,11 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
 
 def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache") -> dict:
     env = {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           # As an installed package runs: its bytecode compiled once (by the
+           # cold process), as torch's and transformers' already are.
+           "PYTHONPYCACHEPREFIX": os.path.join(directory, "pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if backend == "inductor":
         env.update(TORCHINDUCTOR_CACHE_DIR=directory, TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                    TORCHINDUCTOR_AUTOGRAD_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
