@@ -168,7 +168,8 @@ def cold_and_warm(model: str, backend: str, scratch: Path) -> tuple[dict, dict]:
 
 def child_env(directory: Path) -> dict[str, str]:
     """The environment of a measured process: its caches (ltc_cache's, the
-    program signing key's, Inductor's) in ``directory``, one thread."""
+    program signing key's, Inductor's, Python's bytecode) in ``directory``,
+    one thread."""
     env = dict(os.environ)
     env.update({
         "LTC_CACHE_DIR": str(directory / "ltc"),
@@ -180,8 +181,13 @@ def child_env(directory: Path) -> dict[str, str]:
         # Inductor compiles in this process rather than in a pool of worker
         # processes, whose start-up would dominate these small graphs.
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        # As an installed package runs: its bytecode compiled once (by the
+        # first process), as torch's and transformers' already are, even
+        # where the environment sets PYTHONDONTWRITEBYTECODE.
+        "PYTHONPYCACHEPREFIX": str(directory / "pycache"),
     })
-    for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE"):
+    for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE",
+                 "PYTHONDONTWRITEBYTECODE"):
         env.pop(name, None)
     return env
 
