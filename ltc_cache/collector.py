@@ -5,11 +5,11 @@ Loading a program (unpickling Dynamo's guard state, building its guard
 manager) and rebuilding a plan's FX graphs allocate tens of thousands of
 objects that live on. Each few hundred allocations start a collection, and
 the oldest generation's collections walk every object the process holds:
-in a process that has imported ``transformers`` and built a model, that is
-over a million. Measured on BART's warm first training step (fact 46 in
-docs/design.md): 0.51 s with the collector running, 0.32 s with it held off
-over the load. Nothing is lost: what the load leaves unreachable is
-collected at the next collection after it.
+about 400,000 once ``transformers`` is imported and a model built.
+Measured on BART's warm first training step (fact 46 in docs/design.md):
+0.51 s with the collector running, 0.31 s with it held off over the loads.
+Nothing is lost: what the loads leave unreachable is collected at the next
+collection after them.
 """
 
 from __future__ import annotations
