@@ -15,21 +15,18 @@ collection after them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
 
-__all__ = ["held_off", "holding_off"]
-
-_F = TypeVar("_F", bound=Callable[..., Any])
+__all__ = ["holding_off"]
 
 
 @contextlib.contextmanager
 def holding_off() -> Iterator[None]:
-    """No cyclic collection inside the block. Nests; a collector the
-    user turned off stays off; with threads, the first block to end turns
-    it back on (the others merely lose the saving)."""
+    """No cyclic collection inside the block (or, as ``@holding_off()``,
+    the decorated function). Nests; a collector the user turned off stays
+    off; with threads, the first block to end turns it back on (the others
+    merely lose the saving)."""
     if not gc.isenabled():
         yield
         return
@@ -39,13 +36,3 @@ def holding_off() -> Iterator[None]:
     finally:
         gc.enable()
 
-
-def held_off(fn: _F) -> _F:
-    """``fn`` run under :func:`holding_off`."""
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with holding_off():
-            return fn(*args, **kwargs)
-
-    return run  # type: ignore[return-value]

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx
 
-from ..collector import held_off
+from ..collector import holding_off
 from ..config import CacheConfig
 from ..diagnostics import count_event, counters, warn_once
 from ..errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
@@ -211,7 +211,7 @@ class GraphCache:
             self._built[key.digest] = built
         return built
 
-    @held_off  # a warm start's decode and parse (fact 46 in docs/design.md)
+    @holding_off()  # a warm start's decode and parse (fact 46 in docs/design.md)
     def _lookup(self, store: Store, key: str, tensors: Mapping[str, torch.Tensor],
                 num_args: int) -> Built | None:
         if key in self._built:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..collector import held_off
+from ..collector import holding_off
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, Unportable, first_line
 from ..graph.cache import GraphCache, default_cache
@@ -185,7 +185,7 @@ class Programs:
             self._to_torch_compile(layout, str(exc))
             return None
 
-    @held_off  # fact 46 in docs/design.md
+    @holding_off()  # fact 46 in docs/design.md
     def _load(self, entry: Any, key: CacheKey, secret: bytes, cache: GraphCache,
               full: tuple[Any, ...], kwargs: dict[str, Any],
               local_only: bool) -> LoadedProgram | None:

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from ltc_cache.collector import held_off, holding_off
+from ltc_cache.collector import holding_off
 
 
 @pytest.fixture
@@ -43,12 +43,13 @@ def test_a_collector_the_user_turned_off_stays_off(collector_on):
     assert not gc.isenabled()
 
 
-def test_a_held_off_function_keeps_its_name_and_result(collector_on):
-    @held_off
+def test_a_decorated_function_keeps_its_name_and_result(collector_on):
+    @holding_off()
     def probe(x):
         """Doc."""
         return x, gc.isenabled()
 
     assert probe(3) == (3, False)
+    assert probe(4) == (4, False)  # the decorator holds it off on every call
     assert probe.__name__ == "probe" and probe.__doc__ == "Doc."
     assert gc.isenabled()
