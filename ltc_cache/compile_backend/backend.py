@@ -31,7 +31,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import fx
@@ -47,6 +47,7 @@ from .model_names import model_name
 from .per_shape import PerShape, is_dynamic, run_time_tracing
 
 if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
+    from ..graph.entry import Entry
     from .partition import Partitioned
     from .support import OpSupport
 
@@ -68,6 +69,25 @@ PLAN_HITS = "plan_hits"
 # Graphs Dynamo handed the backend: what "graphs" means, as opposed to the
 # cache lookups they make (a plan, a negative entry and a region are three).
 DYNAMO_GRAPHS = "dynamo_graphs"
+
+
+_Rebuilt = TypeVar("_Rebuilt")
+
+
+def _stored_plan(cache: GraphCache, key: CacheKey,
+                 rebuild: Callable[[Entry], _Rebuilt]) -> _Rebuilt | None:
+    """What ``rebuild`` makes of the plan stored under ``key``; None where
+    there is none, or where it is bad (then it is dropped). Its graphs are
+    rebuilt with the cyclic collector held off (fact 46 in docs/design.md)."""
+    with holding_off():
+        entry = cache.lookup_plan(key)
+        if entry is None:
+            return None
+        try:
+            return rebuild(entry)
+        except EntryError as exc:
+            cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
+            return None
 
 
 class LtcBackend:
@@ -190,21 +210,13 @@ class LtcBackend:
             key = plan_key(compute_key(gm, example_inputs))
         except UncacheableGraph:
             return self._aot(gm, example_inputs, name, cache)
-        with holding_off():  # a plan's graphs rebuilt (fact 46 in docs/design.md)
-            entry = cache.lookup_plan(key)
-            planned = None
-            if entry is not None:
-                try:
-                    parted = plan_graph(entry)
-                except EntryError as exc:
-                    cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
-                else:
-                    planned = self._with_regions(parted, f"{name}.inference", cache)
-        if planned is None:
+        parted = _stored_plan(cache, key, plan_graph)
+        if parted is None:
             return self._aot(gm, example_inputs, name, cache, plan=key)
         logger.info("%s: running the stored plan %s", name, key.digest[:12])
         cache.record(PLAN_HITS)
-        return Guarded(planned.forward, gm.forward, f"{name}.plan", cache, as_tuple=False, ops=0)
+        module = self._with_regions(parted, f"{name}.inference", cache)
+        return Guarded(module.forward, gm.forward, f"{name}.plan", cache, as_tuple=False, ops=0)
 
     def _training(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
                   cache: GraphCache) -> Callable[..., Any]:
@@ -218,22 +230,14 @@ class LtcBackend:
             key = plan_key(compute_key(gm, example_inputs), training=True)
         except UncacheableGraph:
             return self._aot(gm, example_inputs, name, cache)
-        with holding_off():  # a plan's graphs rebuilt (fact 46 in docs/design.md)
-            entry = cache.lookup_plan(key)
-            joint = None
-            if entry is not None:
-                try:
-                    forward, backward, layout = joint_graphs(entry)
-                except EntryError as exc:
-                    cache.drop_entry(key, f"entry {key.digest[:12]}: {exc}")
-                else:
-                    joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
-                                          self._with_regions(backward, f"{name}.backward", cache),
-                                          layout)
-        if joint is None:
+        graphs = _stored_plan(cache, key, joint_graphs)
+        if graphs is None:
             return self._aot(gm, example_inputs, name, cache, plan=key, training=True)
         logger.info("%s: running the stored training plan %s", name, key.digest[:12])
         cache.record(PLAN_HITS)
+        forward, backward, layout = graphs
+        joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
+                              self._with_regions(backward, f"{name}.backward", cache), layout)
         return Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False, ops=0)
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
