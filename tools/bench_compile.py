@@ -181,14 +181,19 @@ def child_env(directory: Path) -> dict[str, str]:
         # Inductor compiles in this process rather than in a pool of worker
         # processes, whose start-up would dominate these small graphs.
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
-        # As an installed package runs: its bytecode compiled once (by the
-        # first process), as torch's and transformers' already are, even
-        # where the environment sets PYTHONDONTWRITEBYTECODE.
-        "PYTHONPYCACHEPREFIX": str(directory / "pycache"),
     })
-    for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE",
-                 "PYTHONDONTWRITEBYTECODE"):
+    for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE"):
         env.pop(name, None)
+    return bytecode_as_installed(env, directory)
+
+
+def bytecode_as_installed(env: dict[str, str], directory: Path) -> dict[str, str]:
+    """``env`` where a process runs ltc_cache as an installed package runs:
+    its bytecode compiled once (by the first process, under ``directory``),
+    as torch's and transformers' already are, even where the environment
+    sets PYTHONDONTWRITEBYTECODE."""
+    env["PYTHONPYCACHEPREFIX"] = str(directory / "pycache")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 

@@ -145,12 +145,12 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
 
 
 def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache") -> dict:
-    env = {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           # As an installed package runs: its bytecode compiled once (by the
-           # cold process), as torch's and transformers' already are.
-           "PYTHONPYCACHEPREFIX": os.path.join(directory, "pycache")}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    from bench_compile import bytecode_as_installed  # tools/ is sys.path[0]
+
+    env = bytecode_as_installed(
+        {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
+         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
+        Path(directory))
     if backend == "inductor":
         env.update(TORCHINDUCTOR_CACHE_DIR=directory, TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                    TORCHINDUCTOR_AUTOGRAD_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
