@@ -10,9 +10,10 @@ the largest errors, and what ltc_cache.program.precompile logged.
 --set SCALE=3.0 rebinds the models module's global ``SCALE`` before the
 last call (a guard that must be seen after a program was loaded).
 
---watch-collector records, at each step of a warm start that rebuilds what
-was stored (the program, a plan's graphs, an LTC graph's IR), whether
-Python's cyclic garbage collector was on (``collector_on``: step -> list).
+--watch-loads records each step of a start that rebuilds what was stored
+(the program, a plan's graphs, an LTC graph's IR, a program's Dynamo graph
+unpickled), as whether Python's cyclic garbage collector was on at it
+(``loads``: step -> list, one item a call).
 """
 
 from __future__ import annotations
@@ -44,12 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", default=None, help="NAME=FLOAT before the last call")
     parser.add_argument("--decorator", action="store_true",
                         help="compile the module's function `fn` with @ltc_cache.compile")
-    parser.add_argument("--watch-collector", action="store_true")
+    parser.add_argument("--watch-loads", action="store_true")
     options = parser.parse_args(argv)
     sys.path.insert(0, options.models_dir)
-    collector_on: dict[str, list[bool]] = {}
-    if options.watch_collector:
-        _watch_collector(collector_on)
+    loads: dict[str, list[bool]] = {}
+    if options.watch_loads:
+        _watch_loads(loads)
 
     collect = _Collect()
     for name in ("ltc_cache.precompile", "ltc_cache.program"):
@@ -108,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         result["same_parameters"] = all(a is b for a, b in zip(
             compiled.parameters(), model.parameters(), strict=True))
     result["stats"] = ltc_cache.stats()
-    if options.watch_collector:
+    if options.watch_loads:
         import gc
 
-        result["collector_on"] = {**collector_on, "after": [gc.isenabled()]}
+        result["loads"] = {**loads, "after": [gc.isenabled()]}
     result["frames_ok"] = int(torch._dynamo.utils.counters["frames"]["ok"])
     result["logs"] = collect.lines
     result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
@@ -119,13 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _watch_collector(seen: dict[str, list[bool]]) -> None:
+def _watch_loads(seen: dict[str, list[bool]]) -> None:
     import gc
 
     from torch._dynamo.aot_compile import AOTCompiledFunction
 
     from ltc_cache.compile_backend import joint, plan
     from ltc_cache.graph import cache
+    from ltc_cache.program import program_graph
 
     def watched(owner, name, label):
         original = getattr(owner, name)
@@ -140,6 +142,7 @@ def _watch_collector(seen: dict[str, list[bool]]) -> None:
     watched(joint, "partitioned_from_wire", "plan")
     watched(plan, "partitioned_from_wire", "plan")
     watched(cache, "build_function", "ir")
+    watched(program_graph, "_graph_from", "dynamo_graph")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -41,9 +41,10 @@ from ..collector import holding_off
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, first_line
 from ..graph.cache import GraphCache, default_cache
-from ..graph.keys import CacheKey, compute_key
+from ..graph.keys import CacheKey, compute_key, graph_parts, key_of
 from .first_call import LTC_OPS, Guarded, Region
 from .model_names import model_name
+from .nodes import node_value
 from .per_shape import PerShape, is_dynamic, run_time_tracing
 
 if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
@@ -109,6 +110,7 @@ class LtcBackend:
         self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
             weakref.WeakKeyDictionary())
         self._variants: dict[tuple[str | None, str], LtcBackend] = {}  # by torch.compile options
+        self._missed: CacheKey | None = None  # the plan key stored_training found nothing under
 
     @property
     def cache(self) -> GraphCache:
@@ -126,14 +128,14 @@ class LtcBackend:
                 configured = self._variants[variant] = self._configured(mode, settings)
             return configured(gm, example_inputs)
         counters.bump(DYNAMO_GRAPHS)
-        from .specialize import Unspecializable, specialize
+        from .specialize import Unspecializable
 
         name = self._name or model_name(gm)
         training = _needs_grad(example_inputs)
         if is_dynamic(gm):
             return PerShape(self, gm, name, training)
-        try:  # the canonical form, which a symbolic graph at this shape shares
-            gm, _ = specialize(gm, example_inputs, drop_unused=False)
+        try:
+            gm = canonical(gm, example_inputs)
         except Unspecializable as exc:
             logger.info("%s: compiled as Dynamo made it (%s)", name, exc)
         return self._static(gm, example_inputs, name, training=training)
@@ -223,22 +225,60 @@ class LtcBackend:
         """Training: from the stored forward and backward graphs where there
         are some (:mod:`ltc_cache.compile_backend.joint`), else through AOTAutograd, which
         stores them."""
-        from .joint import JointFunction, joint_graphs
         from .plan import plan_key
 
         try:
             key = plan_key(compute_key(gm, example_inputs), training=True)
         except UncacheableGraph:
             return self._aot(gm, example_inputs, name, cache)
+        # (Not looked up again where stored_training found none under it.)
+        compiled = None if key == self._missed else self._training_plan(key, name, cache,
+                                                                         gm.forward)
+        if compiled is None:
+            return self._aot(gm, example_inputs, name, cache, plan=key, training=True)
+        return compiled
+
+    def _training_plan(self, key: CacheKey, name: str, cache: GraphCache,
+                       eager: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The training step rebuilt from the plan stored under ``key``
+        (``eager`` runs should its first call fail); None where none is."""
+        from .joint import JointFunction, joint_graphs
+
         graphs = _stored_plan(cache, key, joint_graphs)
         if graphs is None:
-            return self._aot(gm, example_inputs, name, cache, plan=key, training=True)
+            return None
         logger.info("%s: running the stored training plan %s", name, key.digest[:12])
         cache.record(PLAN_HITS)
         forward, backward, layout = graphs
         joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
                               self._with_regions(backward, f"{name}.backward", cache), layout)
-        return Guarded(joint, gm.forward, f"{name}.plan", cache, as_tuple=False, ops=0)
+        return Guarded(joint, eager, f"{name}.plan", cache, as_tuple=False, ops=0)
+
+    def stored_training(self, graph: Mapping[str, str], example_inputs: Sequence[Any],
+                        eager: Callable[..., Any]) -> Callable[..., Any] | None:
+        """A static training graph, known by its :func:`graph_parts` alone
+        (a program's, which stores them), compiled from its stored training
+        plan without the graph itself; ``eager`` computes it should the
+        plan's first call fail. None where the call needs no gradient, no
+        plan is stored, or anything else goes wrong: then the graph is
+        compiled as any other (fact 47 in docs/design.md)."""
+        from .plan import plan_key
+
+        if not _needs_grad(example_inputs):
+            return None
+        cache = self.cache
+        name = self._name or "graph"
+        try:
+            key = plan_key(key_of(graph, example_inputs), training=True)
+            compiled = self._training_plan(key, name, cache, eager)
+        except Exception:  # the whole graph is compiled instead, which handles it
+            logger.debug("%s: no plan from the stored key parts", name, exc_info=True)
+            return None
+        if compiled is None:
+            self._missed = key
+        else:
+            counters.bump(DYNAMO_GRAPHS)
+        return compiled
 
     def _aot(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
              cache: GraphCache, *, plan: CacheKey | None = None,
@@ -414,6 +454,30 @@ def _backward_compiled_with_forward(wanted: bool) -> contextlib.AbstractContextM
     if not wanted or not hasattr(config, "force_non_lazy_backward_lowering"):
         return contextlib.nullcontext()
     return config.patch(force_non_lazy_backward_lowering=True)
+
+
+def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """A static ``gm`` in the canonical form its keys are computed from,
+    which a symbolic graph at this shape shares (:mod:`.specialize`). Raises
+    :class:`~ltc_cache.compile_backend.specialize.Unspecializable`."""
+    from .specialize import specialize
+
+    return specialize(gm, example_inputs, drop_unused=False)[0]
+
+
+def static_graph_parts(gm: fx.GraphModule) -> dict[str, str] | None:
+    """The :func:`~ltc_cache.graph.keys.graph_parts` of the graph
+    :class:`LtcBackend` keys when ``gm`` is compiled, whatever the call:
+    for a static graph, :func:`canonical` reads only the recorded values;
+    None where the key depends on the call (symbolic shapes, ``.item()``
+    of an input)."""
+    from .specialize import Unspecializable, scalar_inputs
+
+    if is_dynamic(gm) or scalar_inputs(gm):
+        return None
+    with contextlib.suppress(Unspecializable):  # keyed as Dynamo made it, as __call__ does
+        gm = canonical(gm, [node_value(n) for n in gm.graph.find_nodes(op="placeholder")])
+    return graph_parts(gm)
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:

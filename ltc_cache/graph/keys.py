@@ -23,7 +23,7 @@ from ..errors import UncacheableGraph
 from ..wire import SCHEMA_VERSION
 
 __all__ = ["CacheKey", "code_digest", "compute_key", "derived_key", "differing_parts",
-           "graph_digest", "module_tensors"]
+           "graph_digest", "graph_parts", "key_of", "module_tensors"]
 
 logger = logging.getLogger("ltc_cache.keys")
 
@@ -157,29 +157,49 @@ def graph_digest(model: fx.GraphModule) -> str:
     return hash_lines(_graph_text(model))
 
 
-def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
-                tensors: Mapping[str, torch.Tensor] | None = None,
-                digest: str | None = None) -> CacheKey:
-    """The key of tracing ``model`` on inputs laid out like ``example_inputs``.
+def graph_parts(model: fx.GraphModule, *, tensors: Mapping[str, torch.Tensor] | None = None,
+                digest: str | None = None) -> dict[str, str]:
+    """The parts of ``model``'s key that the graph alone decides: its code
+    and leaf modules (``graph``) and the layouts of the tensors it holds
+    (``module_tensors``). Stored with a program's graph, so that a warm
+    start looks the graph's plan up without rebuilding the graph (fact 47
+    in docs/design.md).
 
     ``tensors`` is ``module_tensors(model)`` where the caller has it already;
     ``digest`` is ``graph_digest(model)``, where the caller holds it from an
     entry whose own key covers this graph (a partitioning plan's regions):
     generating a region's code only to hash it was the largest part of
     looking its entry up on a warm start.
-    Raises :class:`UncacheableGraph` for an input with no stable signature.
     """
     tensors = module_tensors(model) if tensors is None else tensors
+    return {"graph": digest if digest is not None else graph_digest(model),
+            "module_tensors": hash_lines(_tensor_signatures(tensors))}
+
+
+def key_of(graph: Mapping[str, str], example_inputs: Sequence[Any]) -> CacheKey:
+    """The key of tracing the graph whose :func:`graph_parts` are ``graph``
+    on inputs laid out like ``example_inputs``, in this process's torch and
+    LTC settings. Raises :class:`UncacheableGraph` for an input with no
+    stable signature."""
     parts = {
         "schema": hash_lines([f"schema={SCHEMA_VERSION}"]),
         "torch": hash_lines([torch.__version__, str(torch.version.git_version)]),
         "backend": hash_lines(_backend_text()),
-        "graph": digest if digest is not None else graph_digest(model),
-        "module_tensors": hash_lines(_tensor_signatures(tensors)),
+        "graph": graph["graph"],
+        "module_tensors": graph["module_tensors"],
         "inputs": hash_lines(_value_signature(v) for v in example_inputs),
         "lazy_config": hash_lines(_lazy_config_text()),
     }
     return key_from_parts(parts)
+
+
+def compute_key(model: fx.GraphModule, example_inputs: Sequence[Any], *,
+                tensors: Mapping[str, torch.Tensor] | None = None,
+                digest: str | None = None) -> CacheKey:
+    """The key of tracing ``model`` on inputs laid out like ``example_inputs``
+    (``tensors`` and ``digest`` as for :func:`graph_parts`). Raises
+    :class:`UncacheableGraph` for an input with no stable signature."""
+    return key_of(graph_parts(model, tensors=tensors, digest=digest), example_inputs)
 
 
 def derived_key(key: CacheKey, **texts: str) -> CacheKey:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch._dynamo.aot_compile_types import SerializableCallable
 
+from ..collector import holding_off
 from ..errors import EntryError
 
 
@@ -20,12 +21,25 @@ class LtcProgramGraph(SerializableCallable):
     are cache entries of their own, so on a warm start this is lookups and
     parses, no trace. Serialised as the graph itself (torch's graph
     pickler), with what AOTAutograd reads beside it that the pickler drops
-    (each placeholder's ``_dynamo_source``)."""
+    (each placeholder's ``_dynamo_source``), and the graph's key parts: a
+    loaded training graph finds its plan by them, and is unpickled only
+    where the plan is missing or fails (fact 47 in docs/design.md)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
-        self.gm = gm
+    def __init__(self, gm: torch.fx.GraphModule | None, name: str, *,
+                 stored: dict[str, Any] | None = None,
+                 key_parts: dict[str, str] | None = None) -> None:
+        self._gm = gm
+        self._stored = stored  # the pickled graph and its sources, until unpickled
         self.name = name
+        self.key_parts = key_parts
         self._call: Callable[..., Any] | None = None
+
+    @property
+    def gm(self) -> torch.fx.GraphModule:
+        if self._gm is None:
+            assert self._stored is not None
+            self._gm, self._stored = _graph_from(self._stored), None
+        return self._gm
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: LtcProgramGraph) -> bytes:
@@ -33,40 +47,32 @@ class LtcProgramGraph(SerializableCallable):
 
         from torch.fx._graph_pickler import GraphPickler, Options
 
+        from ..compile_backend.backend import static_graph_parts
+
         gm = fn.gm
         for node in gm.graph.nodes:  # not picklable, and not read by the backend
             for name in ("nn_module_stack", "source_fn_stack", "example_value"):
                 node.meta.pop(name, None)
-        sources = [getattr(n, "_dynamo_source", None)
-                   for n in gm.graph.find_nodes(op="placeholder")]
-        return pickle.dumps({
+        stored = {
             "graph": GraphPickler.dumps(gm, Options(ops_filter=None)),
-            "sources": sources,
+            "sources": [getattr(n, "_dynamo_source", None)
+                        for n in gm.graph.find_nodes(op="placeholder")],
             "param_name_to_source": getattr(gm, "_param_name_to_source", None),
-            "name": fn.name,
-        })
+        }
+        # The key parts of the graph as a later process unpickles it.
+        parts = static_graph_parts(_graph_from(stored))
+        return pickle.dumps({**stored, "name": fn.name, "key_parts": parts})
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> LtcProgramGraph:
         import pickle
 
-        from torch._subclasses import FakeTensorMode
-        from torch.fx._graph_pickler import GraphPickler
-        from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
         # Only ever reached from a program entry whose signature held.
         state = pickle.loads(data)
-        gm = GraphPickler.loads(state["graph"], FakeTensorMode(shape_env=ShapeEnv()))
-        placeholders = list(gm.graph.find_nodes(op="placeholder"))
-        if len(placeholders) != len(state["sources"]):
-            raise EntryError("program: placeholder sources do not fit the graph")
-        for node, source in zip(placeholders, state["sources"], strict=True):
-            node._dynamo_source = source
-        if state["param_name_to_source"] is not None:
-            gm._param_name_to_source = state["param_name_to_source"]
-        # (The pickler's GraphModule has recompiled its code already: the
-        # same code, so the same LTC cache keys; pinned by a test.)
-        return cls(gm, str(state["name"]))
+        stored = {k: state[k] for k in ("graph", "sources", "param_name_to_source")}
+        parts = state.get("key_parts")  # programs stored before them: None
+        return cls(None, str(state["name"]), stored=stored,
+                   key_parts=dict(parts) if isinstance(parts, dict) else None)
 
     def __call__(self, *args: Any) -> Any:
         call = self._call
@@ -78,9 +84,36 @@ class LtcProgramGraph(SerializableCallable):
         from ..compile_backend.backend import LtcBackend
         from ..compile_backend.per_shape import run_time_tracing
 
+        backend = LtcBackend(name=self.name)
+        if self.key_parts is not None:
+            compiled = backend.stored_training(self.key_parts, args, self._eager)
+            if compiled is not None:
+                return compiled
         # Real inputs, as Dynamo gives them, and its tracing context.
         with run_time_tracing():
-            return LtcBackend(name=self.name)(self.gm, list(args))
+            return backend(self.gm, list(args))
+
+    def _eager(self, *args: Any) -> Any:
+        return self.gm.forward(*args)
+
+
+@holding_off()  # fact 46 in docs/design.md
+def _graph_from(stored: dict[str, Any]) -> torch.fx.GraphModule:
+    from torch._subclasses import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    gm = GraphPickler.loads(stored["graph"], FakeTensorMode(shape_env=ShapeEnv()))
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    if len(placeholders) != len(stored["sources"]):
+        raise EntryError("program: placeholder sources do not fit the graph")
+    for node, source in zip(placeholders, stored["sources"], strict=True):
+        node._dynamo_source = source
+    if stored["param_name_to_source"] is not None:
+        gm._param_name_to_source = stored["param_name_to_source"]
+    # (The pickler's GraphModule has recompiled its code already: the same
+    # code, so the same LTC cache keys; pinned by a test.)
+    return gm
 
 
 def program_backend(name: str) -> Callable[..., LtcProgramGraph]:

@@ -167,16 +167,20 @@ def test_training_cold_then_warm(models, cache_dir):
     cold = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32")
     assert_captured(cold)
     warm = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32",
-               "--watch-collector")
+               "--watch-loads")
     assert_warm(warm)
     assert warm["outputs"] == cold["outputs"]
     # What the warm start rebuilt (the program, both graphs of the training
     # plan, each region's IR) it rebuilt with the cyclic collector held off,
     # and the collector is on again after.
-    seen = warm["collector_on"]
+    seen = warm["loads"]
     assert seen["after"] == [True], seen
     assert len(seen["program"]) == 1 and len(seen["plan"]) == 2 and seen["ir"], seen
     assert not any(seen["program"] + seen["plan"] + seen["ir"]), seen
+    # The plan was found by the key parts stored with the program's graph,
+    # which the cold process computed as the backend keys the graph: the
+    # Dynamo graph itself was never unpickled (fact 47 in docs/design.md).
+    assert "dynamo_graph" not in seen, seen
     # Through LTC, not eagerly: the backend's AOTAutograd path runs outside
     # the AOTAutograd-cache settings aot_compile forces; the warm process
     # builds the forward and backward from the stored training plan instead.
