@@ -12,7 +12,7 @@ last call (a guard that must be seen after a program was loaded).
 
 --watch-loads records each step of a start that rebuilds what was stored
 (the program, a plan's graphs, an LTC graph's IR, a program's Dynamo graph
-unpickled), as whether Python's cyclic garbage collector was on at it
+unpickled, its checks compiled), as whether Python's cyclic garbage collector was on at it
 (``loads``: step -> list, one item a call).
 """
 
@@ -127,7 +127,7 @@ def _watch_loads(seen: dict[str, list[bool]]) -> None:
 
     from ltc_cache.compile_backend import joint, plan
     from ltc_cache.graph import cache
-    from ltc_cache.program import program_graph
+    from ltc_cache.program import check_exprs, program_graph
 
     def watched(owner, name, label):
         original = getattr(owner, name)
@@ -143,6 +143,7 @@ def _watch_loads(seen: dict[str, list[bool]]) -> None:
     watched(plan, "partitioned_from_wire", "plan")
     watched(cache, "build_function", "ir")
     watched(program_graph, "_graph_from", "dynamo_graph")
+    watched(check_exprs, "_compile", "checks_compile")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from .nodes import is_symbolic
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache
+    from .plan import StoredRegion
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
@@ -88,32 +89,45 @@ class Guarded(FirstCall):
 class Region(FirstCall):
     """One LTC region of a partitioned graph: extracted through the cache on
     its first call, when real tensors arrive; returns a tuple, as the fused
-    submodule it replaces does."""
+    submodule it replaces does. A region of a stored plan
+    (:class:`~ltc_cache.compile_backend.plan.StoredRegion`) is keyed by the
+    digest the plan holds and its graph built only to trace it or to run
+    it eagerly."""
 
     __slots__ = ("_digest", "_module")
 
-    def __init__(self, module: fx.GraphModule, name: str, ops: int, cache: GraphCache, *,
-                 digest: str | None = None) -> None:
+    def __init__(self, module: fx.GraphModule | StoredRegion, name: str, ops: int,
+                 cache: GraphCache, *, digest: str | None = None) -> None:
         super().__init__(name, ops, cache)
         self._module = module
         self._digest = digest  # its graph_digest, where a stored plan holds it
 
+    def _graph(self) -> fx.GraphModule:
+        module = self._module
+        return module if isinstance(module, fx.GraphModule) else module.graph_module()
+
+    def _eager(self, *args: Any) -> Any:
+        """The region run eagerly, from then on (built on the first call)."""
+        self._call = eager_region(self._graph())
+        return self._call(*args)
+
     def _first_call(self, *args: Any) -> Any:
+        module = self._module
+        stored = not isinstance(module, fx.GraphModule)
         try:
             # AOTAutograd may run the compiled function under a dispatch mode;
             # lazy tracing inside one fails (fact 7 in docs/design.md).
             with _disable_current_modes(), torch.no_grad():
-                compiled = self._cache.extract_compiled_graph(self._module, args,
-                                                              name=self._name,
-                                                              digest=self._digest)
+                compiled = self._cache.extract_compiled_graph(
+                    self._graph if stored else module, args, name=self._name,
+                    digest=self._digest, tensors=module.constants if stored else None)
         except Exception as exc:  # a region LTC cannot take runs eagerly, whatever the error
             logger.debug("%s: extraction failed", self._name, exc_info=True)
             warn_once(f"eager-region:{self._name}",
                       f"{self._name}: LTC cannot extract this region; it runs eagerly "
                       f"({first_line(exc)})")
-            self._call = eager_region(self._module)
-            return self._call(*args)
-        self._call = Guarded(compiled, eager_region(self._module), self._name, self._cache,
+            return self._eager(*args)
+        self._call = Guarded(compiled, self._eager, self._name, self._cache,
                               as_tuple=True, ops=self._ops)
         return self._call(*args)
 

@@ -34,7 +34,7 @@ import functools
 import hashlib
 import operator
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -261,7 +261,7 @@ def partitioned_to_wire(parted: Partitioned) -> dict[str, Any]:
 # --- from the wire -------------------------------------------------------------
 
 
-def _target_from_wire(op: str, target: Any, submodules: Mapping[str, Any]) -> Any:
+def _target_from_wire(op: str, target: Any, submodules: Collection[str]) -> Any:
     if not isinstance(target, str):
         raise EntryError(f"plan: {op} target is not a string")
     if op == "call_module" and target not in submodules:
@@ -283,7 +283,7 @@ def _target_from_wire(op: str, target: Any, submodules: Mapping[str, Any]) -> An
     return resolved
 
 
-def _value_from_wire(obj: Any, nodes: Mapping[str, fx.Node]) -> Any:
+def _value_from_wire(obj: Any, nodes: Mapping[str, Any]) -> Any:
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     if isinstance(obj, list):
@@ -305,18 +305,73 @@ def _value_from_wire(obj: Any, nodes: Mapping[str, fx.Node]) -> Any:
     raise EntryError(f"plan: unknown argument {obj!r:.80}")
 
 
-def _val_from_wire(obj: Any) -> Any:
+def _val_from_wire(obj: Any, *, build: bool = True) -> Any:
+    """The value a node recorded; with ``build=False``, only checked."""
     if isinstance(obj, dict) and list(obj) == ["tensor"]:
+        if not (isinstance(obj["tensor"], list) and len(obj["tensor"]) == 3):
+            raise EntryError(f"plan: unknown value {obj!r:.80}")
         dtype, shape, stride = obj["tensor"]
         if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise EntryError(f"plan: unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and isinstance(stride, list) and len(shape) == len(stride)
+                and all(type(d) is int for d in (*shape, *stride))):
+            raise EntryError(f"plan: malformed layout {obj!r:.80}")
         # Meta tensors: the layout FX's passes read, no memory.
-        return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype), device="meta")
+        return torch.empty_strided(shape, stride, dtype=getattr(torch, dtype),
+                                   device="meta") if build else None
     if isinstance(obj, list):
-        return [_val_from_wire(v) for v in obj]
+        return [_val_from_wire(v, build=build) for v in obj]
     if obj is None or isinstance(obj, bool | int | float):
         return obj
     raise EntryError(f"plan: unknown value {obj!r:.80}")
+
+
+_NODE_KINDS = ("placeholder", "call_function", "call_module", "get_attr", "output")
+
+
+def _nodes_from_wire(obj: Any, submodules: Collection[str],
+                     constants: Mapping[str, Any],
+                     nodes: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    """Each node of a graph's wire form, checked, as ``(op, name, target,
+    args, kwargs, value)``; its arguments name the nodes before it through
+    ``nodes``, which the caller fills in (name -> node) as it goes."""
+    wired = obj.get("nodes")
+    if not isinstance(wired, list) or not wired:
+        raise EntryError("plan: malformed graph (no node list)")
+    for index, item in enumerate(wired):
+        if not (isinstance(item, list) and len(item) == 6):
+            raise EntryError(f"plan: malformed node {item!r:.80}")
+        op, name, target, args, kwargs, val = item
+        if op not in _NODE_KINDS:
+            raise EntryError(f"plan: node kind {op!r}")
+        if not isinstance(name, str) or not name.isidentifier() or name in nodes:
+            raise EntryError(f"plan: node name {name!r} is taken or not a name")
+        if (op == "output") != (index == len(wired) - 1):  # one output, last
+            raise EntryError("plan: the output is not the last node")
+        if op == "get_attr" and target not in constants:
+            raise EntryError(f"plan: get_attr of {target!r}, which is not a constant")
+        if not (isinstance(kwargs, list) and all(
+                isinstance(kw, list) and len(kw) == 2 and isinstance(kw[0], str)
+                and kw[0].isidentifier() for kw in kwargs)):
+            raise EntryError(f"plan: malformed keyword arguments of {name}")
+        args = _value_from_wire(args, nodes)
+        if not isinstance(args, tuple):
+            raise EntryError(f"plan: the arguments of {name} are not a tuple")
+        yield (op, name, _target_from_wire(op, target, submodules), args,
+               {k: _value_from_wire(v, nodes) for k, v in kwargs}, val)
+
+
+def _constants_wire(obj: Any) -> dict[str, Any]:
+    if not isinstance(obj, dict) or obj.get("format") != PLAN_FORMAT \
+            or obj.get("version") != _VERSION:
+        raise EntryError("not a plan of this ltc_cache")
+    constants = obj.get("constants")
+    if not isinstance(constants, dict):
+        raise EntryError("plan: constants are not a map")
+    for name in constants:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise EntryError(f"plan: constant name {name!r}")
+    return constants
 
 
 def lazy_module_class() -> type[fx.GraphModule]:
@@ -330,36 +385,30 @@ def lazy_module_class() -> type[fx.GraphModule]:
 
 
 def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None = None,
-                    *, lazy: bool = False) -> fx.GraphModule:
+                    *, lazy: bool = False,
+                    constants: Mapping[str, torch.Tensor] | None = None) -> fx.GraphModule:
     """The graph module :func:`graph_to_wire` wrote, with the same node names
     (so the regions rebuilt with it have the same keys) and ``submodules``
     for its region calls; raises EntryError for anything else. ``lazy``:
-    its Python code is generated when first read or called, not here."""
+    its Python code is generated when first read or called, not here.
+    ``constants``: its constants, where the caller made them already (a
+    :class:`StoredRegion`, keyed by its stored digest: a name FX would
+    change, which no plan this code wrote holds, only renames the node)."""
     submodules = submodules or {}
-    if not isinstance(obj, dict) or obj.get("format") != PLAN_FORMAT \
-            or obj.get("version") != _VERSION:
-        raise EntryError("not a plan of this ltc_cache")
+    wired = _constants_wire(obj)
     root = torch.nn.Module()
-    constants = obj.get("constants")
-    if not isinstance(constants, dict):
-        raise EntryError("plan: constants are not a map")
-    for name, wire in constants.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise EntryError(f"plan: constant name {name!r}")
-        root.register_buffer(name, tensor_from_wire(wire))
+    for name, wire in wired.items():
+        root.register_buffer(name, constants[name] if constants is not None
+                             else tensor_from_wire(wire))
     for name, module in submodules.items():
         root.add_module(name, module)
     graph = fx.Graph()
     nodes: dict[str, fx.Node] = {}
     try:
-        for op, name, target, args, kwargs, val in obj["nodes"]:
-            if op not in ("placeholder", "call_function", "call_module", "get_attr", "output"):
-                raise EntryError(f"plan: node kind {op!r}")
-            node = graph.create_node(op, _target_from_wire(op, target, submodules),
-                                     _value_from_wire(args, nodes),
-                                     {k: _value_from_wire(v, nodes) for k, v in kwargs},
-                                     name=name)
-            if node.name != name:
+        for op, name, target, args, kwargs, val in _nodes_from_wire(obj, submodules, wired,
+                                                                    nodes):
+            node = graph.create_node(op, target, args, kwargs, name=name)
+            if node.name != name and constants is None:
                 raise EntryError(f"plan: node name {name!r} is taken")
             if val is not None:
                 node.meta["val"] = _val_from_wire(val)
@@ -372,6 +421,44 @@ def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None =
         raise EntryError(f"plan: malformed graph ({type(exc).__name__}: {exc})") from None
     gm.train(bool(obj.get("training")))
     return gm
+
+
+class StoredRegion(torch.nn.Module):
+    """A region of a stored plan whose FX graph is built on first use. A
+    warm start looks the region's LTC entry up by the digest the plan
+    stores (fact 44 in docs/design.md) and binds its constants; the graph
+    itself is needed only to trace the region (a miss) or to run it
+    eagerly, and building it was half of rebuilding a plan (fact 49). Its
+    wire form is checked here as :func:`graph_from_wire` checks it, so that
+    building it later cannot fail on what the entry holds."""
+
+    def __init__(self, wire: Any, digest: str) -> None:
+        super().__init__()
+        wired = _constants_wire(wire)
+        names: dict[str, str] = {}
+        try:
+            for _, name, _, _, _, val in _nodes_from_wire(wire, (), wired, names):
+                _val_from_wire(val, build=False)
+                names[name] = name
+        except EntryError:
+            raise
+        except Exception as exc:
+            raise EntryError(f"plan: malformed graph ({type(exc).__name__}: {exc})") from None
+        self.digest = digest
+        # Bound by name where the region's entry is replayed, as a built
+        # region's buffers are.
+        self.constants = {name: tensor_from_wire(w) for name, w in wired.items()}
+        self._wire: Any = wire
+        self._built: fx.GraphModule | None = None
+
+    def graph_module(self) -> fx.GraphModule:
+        if self._built is None:
+            self._built = graph_from_wire(self._wire, lazy=True, constants=self.constants)
+            self._wire = None
+        return self._built
+
+    def forward(self, *args: Any) -> Any:
+        return self.graph_module()(*args)
 
 
 def partitioned_from_wire(obj: Any) -> Partitioned:
@@ -392,10 +479,11 @@ def partitioned_from_wire(obj: Any) -> Partitioned:
         name, wire, ops = item[:3]
         if len(item) == 4:
             digests[name] = item[3]
-        # Lazy: the parent's GraphModule recompiles its submodules, and a
-        # region's code is read only for its key, where the plan holds no
-        # digest, or to run it eagerly.
-        regions[name] = graph_from_wire(wire, lazy=True)
+            regions[name] = StoredRegion(wire, item[3])
+        else:
+            # Lazy: the parent's GraphModule recompiles its submodules, and
+            # a region's code is read only for its key, or to run it eagerly.
+            regions[name] = graph_from_wire(wire, lazy=True)
         region_ops[name] = ops
     module = graph_from_wire(obj.get("graph"), regions)
     total, eager = obj.get("total_ops"), obj["eager_ops"]

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -90,14 +90,18 @@ class GraphCache:
         for topic, message in tiers.errors:  # counted in the store opened, if any
             self._error(topic, message)
 
-    def extract_compiled_graph(self, model: fx.GraphModule, example_inputs: Sequence[Any], *,
-                               name: str | None = None,
-                               digest: str | None = None) -> CompiledGraph:
-        """See :func:`ltc_cache.extract_compiled_graph`; ``digest``: see
-        :func:`~ltc_cache.graph.keys.compute_key`."""
+    def extract_compiled_graph(self, model: fx.GraphModule | Callable[[], fx.GraphModule],
+                               example_inputs: Sequence[Any], *, name: str | None = None,
+                               digest: str | None = None,
+                               tensors: Mapping[str, torch.Tensor] | None = None
+                               ) -> CompiledGraph:
+        """See :func:`ltc_cache.extract_compiled_graph`; ``digest`` and
+        ``tensors``: see :func:`~ltc_cache.graph.keys.graph_parts`. Given
+        both, ``model`` may be what builds the graph, called only where it
+        is traced (a stored plan's region, fact 49 in docs/design.md)."""
         store = self.store
         # Resolved once for the key, the entry check and the binding.
-        tensors = module_tensors(model)
+        tensors = module_tensors(_built(model)) if tensors is None else tensors
         try:
             key = (compute_key(model, example_inputs, tensors=tensors, digest=digest)
                    if store is not None else None)
@@ -105,7 +109,8 @@ class GraphCache:
             warn_once("uncacheable", f"{exc}; tracing without the cache")
             key = None
         if key is None or store is None:
-            return self._bind(self._trace(model, example_inputs, name, None), model, tensors)
+            model = _built(model)
+            return self._bind(self._trace(model, example_inputs, name, None), tensors)
 
         built = self._lookup(store, key.digest, tensors, len(example_inputs))
         if built is None:
@@ -114,6 +119,7 @@ class GraphCache:
                 built = self._lookup(store, key.digest, tensors, len(example_inputs))
                 if built is None:
                     self.record("misses", key.digest)
+                    model = _built(model)
                     graph_name = name or type(model).__name__
                     from .names import explain_miss
 
@@ -127,10 +133,10 @@ class GraphCache:
                         raise
                     self._put(store, built.entry)
                     self._remember_name(store, key, graph_name)
-                    return self._bind(built, model, tensors)
+                    return self._bind(built, tensors)
         self.record("hits", key.digest)
         logger.info("hit %s (%s)", key.digest[:12], built.entry.graph_name)
-        return self._bind(built, model, tensors)
+        return self._bind(built, tensors)
 
     def lookup_entry(self, key: CacheKey, *, local_only: bool = False) -> Entry | None:
         """The entry stored under ``key``, decoded and checked, for entries
@@ -309,14 +315,13 @@ class GraphCache:
                                 f"tracing without the lock{self._where()}")
             yield
 
-    def _bind(self, built: Built, model: fx.GraphModule,
-              tensors: Mapping[str, torch.Tensor]) -> CompiledGraph:
+    def _bind(self, built: Built, tensors: Mapping[str, torch.Tensor]) -> CompiledGraph:
         entry = built.entry
         if entry.kind == "negative":
             self.record("negative_hits")
             raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
-        return CompiledGraph(entry, built.function, model, tensors=tensors)
+        return CompiledGraph(entry, built.function, None, tensors=tensors)
 
     def _where(self) -> str:
         """Which settings name the cache a warning is about."""
@@ -327,6 +332,10 @@ class GraphCache:
         self.record("errors")
         warn_once(topic, message)
         return None
+
+
+def _built(model: fx.GraphModule | Callable[[], fx.GraphModule]) -> fx.GraphModule:
+    return model if isinstance(model, fx.GraphModule) else model()
 
 
 @functools.lru_cache(maxsize=8)

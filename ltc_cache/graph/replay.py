@@ -95,12 +95,15 @@ class CompiledGraph:
     )
 
     def __init__(self, entry: Entry, function: GraphFunction | None,
-                 model: torch.nn.Module, *,
+                 model: torch.nn.Module | None, *,
                  tensors: Mapping[str, torch.Tensor] | None = None) -> None:
-        """``tensors`` is ``module_tensors(model)`` where the caller has it.
-        Raises EntryError where the model lacks a tensor the entry names."""
+        """``tensors`` is ``module_tensors(model)`` where the caller has it
+        (``model`` is then not read). Raises EntryError where the model
+        lacks a tensor the entry names."""
         self.entry = entry
         self._fn = function
+        if tensors is None and model is None:
+            raise TypeError("CompiledGraph needs the model or its tensors")
         live = tensors if tensors is not None else (
             module_tensors(model) if entry.attr_paths else {})
         _check_tensors(entry, live)

@@ -1,5 +1,5 @@
 """The per-call check of a program: its guard expressions made cheaper,
-and its source compiled once a process.
+and its source compiled once, by the process that captured the program.
 
 Dynamo names a value read from a class's or an object's attribute
 dictionary ``dict(X.__dict__)['name']``: evaluated as written, every call
@@ -13,8 +13,12 @@ generated per-call function reads the cheaper form.
 from __future__ import annotations
 
 import builtins
-import functools
+import contextlib
+import hashlib
+import marshal
 import types
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 _CALL = "dict("
 _TAIL = ".__dict__"
@@ -63,11 +67,44 @@ def without_dict_copies(expr: str) -> str:
         i = end + 1
 
 
-@functools.lru_cache(maxsize=64)
-def checks_code(source: str) -> types.CodeType:
+# Compiled check sources of this process, by digest (most recent last).
+_COMPILED: dict[str, types.CodeType] = {}
+_KEPT = 64
+
+
+def source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def checks_code(source: str, stored: Mapping[str, bytes] | None = None) -> types.CodeType:
     """``source`` (the functions that evaluate and check a program's
-    portable checks) compiled. The programs of one function for several
-    input layouts (one a prompt length) mostly have the same checks, so the
-    same source: compiled once, not once a program (~15 ms each for GPT-2's
-    150 checks). The values each program compares are not in the source."""
+    portable checks) compiled: from ``stored`` (a program entry's
+    marshalled code, by the digest of its source) where it holds it, else
+    by the compiler. Kept a process: the programs of one function for
+    several input layouts (one a prompt length) mostly have the same
+    checks, so the same source. Compiling takes ~15 ms for GPT-2's 150
+    checks, 9 ms of BERT's warm first step (fact 48 in docs/design.md); the
+    values each program compares are not in the source."""
+    digest = source_digest(source)
+    code = _COMPILED.pop(digest, None)
+    if code is None and stored and digest in stored:
+        with contextlib.suppress(EOFError, ValueError, TypeError):
+            code = marshal.loads(stored[digest])
+    if not isinstance(code, types.CodeType):
+        code = _compile(source)
+    _COMPILED[digest] = code
+    while len(_COMPILED) > _KEPT:
+        del _COMPILED[next(iter(_COMPILED))]
+    return code
+
+
+def _compile(source: str) -> types.CodeType:
     return builtins.compile(source, "<ltc_cache program checks>", "exec")
+
+
+def marshalled(digests: Sequence[str]) -> list[list[Any]]:
+    """``[[digest, marshalled code], ...]`` of the check sources this
+    process compiled under ``digests``, for a program entry (signed with
+    it, and read back only by the Python version its key names)."""
+    return [[digest, marshal.dumps(_COMPILED[digest])] for digest in digests
+            if digest in _COMPILED]

@@ -137,11 +137,15 @@ def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Seq
 class ProgramParts:
     """What a program entry holds, once its signature has been checked."""
 
-    __slots__ = ("artifact", "checks", "frames", "globals", "name", "sources")
+    __slots__ = ("artifact", "checks", "checks_code", "frames", "globals", "name", "sources")
 
     def __init__(self, name: str, sources: list[Any], checks: list[Any], globals_: list[str],
-                 artifact: bytes, frames: dict[str, Any] | None = None) -> None:
+                 artifact: bytes, frames: dict[str, Any] | None = None,
+                 checks_code: list[Any] | None = None) -> None:
         self.name = name
+        # The checks' code as the capturing process compiled it (marshalled,
+        # by the digest of its source); absent in programs stored before it.
+        self.checks_code = checks_code or []
         # None for one graph (Dynamo's AOT precompile); for a function Dynamo
         # compiles as several frames (:mod:`ltc_cache.program.frames`), what they are
         # (``codes``, ``breaks``), and ``checks`` per frame.
@@ -153,38 +157,49 @@ class ProgramParts:
 
 
 def sign(secret: bytes, key: str, sources: Any, checks: Any, globals_: Any,
-         artifact: bytes, frames: Any = None) -> bytes:
+         artifact: bytes, frames: Any = None, checks_code: Any = None) -> bytes:
     """HMAC-SHA256 over everything a program entry holds, and the key it is
     stored under (a signed program cannot be moved under another key).
     ``frames`` (a program of several frames) is signed too, so one kind of
-    program cannot be passed off as the other."""
+    program cannot be passed off as the other; so is ``checks_code``, code
+    a later process runs."""
     parts = [PROGRAM_FORMAT, VERSION, key, sources, checks, globals_, artifact]
     if frames is not None:
         parts.append(["frames", frames])
+    if checks_code is not None:
+        parts.append(["checks_code", checks_code])
     signed = msgpack.packb(parts, use_bin_type=True)
     return hmac.new(secret, signed, hashlib.sha256).digest()
 
 
 def program_entry(key: CacheKey, name: str, *, sources: list[Any], checks: list[Any],
                   globals_: list[str], artifact: bytes, secret: bytes,
-                  node_count: int, frames: dict[str, Any] | None = None) -> Entry:
+                  node_count: int, frames: dict[str, Any] | None = None,
+                  checks_code: list[Any] | None = None) -> Entry:
     """The entry of kind ``program``, whose payload holds ``sources``
     (:func:`code_record`), ``checks`` (:func:`portable_check`), ``globals_``
     (module globals the guards read, refreshed before each check), the
     pickled ``artifact``, and their signature. ``frames``: for a program of
     several frames, ``{"codes": [[qualname, file, first line, guarded
     codes], ...], "breaks": [[reason, count], ...]}``, and ``checks`` is
-    ``[code index, guarded index, checks]`` per frame."""
+    ``[code index, guarded index, checks]`` per frame. ``checks_code``:
+    the checks' code as this process compiled it
+    (:meth:`~ltc_cache.program.guards.Checks.compiled`), which a later
+    process runs instead of compiling it again (the key names the Python
+    version that reads it)."""
     meta = new_meta(graph_name=name, node_count=node_count, graph_hash="",
                     key_parts=key.parts)
     payload = {
         "format": PROGRAM_FORMAT, "version": VERSION, "sources": sources, "checks": checks,
         "globals": globals_, "artifact": artifact,
-        "hmac": sign(secret, key.digest, sources, checks, globals_, artifact, frames),
+        "hmac": sign(secret, key.digest, sources, checks, globals_, artifact, frames,
+                     checks_code or None),
         "python": platform.python_version(),
     }
     if frames is not None:
         payload["frames"] = frames
+    if checks_code:
+        payload["checks_code"] = checks_code
     return Entry(key.digest, "", (), (), (), meta, kind="program", payload=payload)
 
 
@@ -208,7 +223,9 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
     sources, checks = program.get("sources"), program.get("checks")
     globals_, artifact = program.get("globals"), program.get("artifact")
     signature, frames = program.get("hmac"), program.get("frames")
-    if frames is not None and not isinstance(frames, dict):
+    checks_code = program.get("checks_code")
+    if (frames is not None and not isinstance(frames, dict)) \
+            or (checks_code is not None and not isinstance(checks_code, list)):
         raise EntryError("program: malformed", entry.key)
     if not isinstance(artifact, bytes) or not isinstance(sources, list) \
             or not isinstance(checks, list) or not isinstance(globals_, list) \
@@ -218,10 +235,11 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
         raise EntryError("program: unsigned", entry.key)
     if not hmac.compare_digest(signature,
                                sign(secret, entry.key, sources, checks, globals_, artifact,
-                                    frames)):
+                                    frames, checks_code)):
         raise EntryError("program: signature mismatch (tampered with, or signed with another "
                          "key)", entry.key)
-    return ProgramParts(entry.graph_name, sources, checks, globals_, artifact, frames)
+    return ProgramParts(entry.graph_name, sources, checks, globals_, artifact, frames,
+                        checks_code)
 
 
 def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:

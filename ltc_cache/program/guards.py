@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import EntryError, Unportable, first_line
-from .check_exprs import checks_code, without_dict_copies
+from .check_exprs import checks_code, marshalled, source_digest, without_dict_copies
 from .checks import OBJECT, Aliasing, identity_check
 from .describe import describe
 
@@ -164,7 +164,13 @@ class Checks:
     described as recorded), then one generated function that compares
     identities and values on every call."""
 
-    def __init__(self, checks: Sequence[Any]) -> None:
+    def __init__(self, checks: Sequence[Any], compiled: Sequence[Any] = ()) -> None:
+        """``compiled``: :func:`marshalled` code of the check sources, as a
+        program entry stores it; ignored where malformed."""
+        self._stored = {item[0]: item[1] for item in compiled
+                        if isinstance(item, list | tuple) and len(item) == 2
+                        and isinstance(item[0], str) and isinstance(item[1], bytes)}
+        self.sources: list[str] = []  # the digests of the sources resolve compiled
         parsed = []
         for check in checks:
             try:
@@ -191,7 +197,7 @@ class Checks:
                           f"    except Exception as _e:\n        _out.append(_e)\n"
                           for expr, _, _ in self._checks)
         namespace = {**closure, "__builtins__": builtins}
-        exec(checks_code(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n"),
+        exec(self._code(f"def _values(L, G):\n    _out = []\n{getters}    return _out\n"),
              namespace)
         values = namespace["_values"](f_locals, f_globals)
         objects, lines = [], []
@@ -229,6 +235,14 @@ class Checks:
         source = ("def _check(L, G):\n    try:\n" + body +
                   "\n    except Exception:\n        return False\n    return True\n")
         namespace = {**closure, "__builtins__": builtins, "_o": objects}
-        exec(checks_code(source), namespace)
+        exec(self._code(source), namespace)
         self.fast = namespace["_check"]
         return None
+
+    def _code(self, source: str) -> types.CodeType:
+        self.sources.append(source_digest(source))
+        return checks_code(source, self._stored)
+
+    def compiled(self) -> list[list[Any]]:
+        """The code :meth:`resolve` ran, marshalled for the program entry."""
+        return marshalled(self.sources)

@@ -55,6 +55,10 @@ class LoadedProgram:
             return f"a guard fails ({'; '.join(str(p) for p in list(failed)[:2])[:300]})"
         return self._checks.resolve(f_locals, self._snapshot)
 
+    def compiled_checks(self) -> list[list[Any]]:
+        """The code of the checks :meth:`resolve` compiled, marshalled."""
+        return self._checks.compiled()
+
     def check(self, f_locals: Mapping[str, Any]) -> bool:
         if self._direct:
             self._refresh()

@@ -203,7 +203,8 @@ class Programs:
         if parts.frames is not None:
             return self._load_frames(parts, key)
         try:
-            program = self._materialise(parts.artifact, parts.checks, parts.globals)
+            program = self._materialise(parts.artifact, parts.checks, parts.globals,
+                                        parts.checks_code)
         except Exception as exc:
             logger.info("%s: program %s does not load (%s: %s); capturing again", self._name,
                         key.digest[:12], type(exc).__name__, first_line(exc))
@@ -217,12 +218,15 @@ class Programs:
         return program
 
     def _materialise(self, artifact: bytes, checks: Sequence[Any],
-                     direct_globals: Sequence[str]) -> LoadedProgram:
+                     direct_globals: Sequence[str],
+                     checks_code: Sequence[Any] = ()) -> LoadedProgram:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
+        settle_trace_log(self._name)
         loaded = AOTCompiledFunction.deserialize(artifact, f_globals=self._fn.__globals__,
                                                  external_closure_data=self._closure)
-        return LoadedProgram(loaded, Checks(checks), self._fn.__globals__, direct_globals)
+        return LoadedProgram(loaded, Checks(checks, checks_code), self._fn.__globals__,
+                             direct_globals)
 
     def _capture(self, key: CacheKey, secret: bytes, cache: GraphCache, layout: Any,
                  full: tuple[Any, ...], kwargs: dict[str, Any],
@@ -287,7 +291,8 @@ class Programs:
         nodes = len(graph.gm.graph.nodes) if isinstance(graph, LtcProgramGraph) else 0
         entry = program_entry(key, f"{self._name}.program", sources=sources,
                               checks=guard_filter.checks, globals_=guard_filter.globals,
-                              artifact=data, secret=secret, node_count=nodes)
+                              artifact=data, secret=secret, node_count=nodes,
+                              checks_code=program.compiled_checks())
         cache.store_entry(entry, key, local_only=local_only)
         logger.info("%s: captured and stored program %s (%d sources, %d portable checks)",
                     self._name, key.digest[:12], len(sources), len(guard_filter.checks))
@@ -357,6 +362,18 @@ class Programs:
                                                  own_sources), key, local_only=local_only)
         self._to_torch_compile(layout, why)
         return None
+
+
+def settle_trace_log(name: str) -> None:
+    """Record in torch's structured trace (``TORCH_TRACE``) that a program
+    of ``name`` is being loaded. Its handler decides on its first record
+    whether a trace is wanted and, where not, leaves; until then every
+    ``trace_structured`` call renders its payload. In a warm process the
+    first one would be Dynamo's text of the loaded guard manager: 5 ms of
+    ViT's first step (fact 48 in docs/design.md)."""
+    torch._logging.trace_structured(
+        "artifact", metadata_fn=lambda: {"name": "ltc_cache_program_load", "encoding": "string"},
+        payload_fn=lambda: name, expect_trace_id=False)
 
 
 def breaks_the_graph(exc: BaseException) -> bool:

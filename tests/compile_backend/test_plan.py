@@ -122,15 +122,43 @@ def _corrupt(wire: dict, how: str) -> dict:
         call[3] = {"tuple": [{"lambda": "x"}]}
     elif how == "format":
         wire["version"] = 0
+    elif how == "output not last":
+        nodes.append(nodes.pop(0))
+    elif how == "keyword":
+        call[4] = [["not a name", 1]]
+    elif how == "attribute":
+        nodes.insert(0, ["get_attr", "stray", "no_such_constant", {"tuple": []}, [], None])
+    elif how == "layout":
+        call[5] = {"tensor": ["float32", [3, 4], [1]]}
+    elif how == "arguments":
+        call[3] = [{"node": nodes[0][1]}]
     return wire
 
 
-@pytest.mark.parametrize("how", ["unknown op", "not an op", "forward reference", "node kind",
-                                 "dtype", "constant bytes", "argument", "format"])
+_CORRUPTIONS = ["unknown op", "not an op", "forward reference", "node kind", "dtype",
+                "constant bytes", "argument", "format", "output not last", "keyword", "attribute",
+                "layout", "arguments"]
+
+
+@pytest.mark.parametrize("how", _CORRUPTIONS)
 def test_a_bad_plan_is_an_entry_error(how):
     gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
     with pytest.raises(EntryError):
         graph_from_wire(_corrupt(round_trip(graph_to_wire(gm)), how))
+
+
+@pytest.mark.parametrize("how", _CORRUPTIONS)
+def test_a_bad_stored_region_is_an_entry_error_at_load_not_when_built(how):
+    """A stored region builds its graph only when first needed (a miss, an
+    eager fallback: maybe inside a backward pass), so its entry is checked
+    as fully when the plan loads (fact 49 in docs/design.md)."""
+    from ltc_cache.compile_backend.plan import StoredRegion
+
+    gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
+    good = round_trip(graph_to_wire(gm))
+    StoredRegion(good, "0" * 64).graph_module()
+    with pytest.raises(EntryError):
+        StoredRegion(_corrupt(round_trip(graph_to_wire(gm)), how), "0" * 64)
 
 
 def compile_and_check(model: torch.nn.Module, x: torch.Tensor) -> dict[str, int]:
@@ -193,7 +221,8 @@ def test_a_partitioned_plan_rebuilds_its_regions_node_for_node(cache_dir):
     rebuilt = partitioned_from_wire(round_trip(partitioned_to_wire(parted)))
     assert rebuilt.module.code == parted.module.code
     for name in parted.regions:
-        assert rebuilt.module.get_submodule(name).code == parted.module.get_submodule(name).code
+        region = rebuilt.module.get_submodule(name)
+        assert region.graph_module().code == parted.module.get_submodule(name).code
     assert (rebuilt.regions, rebuilt.region_ops, rebuilt.total_ops, rebuilt.eager_ops) == \
         (parted.regions, parted.region_ops, parted.total_ops, parted.eager_ops)
     with torch.no_grad():
@@ -214,7 +243,7 @@ def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_d
     gm, _ = inference_graph(model, x)
     parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
     rebuilt = partitioned_from_wire(round_trip(partitioned_to_wire(parted)))
-    region = rebuilt.module.get_submodule(parted.regions[0])
+    region = rebuilt.module.get_submodule(parted.regions[0]).graph_module()
     assert isinstance(region, _LazyGraphModule) and type(region)._needs_recompile()
     assert region.code == parted.module.get_submodule(parted.regions[0]).code
     assert not type(region)._needs_recompile()
@@ -222,8 +251,12 @@ def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_d
 
 def test_a_plan_holds_its_regions_key_digests(cache_dir):
     """A loaded plan keys its regions by the digests it stored, which are
-    what their code hashes to: the same keys, no code generated for them.
-    A plan stored before digests still loads (its regions hash their code)."""
+    what their code hashes to, and binds their constants: the same keys,
+    and no region's graph built for them (fact 49 in docs/design.md). A
+    plan stored before digests still loads (its regions hash their code)."""
+    from ltc_cache.compile_backend.plan import StoredRegion
+    from ltc_cache.graph.keys import module_tensors
+
     model, x = Mixed().eval(), torch.randn(3, 4)
     gm, _ = inference_graph(model, x)
     parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
@@ -231,16 +264,17 @@ def test_a_plan_holds_its_regions_key_digests(cache_dir):
     rebuilt = partitioned_from_wire(wire)
     assert set(rebuilt.region_digests) == set(parted.regions)
     for name in parted.regions:
+        original = parted.module.get_submodule(name)
         region = rebuilt.module.get_submodule(name)
+        assert isinstance(region, StoredRegion) and region._built is None
         inputs = [torch.empty_strided(n.meta["val"].shape, n.meta["val"].stride())
-                  for n in region.graph.find_nodes(op="placeholder")]
-        stored = compute_key(region, inputs, digest=rebuilt.region_digests[name])
-        assert type(region)._needs_recompile()  # keyed without its code
-        assert stored == compute_key(region, inputs)
-        assert rebuilt.region_digests[name] == graph_digest(parted.module.get_submodule(name))
-    for item in wire["regions"]:
-        del item[3]
-    assert partitioned_from_wire(wire).region_digests == {}
+                  for n in original.graph.find_nodes(op="placeholder")]
+        stored = compute_key(region.graph_module, inputs, digest=region.digest,
+                             tensors=region.constants)
+        assert region._built is None  # keyed without its graph
+        assert stored == compute_key(original, inputs)
+        assert list(region.constants) == list(module_tensors(original))
+        assert rebuilt.region_digests[name] == graph_digest(original)
 
 
 @pytest.mark.parametrize("how", ["region out of order", "call of a non-region", "op counts"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import marshal
 import os
 import pickle
 import re
@@ -181,6 +182,8 @@ def test_training_cold_then_warm(models, cache_dir):
     # which the cold process computed as the backend keys the graph: the
     # Dynamo graph itself was never unpickled (fact 47 in docs/design.md).
     assert "dynamo_graph" not in seen, seen
+    # The checks ran as the cold process compiled them (fact 48).
+    assert "checks_compile" not in seen, seen
     # Through LTC, not eagerly: the backend's AOTAutograd path runs outside
     # the AOTAutograd-cache settings aot_compile forces; the warm process
     # builds the forward and backward from the stored training plan instead.
@@ -593,14 +596,18 @@ def test_program_signatures_bind_every_part_and_the_key(tmp_path):
     from ltc_cache.program.entries import program_entry, program_parts
 
     key = key_from_parts({"a": "1" * 64})
+    code = [["0" * 64, marshal.dumps(compile("x = 1", "<checks>", "exec"))]]
     entry = program_entry(key, "m.program", sources=[["f", 1, 2, "d", "q"]], checks=[],
                           globals_=["SCALE"], artifact=b"pickle", secret=b"k" * 32,
-                          node_count=3)
-    assert program_parts(entry, b"k" * 32).artifact == b"pickle"
+                          node_count=3, checks_code=code)
+    parts = program_parts(entry, b"k" * 32)
+    assert parts.artifact == b"pickle" and parts.checks_code == code
     with pytest.raises(EntryError, match="signature mismatch"):
         program_parts(entry, b"j" * 32)
+    # The checks' code is run by a later process: signed like the rest.
+    other_code = [["0" * 64, marshal.dumps(compile("import os", "<checks>", "exec"))]]
     for field, value in [("artifact", b"other"), ("sources", []), ("checks", [["x", "eq", 1]]),
-                         ("globals", [])]:
+                         ("globals", []), ("checks_code", other_code)]:
         changed = dataclasses.replace(entry, payload={**entry.payload, field: value})
         with pytest.raises(EntryError, match="signature mismatch"):
             program_parts(changed, b"k" * 32)
