@@ -5,6 +5,7 @@ their own)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 
 from ..collector import holding_off
 from ..errors import EntryError
+
+logger = logging.getLogger("ltc_cache.precompile")
 
 
 class LtcProgramGraph(SerializableCallable):
@@ -59,8 +62,11 @@ class LtcProgramGraph(SerializableCallable):
                         for n in gm.graph.find_nodes(op="placeholder")],
             "param_name_to_source": getattr(gm, "_param_name_to_source", None),
         }
-        # The key parts of the graph as a later process unpickles it.
-        parts = static_graph_parts(_graph_from(stored))
+        try:  # the key parts of the graph as a later process unpickles it
+            parts = static_graph_parts(_graph_from(stored))
+        except Exception:  # then it is keyed from the graph, as before them
+            logger.debug("%s: no key parts stored with the graph", fn.name, exc_info=True)
+            parts = None
         return pickle.dumps({**stored, "name": fn.name, "key_parts": parts})
 
     @classmethod

@@ -28,6 +28,7 @@ from .entries import (
 )
 from .frames import FramesProgram, load_program, store_program
 from .guards import Checks, GuardFilter
+from .load_costs import one_fake_mode, settle_trace_log
 from .loaded import GrowingLayout, LoadedProgram, call_layout
 from .program_graph import LtcProgramGraph, program_backend
 from .signing import program_secret
@@ -223,8 +224,9 @@ class Programs:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
         settle_trace_log(self._name)
-        loaded = AOTCompiledFunction.deserialize(artifact, f_globals=self._fn.__globals__,
-                                                 external_closure_data=self._closure)
+        with one_fake_mode():
+            loaded = AOTCompiledFunction.deserialize(artifact, f_globals=self._fn.__globals__,
+                                                     external_closure_data=self._closure)
         return LoadedProgram(loaded, Checks(checks, checks_code), self._fn.__globals__,
                              direct_globals)
 
@@ -362,18 +364,6 @@ class Programs:
                                                  own_sources), key, local_only=local_only)
         self._to_torch_compile(layout, why)
         return None
-
-
-def settle_trace_log(name: str) -> None:
-    """Record in torch's structured trace (``TORCH_TRACE``) that a program
-    of ``name`` is being loaded. Its handler decides on its first record
-    whether a trace is wanted and, where not, leaves; until then every
-    ``trace_structured`` call renders its payload. In a warm process the
-    first one would be Dynamo's text of the loaded guard manager: 5 ms of
-    ViT's first step (fact 48 in docs/design.md)."""
-    torch._logging.trace_structured(
-        "artifact", metadata_fn=lambda: {"name": "ltc_cache_program_load", "encoding": "string"},
-        payload_fn=lambda: name, expect_trace_id=False)
 
 
 def breaks_the_graph(exc: BaseException) -> bool:

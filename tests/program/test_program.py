@@ -696,6 +696,45 @@ def test_objects_are_described_by_what_they_are():
         describe(object())
 
 
+def test_a_guard_states_tensors_unpickle_with_one_fake_mode():
+    """Pins torch's private GuardsStatePickler._unpickle_tensor, which
+    load_costs.one_fake_mode replaces while a program loads (fact 48 in
+    docs/design.md): Dynamo pickles each guarded tensor as a call of it,
+    which made a fake mode (and walked the stack) per tensor. Under
+    one_fake_mode the tensors come back as before, sharing one mode."""
+    import inspect
+    import io
+
+    import torch
+    from torch._dynamo.guards import GuardsStatePickler
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from ltc_cache.program.load_costs import one_fake_mode
+
+    original = GuardsStatePickler.__dict__["_unpickle_tensor"]
+    assert isinstance(original, classmethod)  # torch changed: see load_costs.py
+    assert list(inspect.signature(original.__func__).parameters) == [
+        "cls", "meta_tensor", "device", "pytype", "dispatch_keys_raw", "grad"]
+    tensors = [torch.randn(2, 3), torch.zeros(4, dtype=torch.int64).t(),
+               torch.nn.Parameter(torch.ones(5, 2))]
+    buffer = io.BytesIO()
+    GuardsStatePickler({id(t): t for t in tensors}, {}, {}, buffer).dump(tensors)
+
+    def loaded() -> list:
+        return pickle.loads(buffer.getvalue())
+
+    with one_fake_mode():
+        shared = loaded()
+    assert GuardsStatePickler.__dict__["_unpickle_tensor"] is original  # put back
+    alone = loaded()
+    assert len({id(t.fake_mode) for t in shared}) == 1 < len({id(t.fake_mode) for t in alone})
+    for got, want, real in zip(shared, alone, tensors, strict=True):
+        assert isinstance(got, FakeTensor) and type(got) is type(want)
+        assert (got.shape, got.stride(), got.dtype, got.device, got.requires_grad) == \
+            (want.shape, want.stride(), want.dtype, want.device, want.requires_grad) == \
+            (real.shape, real.stride(), real.dtype, real.device, real.requires_grad)
+
+
 def test_the_graph_keeps_what_aotautograd_reads_through_serialisation(dynamo_reset):
     """torch's graph pickler drops each placeholder's ``_dynamo_source``;
     AOTAutograd asserts on it for a Dynamo graph (training)."""

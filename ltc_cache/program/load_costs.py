@@ -1,0 +1,60 @@
+"""What loading a program costs inside torch that it need not pay.
+
+- torch's structured-trace handler (``TORCH_TRACE``) decides on its first
+  record whether a trace is wanted and leaves when not; until it has, every
+  ``trace_structured`` call renders its payload, and in a warm process the
+  first one was Dynamo's text of the loaded guard manager.
+- Dynamo unpickles each tensor its guards describe with a fake mode of its
+  own, and a fake mode records the Python stack where it is made: forty
+  walks of a stack sixty frames deep for ViT's forty parameters.
+
+Both are in fact 48 of docs/design.md; the private piece the second relies
+on is pinned by ``tests/program/test_program.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def settle_trace_log(name: str) -> None:
+    """Record in torch's structured trace that a program of ``name`` is
+    being loaded: the handler's first record, made cheap."""
+    torch._logging.trace_structured(
+        "artifact", metadata_fn=lambda: {"name": "ltc_cache_program_load", "encoding": "string"},
+        payload_fn=lambda: name, expect_trace_id=False)
+
+
+@contextlib.contextmanager
+def one_fake_mode() -> Iterator[None]:
+    """While a guard state is unpickled, its tensors share one fake mode
+    (they are read for their metadata only: size, stride, dtype, device,
+    dispatch keys). Where this torch unpickles them otherwise, nothing
+    changes."""
+    from torch._dynamo.guards import GuardsStatePickler
+
+    original = GuardsStatePickler.__dict__.get("_unpickle_tensor")
+    if not isinstance(original, classmethod):
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensorConverter, FakeTensorMode
+
+    mode, converter = FakeTensorMode(), FakeTensorConverter()
+
+    def unpickle_tensor(cls: type, meta_tensor: torch.Tensor, device: torch.device,
+                        pytype: type, dispatch_keys_raw: int, grad: Any) -> torch.Tensor:
+        tensor = converter.from_meta_and_device(
+            mode, meta_tensor, device, pytype,
+            torch._C.DispatchKeySet.from_raw_repr(dispatch_keys_raw))
+        tensor.grad = grad
+        return tensor
+
+    GuardsStatePickler._unpickle_tensor = classmethod(unpickle_tensor)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        GuardsStatePickler._unpickle_tensor = original  # type: ignore[assignment]
