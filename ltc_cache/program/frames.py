@@ -55,7 +55,7 @@ from .frame_package import (
     plain_backend,
     recording,
 )
-from .load_costs import one_fake_mode, settle_trace_log
+from .load_costs import loading
 from .program_graph import LtcProgramGraph
 from .signing import program_secret
 
@@ -227,9 +227,8 @@ def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
         i, j, frame_checks = item
         by_frame[(int(i), int(j))] = list(frame_checks)
     codes = list(package._codes)
-    settle_trace_log(name)
     try:
-        with one_fake_mode():
+        with loading(name):
             install_package(package, backends, by_frame, codes)
     except BaseException:
         package.uninstall()  # no half-installed frames left behind

@@ -170,7 +170,7 @@ class Checks:
         self._stored = {item[0]: item[1] for item in compiled
                         if isinstance(item, list | tuple) and len(item) == 2
                         and isinstance(item[0], str) and isinstance(item[1], bytes)}
-        self.sources: list[str] = []  # the digests of the sources resolve compiled
+        self._digests: list[str] = []  # of the sources resolve compiled
         parsed = []
         for check in checks:
             try:
@@ -240,9 +240,9 @@ class Checks:
         return None
 
     def _code(self, source: str) -> types.CodeType:
-        self.sources.append(source_digest(source))
+        self._digests.append(source_digest(source))
         return checks_code(source, self._stored)
 
     def compiled(self) -> list[list[Any]]:
         """The code :meth:`resolve` ran, marshalled for the program entry."""
-        return marshalled(self.sources)
+        return marshalled(self._digests)

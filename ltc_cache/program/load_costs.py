@@ -21,6 +21,15 @@ from typing import Any
 import torch
 
 
+@contextlib.contextmanager
+def loading(name: str) -> Iterator[None]:
+    """Around unpickling a program of ``name`` (its guard state, guard
+    manager and graphs): both costs above avoided."""
+    settle_trace_log(name)
+    with one_fake_mode():
+        yield
+
+
 def settle_trace_log(name: str) -> None:
     """Record in torch's structured trace that a program of ``name`` is
     being loaded: the handler's first record, made cheap."""

@@ -28,7 +28,7 @@ from .entries import (
 )
 from .frames import FramesProgram, load_program, store_program
 from .guards import Checks, GuardFilter
-from .load_costs import one_fake_mode, settle_trace_log
+from .load_costs import loading
 from .loaded import GrowingLayout, LoadedProgram, call_layout
 from .program_graph import LtcProgramGraph, program_backend
 from .signing import program_secret
@@ -223,8 +223,7 @@ class Programs:
                      checks_code: Sequence[Any] = ()) -> LoadedProgram:
         from torch._dynamo.aot_compile import AOTCompiledFunction
 
-        settle_trace_log(self._name)
-        with one_fake_mode():
+        with loading(self._name):
             loaded = AOTCompiledFunction.deserialize(artifact, f_globals=self._fn.__globals__,
                                                      external_closure_data=self._closure)
         return LoadedProgram(loaded, Checks(checks, checks_code), self._fn.__globals__,
