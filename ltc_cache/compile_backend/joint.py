@@ -224,8 +224,8 @@ def _aliases(forward: fx.GraphModule, metadata: Any) -> tuple[tuple[Any, ...], .
 def joint_graphs(entry: Entry) -> tuple[Partitioned, Partitioned, JointLayout]:
     """The partitioned forward and backward graphs and the layout of a
     training plan; raises EntryError for a bad one."""
-    forward = partitioned_from_wire(entry.payload.get("plan"))
-    backward = partitioned_from_wire(entry.payload.get("backward"))
+    forward = partitioned_from_wire(entry.payload.get("plan"), values=False)
+    backward = partitioned_from_wire(entry.payload.get("backward"), values=False)
     layout = JointLayout.from_wire(entry.payload.get("joint"))
     _check(forward.module, backward.module, layout)
     return forward, backward, layout

@@ -115,9 +115,9 @@ def plan_entry(parted: Partitioned | dict[str, Any], key: CacheKey, graph_name: 
 
 
 def plan_graph(entry: Entry) -> Partitioned:
-    """The partitioned graph a plan entry holds; raises EntryError for a
-    bad one."""
-    return partitioned_from_wire(entry.payload.get("plan"))
+    """The partitioned graph a plan entry holds, to run; raises EntryError
+    for a bad one."""
+    return partitioned_from_wire(entry.payload.get("plan"), values=False)
 
 
 def runs_bare(metadata: Any, example_inputs: Sequence[Any], *,
@@ -386,14 +386,17 @@ def lazy_module_class() -> type[fx.GraphModule]:
 
 def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None = None,
                     *, lazy: bool = False,
-                    constants: Mapping[str, torch.Tensor] | None = None) -> fx.GraphModule:
+                    constants: Mapping[str, torch.Tensor] | None = None,
+                    values: bool = True) -> fx.GraphModule:
     """The graph module :func:`graph_to_wire` wrote, with the same node names
     (so the regions rebuilt with it have the same keys) and ``submodules``
     for its region calls; raises EntryError for anything else. ``lazy``:
     its Python code is generated when first read or called, not here.
     ``constants``: its constants, where the caller made them already (a
     :class:`StoredRegion`, keyed by its stored digest: a name FX would
-    change, which no plan this code wrote holds, only renames the node)."""
+    change, which no plan this code wrote holds, only renames the node).
+    ``values=False``: the nodes' recorded values are checked but not made
+    (a parent graph that is only run reads none of them)."""
     submodules = submodules or {}
     wired = _constants_wire(obj)
     root = torch.nn.Module()
@@ -410,8 +413,10 @@ def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None =
             node = graph.create_node(op, target, args, kwargs, name=name)
             if node.name != name and constants is None:
                 raise EntryError(f"plan: node name {name!r} is taken")
-            if val is not None:
+            if values and val is not None:
                 node.meta["val"] = _val_from_wire(val)
+            elif val is not None:
+                _val_from_wire(val, build=False)
             nodes[name] = node
         graph.lint()
         gm = (lazy_module_class() if lazy else fx.GraphModule)(root, graph)
@@ -461,9 +466,10 @@ class StoredRegion(torch.nn.Module):
         return self.graph_module()(*args)
 
 
-def partitioned_from_wire(obj: Any) -> Partitioned:
+def partitioned_from_wire(obj: Any, *, values: bool = True) -> Partitioned:
     """The partitioned graph :func:`partitioned_to_wire` wrote; raises
-    EntryError for anything else."""
+    EntryError for anything else. ``values=False``: its parent graph's
+    nodes carry no recorded values (:func:`graph_from_wire`)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("regions"), list) \
             or not isinstance(obj.get("eager_ops"), dict):
         raise EntryError("not a plan of this ltc_cache")
@@ -485,7 +491,7 @@ def partitioned_from_wire(obj: Any) -> Partitioned:
             # a region's code is read only for its key, or to run it eagerly.
             regions[name] = graph_from_wire(wire, lazy=True)
         region_ops[name] = ops
-    module = graph_from_wire(obj.get("graph"), regions)
+    module = graph_from_wire(obj.get("graph"), regions, values=values)
     total, eager = obj.get("total_ops"), obj["eager_ops"]
     if not isinstance(total, int) or not all(isinstance(k, str) and isinstance(v, int)
                                              for k, v in eager.items()):

@@ -11,7 +11,9 @@ import functools
 import hashlib
 import inspect
 import linecache
+import os
 import sys
+import time
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -64,14 +66,19 @@ def _digest_lines(lines: Sequence[str]) -> str:
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
-def changed_source(records: Sequence[Any]) -> str | None:
+def changed_source(records: Sequence[Any], stats: Sequence[Any] = ()) -> str | None:
     """The first recorded source that is not what the files now say (a
-    reason, for the log), or None when all are the same."""
+    reason, for the log), or None when all are the same. ``stats``
+    (:func:`source_stats`): files whose size and modification time are
+    still the ones the records were checked against are not read again."""
+    unchanged = _unchanged_files(stats)
     for record in records:
         try:
             filename, first, last, digest, qualname = record
         except (TypeError, ValueError):
             return f"malformed source record {record!r:.80}"
+        if filename in unchanged:
+            continue
         lines = linecache.getlines(filename)
         if not lines:
             return f"{filename} is gone"
@@ -80,6 +87,51 @@ def changed_source(records: Sequence[Any]) -> str | None:
         if _digest_lines(lines[first - 1:last - 1]) != digest:
             return f"{qualname} ({filename}:{first}) changed"
     return None
+
+
+# A file modified this recently may be modified again within one tick of the
+# file system's clock, keeping its time (git's "racily clean" entries):
+# such a file gets no stat record and is always read.
+_RACY_NS = 2_000_000_000
+
+
+def source_stats(records: Sequence[Any]) -> list[list[Any]]:
+    """``[file, size, mtime_ns]`` of each file ``records`` name, where its
+    lines on disk now are the ones recorded: what lets a later process skip
+    reading it (:func:`changed_source`), as Python trusts a ``.pyc`` whose
+    source has the size and time it was compiled from."""
+    now = time.time_ns()
+    stats = []
+    for filename in sorted({record[0] for record in records}):
+        try:
+            before = os.stat(filename)
+        except OSError:
+            continue
+        if now - before.st_mtime_ns < _RACY_NS:
+            continue
+        linecache.checkcache(filename)  # drops lines read before a change
+        own = [record for record in records if record[0] == filename]
+        if changed_source(own) is None and _stat_of(filename) == (before.st_size,
+                                                                  before.st_mtime_ns):
+            stats.append([filename, before.st_size, before.st_mtime_ns])
+    return stats
+
+
+def _stat_of(filename: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(filename)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _unchanged_files(stats: Sequence[Any]) -> set[str]:
+    unchanged = set()
+    for stat in stats if isinstance(stats, list | tuple) else ():
+        if isinstance(stat, list | tuple) and len(stat) == 3 and isinstance(stat[0], str) \
+                and _stat_of(stat[0]) == (stat[1], stat[2]):
+            unchanged.add(stat[0])
+    return unchanged
 
 
 @functools.lru_cache(maxsize=4096)

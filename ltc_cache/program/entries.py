@@ -14,6 +14,8 @@ the artifact:
 - ``sources``: every function Dynamo inlined, as a file, a line range and
   the SHA-256 of those lines, compared with the files on load
   (:func:`changed_source`): Dynamo records these but never compares them;
+- ``source_stats``: the size and modification time of those files when
+  the lines were recorded; a file that still has both is not read again;
 - ``checks``: what the guards that cannot be serialised (object identities:
   classes, functions, modules, builtins; and guards reached through them)
   checked, as expressions with the value each must have
@@ -42,7 +44,7 @@ from ..errors import EntryError, UncacheableGraph
 from ..graph.entry import Entry, new_meta
 from ..graph.keys import CacheKey, hash_lines, key_from_parts, tensor_signature
 from ..wire import PROGRAM_FORMAT
-from .describe import OBJECT_DEPTH, plain_object
+from .describe import OBJECT_DEPTH, plain_object, source_stats
 from .signing import key_path, read_key
 
 __all__ = ["VERSION", "ProgramParts", "check_program", "negative_program_entry", "program_entry",
@@ -122,27 +124,22 @@ def program_key(fn: types.FunctionType, owner: torch.nn.Module | None, args: Seq
     return key_from_parts(parts)
 
 
-# --- sources -------------------------------------------------------------------
-
-
-# --- describing objects across processes ---------------------------------------
-
-
-# --- checks standing in for guards --------------------------------------------
-
-
 # --- entries -------------------------------------------------------------------
 
 
 class ProgramParts:
     """What a program entry holds, once its signature has been checked."""
 
-    __slots__ = ("artifact", "checks", "checks_code", "frames", "globals", "name", "sources")
+    __slots__ = ("artifact", "checks", "checks_code", "frames", "globals", "name", "source_stats",
+                 "sources")
 
     def __init__(self, name: str, sources: list[Any], checks: list[Any], globals_: list[str],
                  artifact: bytes, frames: dict[str, Any] | None = None,
-                 checks_code: list[Any] | None = None) -> None:
+                 checks_code: list[Any] | None = None,
+                 source_stats: list[Any] | None = None) -> None:
         self.name = name
+        # Absent in programs stored before it: every source file is read.
+        self.source_stats = source_stats or []
         # The checks' code as the capturing process compiled it (marshalled,
         # by the digest of its source); absent in programs stored before it.
         self.checks_code = checks_code or []
@@ -157,17 +154,21 @@ class ProgramParts:
 
 
 def sign(secret: bytes, key: str, sources: Any, checks: Any, globals_: Any,
-         artifact: bytes, frames: Any = None, checks_code: Any = None) -> bytes:
+         artifact: bytes, frames: Any = None, checks_code: Any = None,
+         source_stats: Any = None) -> bytes:
     """HMAC-SHA256 over everything a program entry holds, and the key it is
     stored under (a signed program cannot be moved under another key).
     ``frames`` (a program of several frames) is signed too, so one kind of
     program cannot be passed off as the other; so is ``checks_code``, code
-    a later process runs."""
+    a later process runs, and ``source_stats``, which decides what it
+    reads."""
     parts = [PROGRAM_FORMAT, VERSION, key, sources, checks, globals_, artifact]
     if frames is not None:
         parts.append(["frames", frames])
     if checks_code is not None:
         parts.append(["checks_code", checks_code])
+    if source_stats is not None:
+        parts.append(["source_stats", source_stats])
     signed = msgpack.packb(parts, use_bin_type=True)
     return hmac.new(secret, signed, hashlib.sha256).digest()
 
@@ -189,17 +190,20 @@ def program_entry(key: CacheKey, name: str, *, sources: list[Any], checks: list[
     version that reads it)."""
     meta = new_meta(graph_name=name, node_count=node_count, graph_hash="",
                     key_parts=key.parts)
+    stats = source_stats(sources)
     payload = {
         "format": PROGRAM_FORMAT, "version": VERSION, "sources": sources, "checks": checks,
         "globals": globals_, "artifact": artifact,
         "hmac": sign(secret, key.digest, sources, checks, globals_, artifact, frames,
-                     checks_code or None),
+                     checks_code or None, stats or None),
         "python": platform.python_version(),
     }
     if frames is not None:
         payload["frames"] = frames
     if checks_code:
         payload["checks_code"] = checks_code
+    if stats:
+        payload["source_stats"] = stats
     return Entry(key.digest, "", (), (), (), meta, kind="program", payload=payload)
 
 
@@ -223,9 +227,10 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
     sources, checks = program.get("sources"), program.get("checks")
     globals_, artifact = program.get("globals"), program.get("artifact")
     signature, frames = program.get("hmac"), program.get("frames")
-    checks_code = program.get("checks_code")
+    checks_code, stats = program.get("checks_code"), program.get("source_stats")
     if (frames is not None and not isinstance(frames, dict)) \
-            or (checks_code is not None and not isinstance(checks_code, list)):
+            or (checks_code is not None and not isinstance(checks_code, list)) \
+            or (stats is not None and not isinstance(stats, list)):
         raise EntryError("program: malformed", entry.key)
     if not isinstance(artifact, bytes) or not isinstance(sources, list) \
             or not isinstance(checks, list) or not isinstance(globals_, list) \
@@ -235,11 +240,11 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
         raise EntryError("program: unsigned", entry.key)
     if not hmac.compare_digest(signature,
                                sign(secret, entry.key, sources, checks, globals_, artifact,
-                                    frames, checks_code)):
+                                    frames, checks_code, stats)):
         raise EntryError("program: signature mismatch (tampered with, or signed with another "
                          "key)", entry.key)
     return ProgramParts(entry.graph_name, sources, checks, globals_, artifact, frames,
-                        checks_code)
+                        checks_code, stats)
 
 
 def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:

@@ -196,7 +196,7 @@ class Programs:
             cache.drop_entry(key, f"program {key.digest[:12]} ({self._name}): {exc}",
                              local_only=local_only)
             return None
-        changed = changed_source(parts.sources)
+        changed = changed_source(parts.sources, parts.source_stats)
         if changed is not None:
             logger.info("%s: program %s is stale: %s; capturing again", self._name,
                         key.digest[:12], changed)

@@ -140,11 +140,27 @@ _CORRUPTIONS = ["unknown op", "not an op", "forward reference", "node kind", "dt
                 "layout", "arguments"]
 
 
+@pytest.mark.parametrize("values", [True, False], ids=["with values", "run only"])
 @pytest.mark.parametrize("how", _CORRUPTIONS)
-def test_a_bad_plan_is_an_entry_error(how):
+def test_a_bad_plan_is_an_entry_error(how, values):
     gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
     with pytest.raises(EntryError):
-        graph_from_wire(_corrupt(round_trip(graph_to_wire(gm)), how))
+        graph_from_wire(_corrupt(round_trip(graph_to_wire(gm)), how), values=values)
+
+
+def test_a_plan_rebuilt_to_run_makes_no_values():
+    """A warm start only runs a plan's parent graph: its nodes' recorded
+    values (meta tensors) are checked, not made."""
+    torch.manual_seed(0)
+    gm, inputs = inference_graph(Mixed().eval(), torch.randn(3, 4))
+    wire = round_trip(graph_to_wire(gm))
+    assert any(node[5] is not None for node in wire["nodes"])
+    rebuilt = graph_from_wire(wire, values=False)
+    assert rebuilt.code == gm.code
+    assert not any("val" in node.meta for node in rebuilt.graph.nodes)
+    with torch.no_grad():
+        for got, want in zip(rebuilt(*inputs), gm(*inputs), strict=True):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("how", _CORRUPTIONS)

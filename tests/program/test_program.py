@@ -643,6 +643,54 @@ def test_sources_are_compared_line_for_line(tmp_path):
         code_record(compile("1", "<nowhere>", "eval"))
 
 
+def test_a_source_file_with_its_recorded_size_and_time_is_not_read_again(tmp_path,
+                                                                         monkeypatch):
+    import importlib.util
+    import linecache
+    import os
+    import time
+
+    from ltc_cache.errors import EntryError
+    from ltc_cache.graph.keys import key_from_parts
+    from ltc_cache.program.describe import changed_source, code_record, source_stats
+    from ltc_cache.program.entries import program_entry, program_parts
+
+    path = tmp_path / "mod_stat.py"
+    path.write_text("def f(x):\n    return x + 1\n")
+    spec = importlib.util.spec_from_file_location("mod_stat", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    record = code_record(module.f.__code__)
+    # Just written: an edit within the same clock tick could keep its time.
+    assert source_stats([record]) == []
+    hour_ago = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(hour_ago, hour_ago))
+    stats = source_stats([record])
+    assert stats == [[str(path), path.stat().st_size, hour_ago]]
+
+    def no_reading(*args):
+        raise AssertionError("read a file whose size and time are recorded")
+
+    monkeypatch.setattr(linecache, "getlines", no_reading)
+    assert changed_source([record], stats) is None
+    monkeypatch.undo()
+    path.write_text("def f(x):\n    return x + 22\n")  # another size, another time
+    linecache.checkcache(str(path))
+    assert "f" in changed_source([record], stats)
+    assert "f" in changed_source([record], [["x", "malformed"]])
+    # The stats decide what a later process reads: signed with the rest.
+    path.write_text("def f(x):\n    return x + 1\n")
+    os.utime(path, ns=(hour_ago, hour_ago))
+    linecache.checkcache(str(path))
+    key = key_from_parts({"a": "1" * 64})
+    entry = program_entry(key, "m.program", sources=[record], checks=[], globals_=[],
+                          artifact=b"pickle", secret=b"k" * 32, node_count=1)
+    assert program_parts(entry, b"k" * 32).source_stats == stats
+    forged = dataclasses.replace(entry, payload={**entry.payload, "source_stats": []})
+    with pytest.raises(EntryError, match="signature mismatch"):
+        program_parts(forged, b"k" * 32)
+
+
 def test_objects_are_described_by_what_they_are():
     import enum
     import operator
