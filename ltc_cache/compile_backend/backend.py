@@ -415,8 +415,7 @@ class LtcBackend:
             submodule = parted.module.get_submodule(region)
             delattr(parted.module, region)
             setattr(parted.module, region, Region(submodule, f"{name}.r{index}",
-                                                   parted.region_ops[region], cache,
-                                                   digest=parted.region_digests.get(region)))
+                                                   parted.region_ops[region], cache))
         eager = ", ".join(f"{op} x{n}" for op, n in sorted(parted.eager_ops.items()))
         logger.info("%s: %d of %d aten ops in %d LTC regions; eager: %s", name,
                     sum(parted.region_ops.values()), parted.total_ops, len(parted.regions),

@@ -94,13 +94,12 @@ class Region(FirstCall):
     digest the plan holds and its graph built only to trace it or to run
     it eagerly."""
 
-    __slots__ = ("_digest", "_module")
+    __slots__ = ("_module",)
 
     def __init__(self, module: fx.GraphModule | StoredRegion, name: str, ops: int,
-                 cache: GraphCache, *, digest: str | None = None) -> None:
+                 cache: GraphCache) -> None:
         super().__init__(name, ops, cache)
         self._module = module
-        self._digest = digest  # its graph_digest, where a stored plan holds it
 
     def _graph(self) -> fx.GraphModule:
         module = self._module
@@ -120,7 +119,8 @@ class Region(FirstCall):
             with _disable_current_modes(), torch.no_grad():
                 compiled = self._cache.extract_compiled_graph(
                     self._graph if stored else module, args, name=self._name,
-                    digest=self._digest, tensors=module.constants if stored else None)
+                    digest=module.digest if stored else None,
+                    tensors=module.constants if stored else None)
         except Exception as exc:  # a region LTC cannot take runs eagerly, whatever the error
             logger.debug("%s: extraction failed", self._name, exc_info=True)
             warn_once(f"eager-region:{self._name}",

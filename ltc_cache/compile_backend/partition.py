@@ -10,7 +10,7 @@ runs in LTC.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,9 +39,6 @@ class Partitioned:
     region_ops: Mapping[str, int]  # aten ops in each region
     total_ops: int  # aten ops in the whole graph
     eager_ops: Mapping[str, int]  # op -> count of those left outside regions
-    # region -> its graph_digest, where a stored plan holds them (its regions'
-    # keys are then looked up without generating their code)
-    region_digests: Mapping[str, str] = field(default_factory=dict)
 
 
 # Fewer elements than this, and a copy at a region's output costs less than

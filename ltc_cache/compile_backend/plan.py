@@ -475,7 +475,6 @@ def partitioned_from_wire(obj: Any, *, values: bool = True) -> Partitioned:
         raise EntryError("not a plan of this ltc_cache")
     regions: dict[str, fx.GraphModule] = {}
     region_ops: dict[str, int] = {}
-    digests: dict[str, str] = {}
     for item in obj["regions"]:
         # [name, graph, ops, digest]; plans stored before digests lack the last.
         if not (isinstance(item, list) and len(item) in (3, 4) and isinstance(item[0], str)
@@ -484,7 +483,6 @@ def partitioned_from_wire(obj: Any, *, values: bool = True) -> Partitioned:
             raise EntryError(f"plan: malformed region {item!r:.80}")
         name, wire, ops = item[:3]
         if len(item) == 4:
-            digests[name] = item[3]
             regions[name] = StoredRegion(wire, item[3])
         else:
             # Lazy: the parent's GraphModule recompiles its submodules, and
@@ -496,4 +494,4 @@ def partitioned_from_wire(obj: Any, *, values: bool = True) -> Partitioned:
     if not isinstance(total, int) or not all(isinstance(k, str) and isinstance(v, int)
                                              for k, v in eager.items()):
         raise EntryError("plan: malformed op counts")
-    return Partitioned(module, tuple(regions), region_ops, total, eager, digests)
+    return Partitioned(module, tuple(regions), region_ops, total, eager)
