@@ -116,6 +116,11 @@ class LtcBackend:
     def cache(self) -> GraphCache:
         return self._cache if self._cache is not None else default_cache()
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> LtcBackend:
+        # A backend is shared, as a function is: Lightning's torch.compile
+        # wrapper deep-copies the arguments of every call, backend included.
+        return self
+
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                  mode: str | None = None, options: dict[str, Any] | None = None,
                  **kwargs: Any) -> Callable[..., Any]:

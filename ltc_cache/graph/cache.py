@@ -64,6 +64,9 @@ class GraphCache:
         self._readonly = self.config.readonly
         self._built: dict[str, Built] = {}
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> GraphCache:
+        return self  # one open store per directory, shared as the backend is
+
     @property
     def store(self) -> Store | None:
         """The storage tiers, opened on first use; None when they cannot be."""

@@ -88,6 +88,24 @@ def test_backend_is_registered_by_name():
     assert "ltc_cache" in torch._dynamo.list_backends(exclude_tags=())
 
 
+def test_a_backend_and_its_cache_deep_copy_as_themselves(cache_dir):
+    """Lightning (``lightning_fabric.wrappers``) replaces torch.compile with
+    a wrapper that deep-copies every call's arguments, backend included: a
+    backend holding a lock failed every compile once Lightning was imported."""
+    backend = fresh_backend()
+    cache = GraphCache(CacheConfig.from_env())
+    kwargs = copy.deepcopy({"backend": backend, "cache": cache})
+    assert kwargs["backend"] is backend and kwargs["cache"] is cache
+    assert copy.deepcopy(LtcBackend(cache))._cache is cache
+    pytest.importorskip("lightning_fabric")  # installs its wrapper on import
+    model = MLP().eval()
+    x = torch.randn(8, 16)
+    compiled = torch.compile(model, backend=backend)
+    assert compiled._compile_kwargs["backend"] is backend
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-6, rtol=1e-6)
+
+
 def test_inference_extracts_the_whole_graph_without_aot(cache_dir):
     from torch._dynamo.utils import counters as dynamo_counters
 
