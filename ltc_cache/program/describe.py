@@ -103,17 +103,13 @@ def source_stats(records: Sequence[Any]) -> list[list[Any]]:
     now = time.time_ns()
     stats = []
     for filename in sorted({record[0] for record in records}):
-        try:
-            before = os.stat(filename)
-        except OSError:
-            continue
-        if now - before.st_mtime_ns < _RACY_NS:
+        before = _stat_of(filename)
+        if before is None or now - before[1] < _RACY_NS:
             continue
         linecache.checkcache(filename)  # drops lines read before a change
         own = [record for record in records if record[0] == filename]
-        if changed_source(own) is None and _stat_of(filename) == (before.st_size,
-                                                                  before.st_mtime_ns):
-            stats.append([filename, before.st_size, before.st_mtime_ns])
+        if changed_source(own) is None and _stat_of(filename) == before:
+            stats.append([filename, *before])
     return stats
 
 

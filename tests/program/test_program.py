@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -620,8 +621,17 @@ def test_program_signatures_bind_every_part_and_the_key(tmp_path):
         program_parts(dataclasses.replace(entry, payload=unsigned), b"k" * 32)
 
 
-def test_sources_are_compared_line_for_line(tmp_path):
+def _module_from(path: Path) -> Any:
+    """The module of the Python file ``path``, imported under its stem."""
     import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sources_are_compared_line_for_line(tmp_path):
     import linecache
 
     from ltc_cache.errors import Unportable
@@ -629,10 +639,7 @@ def test_sources_are_compared_line_for_line(tmp_path):
 
     path = tmp_path / "mod_src.py"
     path.write_text("def f(x):\n    return x + 1\n\n\ndef g(x):\n    return x\n")
-    spec = importlib.util.spec_from_file_location("mod_src", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    record = code_record(module.f.__code__)
+    record = code_record(_module_from(path).f.__code__)
     assert record[:3] == [str(path), 1, 3] and record[4] == "f"
     assert changed_source([record]) is None
     path.write_text("def f(x):\n    return x + 2\n\n\ndef g(x):\n    return x\n")
@@ -645,7 +652,6 @@ def test_sources_are_compared_line_for_line(tmp_path):
 
 def test_a_source_file_with_its_recorded_size_and_time_is_not_read_again(tmp_path,
                                                                          monkeypatch):
-    import importlib.util
     import linecache
     import os
     import time
@@ -657,10 +663,7 @@ def test_a_source_file_with_its_recorded_size_and_time_is_not_read_again(tmp_pat
 
     path = tmp_path / "mod_stat.py"
     path.write_text("def f(x):\n    return x + 1\n")
-    spec = importlib.util.spec_from_file_location("mod_stat", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    record = code_record(module.f.__code__)
+    record = code_record(_module_from(path).f.__code__)
     # Just written: an edit within the same clock tick could keep its time.
     assert source_stats([record]) == []
     hour_ago = time.time_ns() - 3600 * 10**9
