@@ -123,7 +123,7 @@ def _stat_of(filename: str) -> tuple[int, int] | None:
 
 def _unchanged_files(stats: Sequence[Any]) -> set[str]:
     unchanged = set()
-    for stat in stats if isinstance(stats, list | tuple) else ():
+    for stat in stats:  # a list, as program_parts checked
         if isinstance(stat, list | tuple) and len(stat) == 3 and isinstance(stat[0], str) \
                 and _stat_of(stat[0]) == (stat[1], stat[2]):
             unchanged.add(stat[0])
