@@ -56,6 +56,17 @@ def _positive(parse: Callable[[str], float]) -> Callable[[str], float]:
     return positive
 
 
+# LTC_CACHE_FUSE: how a stored graph gets its fused library (graph/fused/tier.py).
+FUSE_MODES = ("background", "sync", "off")
+
+
+def _fuse_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in FUSE_MODES:
+        raise ValueError(f"expected one of {', '.join(FUSE_MODES)}")
+    return mode
+
+
 def _size_limit(text: str) -> int:
     # 0 would evict every entry as it is stored; no limit is the variable unset.
     limit = parse_size(text)
@@ -107,13 +118,18 @@ class CacheConfig:
     # Key for HMAC-SHA256 signatures of entries; None leaves them unsigned.
     # Out of the repr: configurations end up in logs.
     secret: bytes | None = field(default=None, repr=False)
+    # How stored graphs get their fused libraries: compiled by a background
+    # worker (the default), in the calling process (``sync``), or not at all.
+    fuse: str = "background"
+    # Seconds one library's compile may take before it is refused.
+    fuse_timeout: float = 900.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *,
                  strict: bool = False) -> CacheConfig:
         """Read ``LTC_CACHE_DIR``, ``_DISABLE``, ``_READONLY``, ``_MAX_SIZE``,
-        ``_REMOTE``, ``_REMOTE_TTL``, ``_LOCK_TIMEOUT`` and ``_SECRET`` (or
-        ``_SECRET_FILE``).
+        ``_REMOTE``, ``_REMOTE_TTL``, ``_LOCK_TIMEOUT``, ``_SECRET`` (or
+        ``_SECRET_FILE``), ``_FUSE`` and ``_FUSE_TIMEOUT``.
 
         A malformed value never breaks the user's model: it warns once,
         naming the variable and what was used instead (the default; for a
@@ -161,6 +177,10 @@ class CacheConfig:
             lock_timeout=setting("LTC_CACHE_LOCK_TIMEOUT", _positive(_seconds), 600.0,
                                  "600 seconds"),
             secret=secret,
+            fuse=setting("LTC_CACHE_FUSE", _fuse_mode, "background",
+                         "background (libraries compiled out of band)"),
+            fuse_timeout=setting("LTC_CACHE_FUSE_TIMEOUT", _positive(_seconds), 900.0,
+                                 "900 seconds"),
         )
 
 

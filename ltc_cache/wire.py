@@ -59,8 +59,9 @@ FORMAT = "ltc_cache.entry"
 SCHEMA_VERSION = 2
 # What an entry holds: a replayable graph (IR and layout), a negative entry
 # (why LTC could not extract the graph, or why a program is not kept), a
-# partitioning plan (plan.py, joint.py), a whole program (program.py).
-KINDS = ("graph", "negative", "plan", "program")
+# partitioning plan (plan.py, joint.py), a whole program (program.py), a
+# graph's fused library or why it has none (graph/fused/entries.py).
+KINDS = ("graph", "negative", "plan", "program", "fused")
 # No entry is decoded, and no stored value read, past this many bytes; no
 # entry we write comes near it.
 MAX_ENTRY_BYTES = 1 << 30

@@ -22,7 +22,8 @@ from ..config import CacheConfig
 from ..diagnostics import count_event, counters, warn_once
 from ..errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
 from ..store import Store, TieredStore, open_tiers
-from .entry import Entry, decode, encode, new_meta
+from .entry import Entry, decode, encode, input_specs, new_meta
+from .fused.tier import FusedTier
 from .keys import CacheKey, compute_key, module_tensors
 from .replay import CompiledGraph, GraphFunction, build_function, check_usable, count_nodes
 
@@ -63,6 +64,7 @@ class GraphCache:
         # Set too when the directory turns out not to be writable.
         self._readonly = self.config.readonly
         self._built: dict[str, Built] = {}
+        self._fused = FusedTier(self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> GraphCache:
         return self  # one open store per directory, shared as the backend is
@@ -113,7 +115,7 @@ class GraphCache:
             key = None
         if key is None or store is None:
             model = _built(model)
-            return self._bind(self._trace(model, example_inputs, name, None), tensors)
+            return self._bind(self._trace(model, example_inputs, name, None, tensors), tensors)
 
         built = self._lookup(store, key.digest, tensors, len(example_inputs))
         if built is None:
@@ -129,7 +131,7 @@ class GraphCache:
                     logger.info("miss %s (%s): %s", key.digest[:12], graph_name,
                                 explain_miss(store, key, graph_name))
                     try:
-                        built = self._trace(model, example_inputs, name, key)
+                        built = self._trace(model, example_inputs, name, key, tensors)
                     except RuntimeError as exc:
                         if is_graph_failure(exc):
                             self._remember_failure(store, key, graph_name, exc)
@@ -141,11 +143,13 @@ class GraphCache:
         logger.info("hit %s (%s)", key.digest[:12], built.entry.graph_name)
         return self._bind(built, tensors)
 
-    def lookup_entry(self, key: CacheKey, *, local_only: bool = False) -> Entry | None:
+    def lookup_entry(self, key: CacheKey, *, local_only: bool = False,
+                     count: bool = True) -> Entry | None:
         """The entry stored under ``key``, decoded and checked, for entries
-        that hold no graph of their own (a partitioning plan, a program).
-        None on a miss; a bad entry is warned about and dropped, as a
-        graph's is. ``local_only`` leaves the shared tier out."""
+        that hold no graph of their own (a partitioning plan, a program, a
+        fused library), or read to be compiled. None on a miss; a bad entry
+        is warned about and dropped, as a graph's is. ``local_only`` leaves
+        the shared tier out; ``count`` counts a hit."""
         store = self._tier(local_only)
         if store is None:
             return None
@@ -158,7 +162,7 @@ class GraphCache:
         except Exception as exc:
             return self._error("read", f"cannot read the cache ({exc}); continuing without it"
                                f"{self._where()}")
-        if entry is not None:
+        if entry is not None and count:
             self.record("hits", key.digest)
         return entry
 
@@ -199,7 +203,7 @@ class GraphCache:
             self._corrupt(store, key.digest, problem)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
-               key: CacheKey | None) -> Built:
+               key: CacheKey | None, tensors: Mapping[str, torch.Tensor]) -> Built:
         self.record("traces", key.digest if key else None)
         from .extract import trace
         from .rewrites import rewrite
@@ -213,6 +217,10 @@ class GraphCache:
             graph_hash=extraction.graph_hash,
             key_parts=key.parts if key else {},
         )
+        # What the fused tier compiles the graph for, from the entry alone.
+        specs = input_specs(extraction.inputs, example_inputs, tensors)
+        if specs is not None:
+            meta["input_specs"] = specs
         entry = Entry(key.digest if key else "", extraction.ir, extraction.inputs,
                       extraction.outputs, extraction.updates, meta)
         built = Built(entry, function)
@@ -324,7 +332,8 @@ class GraphCache:
             self.record("negative_hits")
             raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
-        return CompiledGraph(entry, built.function, None, tensors=tensors)
+        return CompiledGraph(entry, self._fused.function(entry, built.function), None,
+                             tensors=tensors)
 
     def _where(self) -> str:
         """Which settings name the cache a warning is about."""

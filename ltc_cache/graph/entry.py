@@ -12,7 +12,7 @@ import ctypes
 import functools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,8 @@ from ..errors import EntryError
 from ..wire import KINDS, pack_envelope, read_envelope, unpack
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
 
-__all__ = ["Entry", "check_layout", "decode", "encode", "tensor_from_wire", "tensor_to_wire"]
+__all__ = ["Entry", "check_layout", "decode", "encode", "input_specs", "tensor_from_wire",
+           "tensor_to_wire"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,24 @@ def new_meta(*, graph_name: str, node_count: int, graph_hash: str,
         "torch_version": torch.__version__,
         "key_parts": dict(key_parts),
     }
+
+
+def input_specs(inputs: Sequence[Source], args: Sequence[Any],
+                tensors: Mapping[str, torch.Tensor]) -> list[list[Any]] | None:
+    """Each graph input's dtype, sizes and strides, as traced (``args``:
+    the call's, ``tensors``: the module's); None where one is not a plain
+    CPU tensor of static sizes."""
+    specs = []
+    for s in inputs:
+        t = args[s.ref] if s.kind == "arg" else tensors.get(s.ref) if s.kind == "attr" else s.ref
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.is_sparse:
+            return None
+        try:
+            specs.append([str(t.dtype).removeprefix("torch."), [int(n) for n in t.shape],
+                          [int(n) for n in t.stride()]])
+        except (TypeError, RuntimeError):  # symbolic sizes
+            return None
+    return specs
 
 
 def tensor_to_wire(t: torch.Tensor) -> dict[str, Any]:

@@ -43,9 +43,9 @@ import torch
 from ..errors import EntryError, UncacheableGraph
 from ..graph.entry import Entry, new_meta
 from ..graph.keys import CacheKey, hash_lines, key_from_parts, tensor_signature
+from ..signing import key_path, read_key
 from ..wire import PROGRAM_FORMAT
 from .describe import OBJECT_DEPTH, plain_object, source_stats
-from .signing import key_path, read_key
 
 __all__ = ["VERSION", "ProgramParts", "check_program", "negative_program_entry", "program_entry",
            "program_key", "program_parts", "sign", "spec_text"]

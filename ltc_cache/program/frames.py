@@ -44,6 +44,7 @@ import torch
 
 from ..errors import Unportable, first_line
 from ..graph.keys import CacheKey
+from ..signing import program_secret
 from .entries import ProgramParts, program_entry
 from .frame_names import advance_unique_ids, apply_skips
 from .frame_package import (
@@ -57,7 +58,6 @@ from .frame_package import (
 )
 from .load_costs import loading
 from .program_graph import LtcProgramGraph
-from .signing import program_secret
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache

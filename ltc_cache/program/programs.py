@@ -17,6 +17,7 @@ from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, Unportable, first_line
 from ..graph.cache import GraphCache, default_cache
 from ..graph.keys import CacheKey
+from ..signing import program_secret
 from .capture import once_logging, recording_traced_code, shared_constants_saved, source_records
 from .describe import changed_source, code_record
 from .entries import (
@@ -31,7 +32,6 @@ from .guards import Checks, GuardFilter
 from .load_costs import loading
 from .loaded import GrowingLayout, LoadedProgram, call_layout
 from .program_graph import LtcProgramGraph, program_backend
-from .signing import program_secret
 
 logger = logging.getLogger("ltc_cache.precompile")
 

@@ -572,7 +572,7 @@ def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
 
 
 def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch):
-    from ltc_cache.program.signing import key_path, program_secret
+    from ltc_cache.signing import key_path, program_secret
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     cache = tmp_path / "cache"

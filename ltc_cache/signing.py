@@ -1,7 +1,9 @@
-"""The key that signs program entries: the fleet's ``LTC_CACHE_SECRET``, or
+"""The key that signs what becomes code when loaded (program entries, fused
+libraries): the fleet's ``LTC_CACHE_SECRET``, or
 a per-user key kept outside the cache directory (mode 0600), created on
-first use. A program's artifact is a pickle, unpickled only once its
-HMAC-SHA256 signature under this key holds (:mod:`.entries`)."""
+first use. A program's artifact (a pickle) and a fused library (machine
+code) are loaded only once their HMAC-SHA256 signature under this key
+holds (:mod:`ltc_cache.program.entries`, :mod:`ltc_cache.graph.fused.entries`)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-logger = logging.getLogger("ltc_cache.program")
+logger = logging.getLogger("ltc_cache.signing")
 
 
 # The per-user signing key, created on first use (mode 0600).

@@ -1,0 +1,246 @@
+"""Compile a graph entry into a fused library (a minute's work; never in
+the path of a user's call).
+
+The library is compiled from the entry alone, so any process can do it:
+the stored TorchScript function is traced to an aten FX graph by running
+it under ``make_fx`` (the interpreter dispatches every op, so the trace
+records exactly what the replay computes, views and all), exported with
+``torch.export``, and compiled by AOTInductor
+(``torch._inductor.aoti_compile_and_package``) with the graph's inputs as
+the library's inputs, in the TorchScript function's order. Inputs are made
+from the layouts the entry recorded (``input_specs``); stored constants are
+used as they are.
+
+Before it is stored, the library is checked against the TorchScript
+function on those inputs and both are timed, interleaved: a library that
+differs, or is not faster, is stored as a refusal instead.
+
+Private torch APIs used here: ``make_fx``, ``torch.export`` of its graph,
+``aoti_compile_and_package`` and the layout of its package (one
+``*.wrapper.so`` with its ``*.wrapper_metadata.json``); pinned by
+``tests/graph/test_fused.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import tempfile
+import time
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..entry import Entry
+from ..keys import CacheKey
+from ..replay import GraphFunction, build_function
+from .entries import fused_entry, refusal_entry
+from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
+from .runner import FusedFunction, load_runner, mismatch
+
+__all__ = ["FuseFailed", "build_entry", "example_inputs"]
+
+logger = logging.getLogger("ltc_cache.fused")
+
+# Rounds of the interleaved timing, and the time each round's calls take at least.
+_ROUNDS = 7
+_ROUND_SECONDS = 0.004
+
+
+class FuseFailed(RuntimeError):
+    """A graph that cannot be given a library; its message is the reason stored."""
+
+
+def build_entry(graph: Entry, key: CacheKey, secret: bytes) -> Entry:
+    """The fused entry of ``graph`` under ``key``: its library, or a
+    refusal saying why it has none. Raises only what the caller must see
+    (KeyboardInterrupt, the worker's timeout)."""
+    started = time.monotonic()
+    try:
+        return _build(graph, key, secret, started)
+    except FuseFailed as exc:
+        reason = str(exc)
+    except Exception as exc:  # Inductor, export, g++: whatever they raise
+        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
+    logger.info("no library for %s: %s", graph.key[:12], reason)
+    return refusal_entry(key, graph, reason,
+                         {"compile_seconds": round(time.monotonic() - started, 2)})
+
+
+def _build(graph: Entry, key: CacheKey, secret: bytes, started: float) -> Entry:
+    if graph.kind != "graph" or not graph.ir:
+        raise FuseFailed(f"a {graph.kind} entry holds no graph to compile")
+    if compiler_id() == "none":
+        raise FuseFailed("no C++ compiler ($CXX, else g++) on PATH")
+    inputs = example_inputs(graph)
+    script = build_function(graph.ir)
+    assert script is not None
+    with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
+        expected = _as_tuple(script(*inputs))
+    aliases, layouts = _aliases(expected, inputs)
+    library, isa = _compile(script, inputs)
+    compile_seconds = round(time.monotonic() - started, 2)
+    fused = FusedFunction(load_runner(library), script, aliases=aliases, layouts=layouts,
+                          check=lambda expected, got, error: True)
+    with torch.no_grad(), torch.jit.optimized_execution(False):
+        problem = mismatch(expected, fused._fused(inputs))
+        if problem:
+            raise FuseFailed(f"the library's outputs differ from TorchScript's: {problem}")
+        script_ms, fused_ms = _time_both(script, fused._fused, inputs)
+    stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
+             "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
+    if fused_ms >= script_ms:
+        return refusal_entry(key, graph, f"not faster: {fused_ms:.3f} ms a call against "
+                             f"TorchScript's {script_ms:.3f} ms", stats)
+    return fused_entry(key, graph, library=library, isa=isa, aliases=aliases, layouts=layouts,
+                       secret=secret, stats=stats)
+
+
+def example_inputs(graph: Entry) -> list[torch.Tensor]:
+    """Inputs laid out as the graph's were when it was traced: random
+    floating values, zeros elsewhere (valid indices), stored constants as
+    they are."""
+    specs = graph.meta.get("input_specs")
+    if not isinstance(specs, list) or len(specs) != len(graph.inputs):
+        raise FuseFailed("the entry records no input layouts (stored by an older ltc_cache)")
+    generator = torch.Generator().manual_seed(0)
+    inputs = []
+    for source, spec in zip(graph.inputs, specs, strict=True):
+        if source.kind == "const":
+            inputs.append(source.ref)
+            continue
+        dtype_name, shape, stride = spec
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise FuseFailed(f"input of unknown dtype {dtype_name!r}")
+        extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) \
+            if all(n > 0 for n in shape) else 0
+        if dtype.is_floating_point or dtype.is_complex:
+            base = torch.randn(extent, dtype=dtype, generator=generator)
+        else:
+            base = torch.zeros(extent, dtype=dtype)
+        inputs.append(base.as_strided(shape, stride))
+    return inputs
+
+
+def _as_tuple(results: Any) -> tuple[Any, ...]:
+    return results if isinstance(results, tuple) else (results,)
+
+
+def _aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]
+             ) -> tuple[list[list[Any]], list[list[Any]]]:
+    """Which outputs view an input or another output (the TorchScript
+    function returns views where the stored IR takes them), and every
+    output's layout. Raises FuseFailed for outputs that share storage in a
+    way a library's fresh outputs cannot reproduce."""
+    def storage(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr() if t.untyped_storage().nbytes() else -1
+
+    by_storage = {storage(t): i for i, t in reversed(list(enumerate(inputs)))}
+    aliases, layouts, owners = [], [], {}
+    for o, t in enumerate(outputs):
+        if not isinstance(t, torch.Tensor):
+            raise FuseFailed(f"output {o} is a {type(t).__name__}, not a tensor")
+        layouts.append([list(t.shape), list(t.stride())])
+        ptr = storage(t)
+        if ptr == -1:
+            continue
+        if ptr in by_storage:
+            base, kind = inputs[by_storage[ptr]], "in"
+            index = by_storage[ptr]
+        elif ptr in owners:
+            index, kind = owners[ptr], "out"
+            base = outputs[index]
+            if base.storage_offset() or base.nbytes != base.untyped_storage().nbytes():
+                raise FuseFailed(f"outputs {index} and {o} view one tensor neither returns whole")
+        else:
+            owners[ptr] = o
+            continue
+        aliases.append([o, kind, index, list(t.shape), list(t.stride()),
+                        t.storage_offset() - base.storage_offset()])
+    return aliases, layouts
+
+
+class _Call(torch.nn.Module):
+    """The traced graph as the module ``torch.export`` takes."""
+
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.graph_module = graph
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.graph_module(*inputs))
+
+
+def _view_copies() -> dict[Any, Any]:
+    """``x_copy`` ops (LTC's views, fact 5 in docs/design.md) as the view
+    ``x`` and a contiguous copy: Inductor lowers the views, while several
+    ``x_copy`` ops (``slice_copy``, ``select_copy``) have neither a
+    lowering nor a C shim, and a library that falls back to Python's proxy
+    executor cannot run in the C++ runner."""
+    aten = torch.ops.aten
+    table: dict[Any, Any] = {}
+    # Every registered op: dir(torch.ops.aten) lists only those resolved so far.
+    names = {n.removeprefix("aten::").partition(".")[0]
+             for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
+    for name in sorted(names):
+        base = name.removesuffix("_copy")
+        if name == base or name.startswith("_") or base not in names:
+            continue
+        copy_op, view_op = getattr(aten, name), getattr(aten, base)
+        for overload in copy_op.overloads():
+            if overload in view_op.overloads() and not overload.endswith("out"):
+                view = getattr(view_op, overload)
+                table[getattr(copy_op, overload)] = (
+                    lambda *a, _view=view, **k: _view(*a, **k).clone(
+                        memory_format=torch.contiguous_format))
+    return table
+
+
+def _compile(script: GraphFunction, inputs: list[torch.Tensor]) -> tuple[bytes, str]:
+    """The library's bytes and the vector ISA Inductor compiled it for."""
+    import torch._inductor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        traced = make_fx(lambda *a: _as_tuple(script(*a)), decomposition_table=_view_copies(),
+                         tracing_mode="fake")(*inputs)
+        exported = torch.export.export(_Call(traced), tuple(inputs), strict=False)
+    with tempfile.TemporaryDirectory(prefix="ltc_cache-fuse-") as tmp:
+        package = Path(tmp) / "graph.pt2"
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(package),
+                                                 inductor_configs=dict(INDUCTOR_OPTIONS))
+        with zipfile.ZipFile(package) as archive:
+            names = archive.namelist()
+            libraries = [n for n in names if n.endswith(".so")]
+            blobs = [n for n in names if n.endswith((".bin", ".blob", "constants"))]
+            if len(libraries) != 1 or not libraries[0].endswith(".wrapper.so") or blobs:
+                raise FuseFailed(f"AOTInductor's package holds {libraries + blobs}, "
+                                 "not one library")
+            library = archive.read(libraries[0])
+            meta_name = libraries[0].removesuffix(".so") + "_metadata.json"
+            meta = json.loads(archive.read(meta_name)) if meta_name in names else {}
+    return library, str(meta.get("AOTI_CPU_ISA", ""))
+
+
+def _time_both(script: GraphFunction, fused: Any, inputs: list[torch.Tensor]
+               ) -> tuple[float, float]:
+    """Milliseconds a call of each, medians of interleaved rounds."""
+    def per_call(fn: Any, calls: int) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*inputs) if fn is script else fn(inputs)
+        return (time.perf_counter() - start) * 1e3 / calls
+
+    once = max(per_call(script, 1), per_call(fused, 1), 1e-3)
+    calls = max(1, math.ceil(_ROUND_SECONDS * 1e3 / once))
+    script_ms, fused_ms = [], []
+    for _ in range(_ROUNDS):
+        script_ms.append(per_call(script, calls))
+        fused_ms.append(per_call(fused, calls))
+    return statistics.median(script_ms), statistics.median(fused_ms)

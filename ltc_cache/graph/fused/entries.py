@@ -1,0 +1,116 @@
+"""Fused libraries as cache entries, signed because they are code.
+
+A fused entry (kind ``fused``) sits beside the graph entry it was compiled
+from, under :func:`~.platform.fused_key` of that entry's key. Its payload
+holds the shared library's bytes and what a replay needs to use it in
+place of the TorchScript function:
+
+- ``aliases``: outputs that the TorchScript function returns as views of
+  an input or of another output (``[output, "in"|"out", index, size,
+  stride, offset]``, the offset from the base's own); a library returns
+  copies, so the replay takes those views itself;
+- ``layouts``: each output's size and stride as the TorchScript function
+  returns them; an output the library lays out otherwise is copied into
+  that layout (``restride``);
+- ``isa``: the vector ISA Inductor compiled for, checked against the CPU
+  before the library is loaded;
+- the timings of both tiers on the graph when it was built, and the
+  compile's seconds, for listings and for the rule that a library is only
+  stored where it is faster.
+
+A library that cannot be used (slower, a failed or timed-out compile, no
+compiler, outputs that differ) is stored as a refusal: the same kind with a
+``reason`` and no library, so no process compiles it again.
+
+The signature (HMAC-SHA256 under :func:`ltc_cache.signing.program_secret`)
+covers the key, the graph key, the library and everything read with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import msgpack
+
+from ...errors import EntryError
+from ..entry import Entry, new_meta
+from ..keys import CacheKey
+from .platform import FUSED_VERSION
+
+__all__ = ["FUSED_FORMAT", "Library", "fused_entry", "library_of", "refusal_entry"]
+
+FUSED_FORMAT = "ltc_cache.fused"
+
+
+class Library(NamedTuple):
+    """A fused entry's parts, once its signature holds."""
+
+    data: bytes
+    isa: str
+    aliases: list[list[Any]]
+    layouts: list[list[Any]]
+
+
+def _sign(secret: bytes, key: str, graph_key: str, library: bytes, isa: str,
+          aliases: Any, layouts: Any) -> bytes:
+    signed = msgpack.packb([FUSED_FORMAT, FUSED_VERSION, key, graph_key, library, isa, aliases,
+                            layouts], use_bin_type=True)
+    return hmac.new(secret, signed, hashlib.sha256).digest()
+
+
+def fused_entry(key: CacheKey, graph: Entry, *, library: bytes, isa: str,
+                aliases: list[list[Any]], layouts: list[list[Any]], secret: bytes,
+                stats: Mapping[str, Any]) -> Entry:
+    """The entry of ``graph``'s library; ``stats``: compile seconds,
+    compiler, both tiers' timings (shown by ``ltc-cache show``)."""
+    payload = {
+        "format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": graph.key,
+        "library": library, "isa": isa, "aliases": aliases, "layouts": layouts,
+        "hmac": _sign(secret, key.digest, graph.key, library, isa, aliases, layouts),
+        "library_sha256": hashlib.sha256(library).hexdigest(), **stats,
+    }
+    return Entry(key.digest, "", (), (), (), _meta(key, graph), kind="fused", payload=payload)
+
+
+def refusal_entry(key: CacheKey, graph: Entry, reason: str,
+                  stats: Mapping[str, Any] | None = None) -> Entry:
+    """Why ``graph`` has no library on machines of ``key``: kept so that no
+    process tries again (``ltc-cache fuse --retry`` does)."""
+    payload = {"format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": graph.key,
+               "reason": reason[:2000], **(stats or {})}
+    return Entry(key.digest, "", (), (), (), _meta(key, graph), kind="fused", payload=payload)
+
+
+def _meta(key: CacheKey, graph: Entry) -> dict[str, Any]:
+    return new_meta(graph_name=graph.graph_name, node_count=int(graph.meta.get("node_count", 0)),
+                    graph_hash=str(graph.meta.get("graph_hash", "")), key_parts=key.parts)
+
+
+def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
+    """The library of a fused entry whose signature holds under ``secret``;
+    None for a refusal. Raises EntryError for anything else: another
+    format, a library of another graph, unsigned, tampered with."""
+    p = entry.payload
+    if entry.kind != "fused" or p.get("format") != FUSED_FORMAT \
+            or p.get("version") != FUSED_VERSION:
+        raise EntryError("not a fused library of this ltc_cache", entry.key)
+    if p.get("graph_key") != graph_key:
+        raise EntryError(f"fused library of graph {str(p.get('graph_key'))[:12]}, "
+                         f"looked up for {graph_key[:12]}", entry.key)
+    if "library" not in p:
+        return None
+    library, isa, signature = p.get("library"), p.get("isa"), p.get("hmac")
+    aliases, layouts = p.get("aliases"), p.get("layouts")
+    if not isinstance(library, bytes) or not isinstance(isa, str) \
+            or not isinstance(aliases, list) or not isinstance(layouts, list):
+        raise EntryError("fused library: malformed", entry.key)
+    if not isinstance(signature, bytes):
+        raise EntryError("fused library: unsigned", entry.key)
+    if not hmac.compare_digest(signature, _sign(secret, entry.key, graph_key, library, isa,
+                                                aliases, layouts)):
+        raise EntryError("fused library: signature mismatch (tampered with, or signed with "
+                         "another key)", entry.key)
+    return Library(library, isa, aliases, layouts)

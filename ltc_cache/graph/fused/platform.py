@@ -1,0 +1,120 @@
+"""What makes a fused library unusable elsewhere, as the parts of its key.
+
+A library is machine code: it runs only under the torch build it was
+compiled against (its C shim ABI), it was linked by one compiler's
+runtime, and Inductor vectorised it for the CPU that compiled it. Each of
+those is a key part, so a library from another build, compiler or CPU is
+a miss, never a crash (a library built with AVX-512 would die of SIGILL
+on a CPU without it). The CPU's vector ISA is what torch's own dispatcher
+picked (``torch.backends.cpu.get_cpu_capability``), read without importing
+Inductor; the ISA a library was built for is recorded with it too, and
+checked against this CPU before it is loaded (:func:`isa_runs_here`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+import torch
+
+from ..keys import CacheKey, hash_lines, key_from_parts
+
+__all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version", "fused_key",
+           "isa_runs_here", "machine_isa"]
+
+# 1: a library of the whole TorchScript graph, inputs and outputs as its
+# function's; aliases and layouts recorded beside it.
+FUSED_VERSION = 1
+
+# The Inductor settings a library is compiled with; part of the key, as is
+# any TORCHINDUCTOR_* variable of the compiling process.
+INDUCTOR_OPTIONS: dict[str, object] = {
+    "compile_threads": 1,  # one g++ at a time: the compile runs beside training
+}
+
+# Which vector ISAs a CPU of each capability runs, widest last.
+_RUNS = {
+    "DEFAULT": {"", "DEFAULT"},
+    "AVX2": {"", "DEFAULT", "AVX2"},
+    "AVX512": {"", "DEFAULT", "AVX2", "AVX512"},
+    "ZVECTOR": {"", "DEFAULT", "ZVECTOR"},
+    "NO AVX": {"", "DEFAULT"},
+    "SVE256": {"", "DEFAULT", "NEON", "ASIMD", "SVE256"},
+    "NEON": {"", "DEFAULT", "NEON", "ASIMD"},
+}
+
+
+def machine_isa() -> str:
+    """The vector ISA this process's CPU kernels use (AVX2, AVX512, ...)."""
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def isa_runs_here(library_isa: str) -> bool:
+    """Whether a library vectorised for ``library_isa`` (as Inductor names
+    it: AVX2, AVX512, ...) can run on this CPU."""
+    return library_isa.upper() in _RUNS.get(machine_isa().upper(), {"", "DEFAULT"})
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_id() -> str:
+    """The C++ compiler Inductor would use (``$CXX``, else ``g++``) as the
+    file it is (resolved path, size, modification time), or ``"none"``.
+    A stat, not ``g++ --version`` (5 ms, a subprocess): a warm process reads
+    this before it looks a library up. A compiler installed from one
+    package has the same size and time on every machine."""
+    path = shutil.which(os.environ.get("CXX") or "g++")
+    if path is None:
+        return "none"
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return "none"
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def compiler_version() -> str:
+    """The compiler's own first line of ``--version``, for listings."""
+    path = shutil.which(os.environ.get("CXX") or "g++")
+    if path is None:
+        return "none"
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return out.splitlines()[0] if out else "?"
+
+
+def _device_text() -> str:
+    # The design holds for CUDA libraries too: there the device capability
+    # takes the ISA's place. The TorchScript backend runs on CUDA when
+    # LTC_TS_CUDA is set at all (keys.py).
+    if "LTC_TS_CUDA" in os.environ and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"cuda sm_{major}{minor}"
+    return f"cpu {machine_isa()}"
+
+
+def _options_text() -> list[str]:
+    env = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))
+    return [repr(sorted(INDUCTOR_OPTIONS.items())), *env]
+
+
+def fused_key(graph_key: str) -> CacheKey:
+    """The key of the fused library of the graph entry ``graph_key`` on
+    this machine."""
+    parts = {
+        "format": hash_lines([f"ltc_cache.fused:{FUSED_VERSION}"]),
+        "graph": graph_key,
+        "torch": hash_lines([torch.__version__, str(torch.version.git_version),
+                             f"cxx11abi={torch._C._GLIBCXX_USE_CXX11_ABI}",
+                             f"debug={torch.version.debug}"]),
+        "compiler": hash_lines([compiler_id()]),
+        "device": hash_lines([_device_text()]),
+        "inductor": hash_lines(_options_text()),
+    }
+    return key_from_parts(parts)

@@ -1,0 +1,90 @@
+"""The graphs waiting for a library, and the one background worker that
+compiles them.
+
+A process that meets a stored graph with no library (and no refusal) puts
+its key in the queue, a folder of empty files named by graph key inside
+the cache directory, and starts the worker once in its life. The worker
+holds a file lock, so one compiles at a time however many processes start
+one; it drains the queue, lets the lock go, and looks once more before it
+leaves, so a key queued while it was leaving is not stranded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+
+from ...wire import is_entry_key
+
+__all__ = ["FuseQueue", "start_worker"]
+
+logger = logging.getLogger("ltc_cache.fused")
+
+QUEUE_DIR = "fuse-queue"
+_WORKER_LOCK = ".worker.lock"
+WORKER_LOG = "worker.log"
+
+
+class FuseQueue:
+    """The queue of one cache directory."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.path = Path(cache_dir) / QUEUE_DIR
+
+    def put(self, graph_key: str) -> None:
+        """Queue ``graph_key``; raises OSError where the directory cannot be written."""
+        self.path.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(self.path / graph_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+    def pending(self) -> list[str]:
+        """Queued keys, oldest first."""
+        try:
+            files = [(f.stat().st_mtime_ns, f.name) for f in self.path.iterdir()
+                     if is_entry_key(f.name)]
+        except OSError:
+            return []
+        return [name for _, name in sorted(files)]
+
+    def done(self, graph_key: str) -> None:
+        with contextlib.suppress(OSError):
+            (self.path / graph_key).unlink()
+
+    @contextlib.contextmanager
+    def worker_lock(self) -> Iterator[bool]:
+        """Whether this process is the worker (the lock is taken without waiting)."""
+        self.path.mkdir(mode=0o700, exist_ok=True)
+        lock = filelock.FileLock(str(self.path / _WORKER_LOCK))
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
+
+
+def start_worker(cache_dir: Path) -> None:
+    """Start the background worker (``python -m ltc_cache.graph.fused.worker``)
+    as a process of its own session, writing to the queue's log, with this
+    process's settings. Raises OSError where it cannot be started."""
+    queue = FuseQueue(cache_dir)
+    queue.path.mkdir(mode=0o700, exist_ok=True)
+    env = dict(os.environ, LTC_CACHE_DIR=str(cache_dir))
+    # The package as this process imported it, installed or not.
+    package_root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    with open(queue.path / WORKER_LOG, "ab") as log:
+        subprocess.Popen([sys.executable, "-m", "ltc_cache.graph.fused.worker"], env=env,
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         start_new_session=True, close_fds=True)
+    logger.info("started the fuse worker for %s", cache_dir)

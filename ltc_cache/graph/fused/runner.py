@@ -1,0 +1,165 @@
+"""Load a fused library and call it in place of a TorchScript function.
+
+The library is loaded through torch's C++ AOTInductor runner
+(``torch._C._aoti.AOTIModelContainerRunnerCpu``, private), which takes a
+shared library's path and runs it on a list of tensors in about a
+millisecond, without importing Inductor (``torch._inductor.package`` costs
+over a second). The bytes come from a verified entry and are written under
+a fresh name into a private (0700) directory of this process, loaded from
+there and unlinked at once: the loader maps the file, so nothing another
+user can write is ever loaded, and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..replay import GraphFunction
+
+__all__ = ["FusedFunction", "load_runner", "runner_available"]
+
+_private_dir_lock = threading.Lock()
+
+
+def runner_available() -> bool:
+    """Whether this torch has the C++ runner (pinned by tests/graph/test_fused.py)."""
+    return hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti,
+                                                   "AOTIModelContainerRunnerCpu")
+
+
+@functools.lru_cache(maxsize=1)
+def _private_dir() -> str:
+    with _private_dir_lock:
+        path = tempfile.mkdtemp(prefix="ltc_cache-fused-")  # mode 0700, ours alone
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        return path
+
+
+def load_runner(library: bytes) -> Any:
+    """A runner of the library ``library`` (verified bytes). Raises
+    RuntimeError (or OSError) where it does not load."""
+    fd, path = tempfile.mkstemp(suffix=".so", dir=_private_dir())
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(library)
+        return torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)
+    finally:
+        os.unlink(path)  # mapped by the loader: the name is no longer needed
+
+
+class FusedFunction:
+    """``fn(*inputs) -> tuple``, as the TorchScript function it stands in for.
+
+    The library runs where autograd would record nothing (no grad mode, or
+    no input requiring grad: a library's outputs have no history); else the
+    TorchScript function runs. Outputs the TorchScript function returns as
+    views are taken as views again, and outputs it lays out otherwise are
+    copied into its layout. The first call runs both and hands both results
+    to ``check(expected, got, error)``, whose verdict says whether the
+    library stays in use; a library that raises later is handed to it too,
+    and TorchScript runs the call.
+    """
+
+    __slots__ = ("_aliases", "_check", "_checked", "_restride", "_run", "_script", "_used")
+
+    def __init__(self, runner: Any, script: GraphFunction, *, aliases: Sequence[Sequence[Any]],
+                 layouts: Sequence[Sequence[Any]],
+                 check: Callable[[Sequence[Any], Sequence[Any] | None, Exception | None], bool]
+                 ) -> None:
+        self._run = runner.run
+        self._script = script
+        self._aliases = [(int(o), kind, int(i), list(size), list(stride), int(offset))
+                         for o, kind, i, size, stride, offset in aliases]
+        aliased = {a[0] for a in self._aliases}
+        self._restride = [(i, list(size), list(stride)) for i, (size, stride) in enumerate(layouts)
+                          if i not in aliased]
+        self._check = check
+        self._checked = False
+        self._used = True  # False once the check failed
+
+    @property
+    def in_use(self) -> bool:
+        return self._used
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        if not self._used or (torch.is_grad_enabled()
+                              and any(t.requires_grad for t in inputs)):
+            return self._script(*inputs)
+        if not self._checked:
+            return self._first_call(inputs)
+        try:
+            return self._fused(inputs)
+        except Exception as exc:  # never the user's failure: TorchScript takes over
+            self._used = self._check(self._script(*inputs), None, exc)
+            return self._script(*inputs)
+
+    def _fused(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        out = self._run(list(inputs))
+        for i, size, stride in self._restride:
+            t = out[i]
+            if t.stride() != tuple(stride) and t.numel() > 1:
+                out[i] = torch.empty_strided(size, stride, dtype=t.dtype,
+                                             device=t.device).copy_(t)
+        for o, kind, i, size, stride, offset in self._aliases:
+            base = inputs[i] if kind == "in" else out[i]
+            out[o] = base.as_strided(size, stride, base.storage_offset() + offset)
+        return tuple(out)
+
+    def _first_call(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        expected = self._script(*inputs)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        try:
+            got = self._fused(inputs)
+        except Exception as exc:
+            self._used = self._check(expected, None, exc)
+        else:
+            self._used = self._check(expected, got, None)
+        self._checked = True
+        return expected
+
+
+def mismatch(expected: Sequence[Any], got: Sequence[Any] | None, *,
+             rtol: float = 1e-5, error: Exception | None = None) -> str | None:
+    """Why the library's outputs ``got`` differ from the TorchScript
+    function's ``expected`` (None where they match): sizes, strides and
+    dtypes exactly, values within ``rtol`` of each output's largest
+    magnitude (a fused kernel may sum in another order), NaN and infinity
+    where the TorchScript function has them, integers exactly."""
+    if got is None:
+        return f"the library failed on the call ({type(error).__name__}: {error})"
+    if len(got) != len(expected):
+        return f"{len(got)} outputs where TorchScript has {len(expected)}"
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor):
+            if e is not g and e != g:
+                return f"output {i}: {g!r} where TorchScript has {e!r}"
+            continue
+        if e.shape != g.shape or e.dtype != g.dtype:
+            return (f"output {i}: {tuple(g.shape)} {g.dtype} where TorchScript has "
+                    f"{tuple(e.shape)} {e.dtype}")
+        if e.numel() > 1 and e.stride() != g.stride():
+            return f"output {i}: strides {g.stride()} where TorchScript has {e.stride()}"
+        if not (e.is_floating_point() or e.is_complex()):
+            if not torch.equal(e, g):
+                return f"output {i}: values differ"
+            continue
+        finite = torch.isfinite(e)
+        if not torch.equal(finite, torch.isfinite(g)) or not torch.equal(e[~finite].nan_to_num(),
+                                                                          g[~finite].nan_to_num()):
+            return f"output {i}: NaN or infinity where TorchScript has none, or the other way"
+        if not finite.any():
+            continue
+        scale = e[finite].abs().max().item()
+        worst = (e[finite] - g[finite]).abs().max().item()
+        if worst > rtol * max(scale, 1e-30):
+            return f"output {i}: differs by {worst:.3g}, over {rtol:g} of its largest {scale:.3g}"
+    return None
