@@ -119,8 +119,9 @@ class CacheConfig:
     # Out of the repr: configurations end up in logs.
     secret: bytes | None = field(default=None, repr=False)
     # How stored graphs get their fused libraries: compiled by a background
-    # worker (the default), in the calling process (``sync``), or not at all.
-    fuse: str = "background"
+    # worker (LTC_CACHE_FUSE's default), in the calling process (``sync``),
+    # or not at all. A configuration built in code fuses where it says so.
+    fuse: str = "off"
     # Seconds one library's compile may take before it is refused.
     fuse_timeout: float = 900.0
 

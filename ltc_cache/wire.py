@@ -144,21 +144,29 @@ def read_envelope(data: bytes, *, secret: bytes | None = None) -> dict[str, Any]
 def summarise(data: bytes) -> dict[str, Any]:
     """The listing fields of entry bytes, read leniently (any schema, no
     checksum): graph_name, kind, node_count, inputs (count per source kind),
-    created, torch_version, schema and size; ``problem`` where the bytes are
-    not an entry at all. For display only: ``ltc-cache verify`` checks."""
+    created, torch_version, schema and size; for a fused entry, ``fused``:
+    whether it holds a ``library`` or is a ``refusal``. ``problem`` where the
+    bytes are not an entry at all. For display only: ``ltc-cache verify``
+    checks."""
     try:
         envelope = unpack(data)
         body = unpack(envelope["body"])
         meta = body["meta"]
+        kind = body.get("kind", meta.get("kind"))  # schema 1: in meta
+        # Kept in the summary so that `ls` and `stats` tell libraries from
+        # refusals without reading megabytes of libraries.
+        fused = {"fused": "library" if "library" in (body.get("payload") or {})
+                 else "refusal"} if kind == "fused" else {}
         return {
             "graph_name": str(meta.get("graph_name", "?")),
-            "kind": body.get("kind", meta.get("kind")),  # schema 1: in meta
+            "kind": kind,
             "node_count": int(meta.get("node_count", 0)),
             "inputs": dict(Counter(str(source[0]) for source in body.get("inputs") or ())),
             "created": float(meta.get("created", 0.0)),
             "torch_version": str(meta.get("torch_version", "?")),
             "schema": envelope.get("schema"),
             "size": len(data),
+            **fused,
         }
     except Exception as exc:  # any shape of garbage
         return {"size": len(data), "problem": f"unreadable entry ({type(exc).__name__}: {exc})"}

@@ -26,6 +26,9 @@ TESTS = Path(__file__).parent
 # One thread in each test process and child: pytest-xdist already runs a
 # worker per core, and the models here are too small to gain from more.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No fused libraries unless a test asks: each costs 10-30 s of g++, and the
+# background worker would compile beside every test (tests/graph/test_fused*.py).
+os.environ.setdefault("LTC_CACHE_FUSE", "off")
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

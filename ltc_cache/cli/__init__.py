@@ -1,7 +1,7 @@
 """``ltc-cache``: look after a cache directory and the Redis tier under it.
 
     ltc-cache [--dir DIR] [--remote URL | --local] ls | stats | show KEY | prune
-                          | clear | verify | export FILE | import FILE
+                          | clear | verify | export FILE | import FILE | fuse
 
 The tier options work before or after the command. The directory is
 ``--dir``, else the library's; Redis is included with ``--remote`` or
@@ -9,10 +9,11 @@ LTC_CACHE_REMOTE (``--remote`` without ``--dir``: Redis alone).
 
 The only package of ltc_cache that prints; what it shows comes from the
 report package. Here: ``main`` and opening the tiers a command runs on;
-``parser.py`` the arguments, ``commands.py`` the commands, ``output.py``
-what they write. Exit status: 0 fine; 1 problems found (bad entries, rejected
-imports, a declined prompt, an I/O failure); 2 usage errors (bad arguments,
-no cache directory, an unknown key).
+``parser.py`` the arguments, ``commands.py`` the commands (``fuse.py``
+the one that compiles), ``output.py`` what they write. Exit status: 0
+fine; 1 problems found (bad entries, rejected imports, a declined prompt,
+an I/O failure); 2 usage errors (bad arguments, no cache directory, an
+unknown key, a read-only cache for ``fuse``); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -49,11 +50,19 @@ def _writes(args: argparse.Namespace) -> bool:
     """Whether the command changes the directory; the others open it
     read-only, so they work on a read-only mount and change no access time."""
     return (args.command in ("prune", "clear", "import")
+            or (args.command == "fuse" and not args.dry_run)
             or bool(getattr(args, "zero", False) or getattr(args, "fix", False)))
 
 
 # Commands that work on one tier: the directory where there is one.
-_ONE_TIER = ("show", "export", "import")
+_ONE_TIER = ("show", "export", "import", "fuse")
+
+# Commands that need that tier to be a directory, and why.
+_DIRECTORY_ONLY = {
+    "import": "import adds to a cache directory; give --dir (the library copies entries to "
+              "Redis as it stores them)",
+    "fuse": "fuse compiles libraries for this machine into a cache directory; give --dir",
+}
 
 
 def _tiers(args: argparse.Namespace, config: CacheConfig) -> list[tuple[str, str]]:
@@ -71,11 +80,19 @@ def _tiers(args: argparse.Namespace, config: CacheConfig) -> list[tuple[str, str
     if remote:
         tiers.append(("remote", remote))
     if args.command in _ONE_TIER:
-        if args.command == "import" and tiers[0][0] == "remote":
-            raise UsageError("import adds to a cache directory; give --dir (the library "
-                             "copies entries to Redis as it stores them)")
+        if args.command in _DIRECTORY_ONLY and tiers[0][0] == "remote":
+            raise UsageError(_DIRECTORY_ONLY[args.command])
         tiers = tiers[:1]
     return tiers
+
+
+def _refuse_read_only(args: argparse.Namespace, config: CacheConfig) -> None:
+    """``fuse`` under LTC_CACHE_READONLY: everything it compiles would be
+    thrown away (the library stores nothing then), so it does not start."""
+    if args.command == "fuse" and not args.dry_run and config.readonly:
+        raise UsageError("the cache is read-only here (LTC_CACHE_READONLY is set) and fuse "
+                         "stores what it compiles; unset it for this command, or give "
+                         "--dry-run to see what would be compiled")
 
 
 def _open_local(args: argparse.Namespace, config: CacheConfig, directory: Path) -> DiskStore:
@@ -131,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _err(f"bad setting: {exc}")
         return USAGE
     try:
+        _refuse_read_only(args, config)
         tiers = _tiers(args, config)
     except UsageError as exc:
         _err(str(exc))

@@ -18,9 +18,12 @@ from ..report import (
     DeletePlan,
     EntryFilter,
     EntryInfo,
+    FusedInfo,
+    KindTotal,
     collect_stats,
     describe_source,
     export_bundle,
+    fused_info,
     import_bundle,
     load_entry,
     plan_clear,
@@ -28,6 +31,7 @@ from ..report import (
     remove_free_lock_files,
     resolve_key,
     scan,
+    signature_str,
     sort_entries,
     verify,
 )
@@ -116,6 +120,7 @@ def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
     rows = [
         ("Cache directory", str(stats.directory)),
         ("Entries", f"{stats.entries} ({stats.entry_size_str})"),
+        *_kind_rows(stats.kinds),
         ("Internal records", f"{stats.internal_records} ({stats.internal_size_str})"),
         ("Disk usage", stats.disk_usage_str),
         ("Size limit", stats.size_limit_str + _LIMIT_SOURCES[stats.size_limit_source]),
@@ -130,6 +135,22 @@ def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
     width = max(len(name) for name, _ in rows)
     _out("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
     return OK
+
+
+def _kind_rows(kinds: Sequence[KindTotal]) -> list[tuple[str, str]]:
+    """A row per kind under Entries, where there are kinds besides graphs
+    (as ``ls`` shows its KIND column); a fused row splits libraries from
+    refusals."""
+    if all(total.kind == "graph" for total in kinds):
+        return []
+    rows = []
+    for total in kinds:
+        text = f"{total.entries} ({total.size_str})"
+        if total.parts:
+            text += ": " + ", ".join(f"{_n(part.entries, part.kind)} ({part.size_str})"
+                                     for part in total.parts)
+        rows.append((f"  {total.kind}", text))
+    return rows
 
 
 def _remote_stats(args: argparse.Namespace, tier: RemoteTier) -> int:
@@ -175,6 +196,12 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
         artifact = payload.pop("artifact", b"")
         payload["artifact_size"] = len(artifact) if isinstance(artifact, bytes) else None
         payload.pop("hmac", None)
+    fused = None
+    if entry.kind == "fused":  # machine code: its size and digest here, never its bytes
+        fused = fused_info(payload)
+        payload.pop("library", None)
+        payload.pop("hmac", None)
+        payload["library_size"] = fused.library_size
     inputs = [describe_source(s) for s in entry.inputs]
     outputs = [describe_source(s) for s in entry.outputs]
     updates = [f"output {u.output} -> {describe_source(u.target)}" for u in entry.updates]
@@ -183,6 +210,8 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
             **info.as_dict(),
             "meta": meta, "payload": payload, "inputs": inputs, "outputs": outputs,
             "updates": updates, **({} if args.no_ir else {"ir": entry.ir}),
+            **({} if fused is None else {"fused": fused.as_dict(), "signature":
+                                         signature_str(entry, config.secret)}),
         })
         return OK
     fields = [
@@ -202,7 +231,10 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     fields += [(name, str(value)) for name, value in sorted(meta.items())
                if name not in {"graph_name", "node_count", "created", "torch_version",
                                "graph_hash", "key_parts"}]
-    fields += _payload_fields(entry.kind, payload)
+    if fused is not None:
+        fields += _fused_fields(fused, signature_str(entry, config.secret), entries)
+    else:
+        fields += _payload_fields(entry.kind, payload)
     width = max(len(name) for name, _ in fields)
     lines = [f"{name:<{width}}  {value}" for name, value in fields]
     if entry.kind == "graph":
@@ -242,6 +274,27 @@ def _payload_fields(kind: str, payload: dict[str, Any]) -> list[tuple[str, str]]
         fields.append(("Joint", f"{joint.get('outputs')} outputs, "
                                 f"{joint.get('saved')} + {joint.get('saved_unchecked')} "
                                 f"saved tensors, {len(joint.get('tangents') or ())} tangents"))
+    return fields
+
+
+def _fused_fields(fused: FusedInfo, signature: str, entries: Sequence[EntryInfo],
+                  ) -> list[tuple[str, str]]:
+    """A fused entry: the graph it belongs to, its library or why it has
+    none, and how its compile went."""
+    graph = next((e for e in entries if e.key == fused.graph_key), None)
+    fields = [("Graph", f"{fused.graph_key} " + (f"({graph.graph_name})" if graph
+                                                 else "(not stored here)"))]
+    if fused.refused:
+        fields.append(("Refused", str(fused.reason)))
+    else:
+        fields += [("Library", f"{fused.library_size_str}, sha256 {fused.library_sha256}"),
+                   ("ISA", fused.isa_str)]
+    if fused.compile_seconds is not None:
+        fields.append(("Compiled in", fused.compile_seconds_str
+                       + (f" by {fused.compiler}" if fused.compiler else "")))
+    if fused.ratio is not None:
+        fields.append(("Per call", fused.timing_str))
+    fields.append(("Signature", signature))
     return fields
 
 
@@ -286,6 +339,11 @@ _KINDS = {
     "program": "A program: what Dynamo captured of a function (ltc_cache.compile), signed, "
                "which a warm process\nloads instead of capturing; its graphs and plan are "
                "entries of their own.",
+    "fused": "A fused entry: the graph above compiled ahead by AOTInductor into a shared "
+             "library (signed),\nwhich a process of the same torch, compiler and CPU calls "
+             "instead of its TorchScript function;\nor, refused, why the graph has none, so "
+             "no process compiles it again (`ltc-cache fuse --retry` does).\nIt holds no "
+             "inputs, outputs or IR.",
 }
 
 
@@ -357,7 +415,14 @@ def _cmd_verify(args: argparse.Namespace, store: DiskStore, config: CacheConfig)
 
 def _select(store: DiskStore, filters: Sequence[EntryFilter], prefixes: Sequence[str],
             ) -> tuple[list[EntryInfo], int]:
-    scanned = scan(store).entries
+    return _filtered(scan(store).entries, filters, prefixes)
+
+
+def _filtered(scanned: Sequence[EntryInfo], filters: Sequence[EntryFilter],
+              prefixes: Sequence[str]) -> tuple[list[EntryInfo], int]:
+    """The readable entries of ``scanned`` that pass every filter (and
+    whose keys ``prefixes`` name, where given), and how many unreadable
+    ones passed too."""
     now = time.time()
     entries = [e for e in scanned if all(f(e, now) for f in filters)]
     if prefixes:

@@ -19,6 +19,7 @@ from .commands import (
     _cmd_stats,
     _cmd_verify,
 )
+from .fuse import _cmd_fuse
 from .output import USAGE
 
 
@@ -31,6 +32,19 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
     convert.__name__ = parse.__name__
     return convert
+
+
+def _timeout(text: str) -> float:
+    """Seconds, or a number with s, m or h, more than 0: no limit at all
+    is refused, as LTC_CACHE_FUSE_TIMEOUT refuses it (a hung compile would
+    hold the run forever)."""
+    try:
+        seconds = parse_age(text)
+    except ValueError:
+        raise ValueError(f"not a number of seconds: {text!r} (e.g. 600, 10m, 1h)") from None
+    if seconds <= 0:
+        raise ValueError(f"timeout {text!r}: must be more than 0 seconds")
+    return seconds
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Inspect and maintain an ltc_cache directory of compiled LTC graphs, "
                     "and the Redis tier under it.",
         epilog=f"Sizes: {SIZE_RULE}. Ages: seconds, or a number with s, m, h, d, w or y. "
-               "Exit status: 0 fine, 1 problems found, 2 usage error.")
+               "Exit status: 0 fine, 1 problems found, 2 usage error, 130 interrupted.")
     _global_options(parser, None)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -108,7 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     deleting(clear)
 
     check = command("verify", _cmd_verify,
-                    "check every entry (checksum, decoding, the IR parses)")
+                    "check every entry (checksum, decoding, the IR parses, the "
+                    "signatures of programs and fused libraries)")
     check.add_argument("--fix", action="store_true", help="delete the bad entries")
     check.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -121,4 +136,17 @@ def _parser() -> argparse.ArgumentParser:
 
     imports = command("import", _cmd_import, "add the entries of a bundle, each checked first")
     imports.add_argument("file", help="bundle to read")
+
+    fuse = command("fuse", _cmd_fuse, "compile the fused libraries (AOTInductor) of stored "
+                   "graphs ahead; Ctrl-C stops, running it again continues")
+    fuse.add_argument("--retry", action="store_true",
+                      help="compile again the graphs whose fused entry is a refusal")
+    fuse.add_argument("--dry-run", action="store_true",
+                      help="list what would be compiled, compile nothing")
+    fuse.add_argument("--timeout", type=_arg(_timeout), metavar="SECONDS",
+                      help="seconds one graph's compile may take before it is refused, "
+                      "or with m or h (default: LTC_CACHE_FUSE_TIMEOUT, else 900)")
+    fuse.add_argument("--key", action="append", default=[], metavar="PREFIX",
+                      help="only this graph entry (repeatable)")
+    filters(fuse)
     return parser

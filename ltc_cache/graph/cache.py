@@ -195,12 +195,14 @@ class GraphCache:
         store = self.store
         return store.local if local_only and isinstance(store, TieredStore) else store
 
-    def drop_entry(self, key: CacheKey, problem: str, *, local_only: bool = False) -> None:
+    def drop_entry(self, key: CacheKey, problem: str, *, local_only: bool = False,
+                   remade: str = "traced") -> None:
         """Warn about and delete an entry found unusable after decoding
-        (``local_only``: from the tier it was read from, not the shared one)."""
+        (``local_only``: from the tier it was read from, not the shared one;
+        ``remade``: how it will be made again, for the warning)."""
         store = self._tier(local_only)
         if store is not None:
-            self._corrupt(store, key.digest, problem)
+            self._corrupt(store, key.digest, problem, remade)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None, tensors: Mapping[str, torch.Tensor]) -> Built:
@@ -262,10 +264,10 @@ class GraphCache:
         self._built[key] = built = Built(entry, function)
         return built
 
-    def _corrupt(self, store: Store, key: str, problem: str) -> None:
+    def _corrupt(self, store: Store, key: str, problem: str, remade: str = "traced") -> None:
         """Warn, count, and drop a bad entry, so the look after the lock
         misses cleanly and the trace replaces it."""
-        self._error("corrupt", f"{problem}; it will be traced again{self._where()}")
+        self._error("corrupt", f"{problem}; it will be {remade} again{self._where()}")
         if not self._readonly:
             with contextlib.suppress(Exception):
                 store.delete(key)

@@ -11,16 +11,27 @@ an abort.
 - entries.py: reading whole entries (``show``, ``verify``)
 - deletion.py: deletion plans (``prune``, ``clear``)
 - bundles.py: ``export`` and ``import``
+- fused.py: ``fuse``, and what ``show`` and ``verify`` say of fused entries
 - remote.py: the Redis tier, shaped for the same reports
 
-Only entries.py, deletion.py (``--stale``) and bundles.py import torch, and
-only inside the calls that decode entries or need torch's version, so
-``ls`` and ``stats`` never do.
+Only entries.py, deletion.py (``--stale``), bundles.py and fused.py import
+torch, and only inside the calls that decode entries, compile or need
+torch's version, so ``ls`` and ``stats`` never do.
 """
 
 from .bundles import ImportReport, export_bundle, import_bundle
 from .deletion import DeletePlan, plan_clear, plan_prune, remove_free_lock_files
 from .entries import EntryProblem, Progress, VerifyReport, describe_source, load_entry, verify
+from .fused import (
+    FusedInfo,
+    FuseOutcome,
+    FuseTarget,
+    check_fused,
+    fuse_one,
+    fused_info,
+    plan_fuse,
+    signature_str,
+)
 from .listing import CacheReport, EntryInfo, scan
 from .selection import (
     SORT_FIELDS,
@@ -30,7 +41,7 @@ from .selection import (
     resolve_key,
     sort_entries,
 )
-from .stats import STAT_LABELS, STAT_NAMES, StatsReport, collect_stats
+from .stats import STAT_LABELS, STAT_NAMES, KindTotal, StatsReport, collect_stats
 
 __all__ = [
     "SORT_FIELDS",
@@ -42,21 +53,30 @@ __all__ = [
     "EntryFilter",
     "EntryInfo",
     "EntryProblem",
+    "FuseOutcome",
+    "FuseTarget",
+    "FusedInfo",
     "ImportReport",
+    "KindTotal",
     "Progress",
     "StatsReport",
     "VerifyReport",
+    "check_fused",
     "collect_stats",
     "describe_source",
     "export_bundle",
+    "fuse_one",
+    "fused_info",
     "import_bundle",
     "load_entry",
     "parse_filter",
     "plan_clear",
+    "plan_fuse",
     "plan_prune",
     "remove_free_lock_files",
     "resolve_key",
     "scan",
+    "signature_str",
     "sort_entries",
     "verify",
 ]

@@ -75,13 +75,14 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
            progress: Progress | None = None) -> VerifyReport:
     """Check each entry: readable, checksum (and signature), body decodes,
     stored under its own key, and its IR (or a plan's graph) parses; a
-    program's signature holds (where this user has the key that signs
-    them; nothing is unpickled)."""
+    program's or a fused library's signature holds (where this user has
+    the key that signs them; nothing is unpickled, no library loaded)."""
     import torch
 
     from ..compile_backend.joint import joint_graphs
     from ..compile_backend.plan import plan_graph
     from ..program.entries import check_program
+    from .fused import check_fused
 
     checked, problems = 0, []
     for key in keys:
@@ -98,6 +99,8 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
                 plan_graph(entry)
             elif entry.kind == "program":
                 check_program(entry, secret, store.directory)
+            elif entry.kind == "fused":
+                check_fused(entry, secret)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))
         except RuntimeError as exc:  # parse_ir

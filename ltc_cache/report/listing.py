@@ -15,10 +15,11 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..store.disk import DiskStore
+from ..store.ledger import EntryRecord
 from ..units import format_age, format_size
 from ..wire import is_entry_key, summarise
 
-__all__ = ["CacheReport", "EntryInfo", "ago", "scan", "shown"]
+__all__ = ["CacheReport", "EntryInfo", "ago", "scan", "shown", "summary_of"]
 
 
 def ago(timestamp: float | None) -> str:
@@ -56,6 +57,8 @@ class EntryInfo(NamedTuple):
     torch_version: str = "?"
     schema: int | None = None
     problem: str | None = None
+    # A fused entry's contents: "library", or "refusal" (why there is none).
+    fused: str | None = None
 
     @property
     def short_key(self) -> str:
@@ -77,7 +80,7 @@ class EntryInfo(NamedTuple):
             "created": self.created, "created_str": self.created_str,
             "last_used": self.last_used, "last_used_str": self.last_used_str,
             "hits": self.hits, "torch_version": self.torch_version, "schema": self.schema,
-            "problem": self.problem,
+            "problem": self.problem, "fused": self.fused,
         }
 
 
@@ -101,6 +104,17 @@ def _summary(store: DiskStore, key: str) -> dict[str, Any] | None:
     return None if data is None else summarise(data)
 
 
+def summary_of(store: DiskStore, key: str, record: EntryRecord | None) -> Mapping[str, Any] | None:
+    """The listing fields of entry ``key``: its ledger ``record``'s summary,
+    else read from its bytes; None where it was deleted meanwhile."""
+    summary = record.summary if record else None
+    # A fused entry summarised before summaries told libraries from
+    # refusals is read once more too.
+    if summary is None or (summary.get("kind") == "fused" and "fused" not in summary):
+        return _summary(store, key)
+    return summary
+
+
 def scan(store: DiskStore) -> CacheReport:
     """Every entry of the directory, from the index and the ledger; only an
     entry stored without a summary is read (and a bad one becomes a warning)."""
@@ -115,11 +129,9 @@ def scan(store: DiskStore) -> CacheReport:
             internal_size += size
             continue
         record = records.get(key)
-        summary = record.summary if record else None
+        summary = summary_of(store, key, record)
         if summary is None:
-            summary = _summary(store, key)
-            if summary is None:
-                continue
+            continue
         entries.append(EntryInfo(
             key=key,
             size=size,
@@ -133,6 +145,7 @@ def scan(store: DiskStore) -> CacheReport:
             torch_version=str(summary.get("torch_version", "?")),
             schema=summary.get("schema"),
             problem=summary.get("problem"),
+            fused=summary.get("fused"),
         ))
     return CacheReport(Path(store.directory), tuple(entries), len(internal), internal_size,
                        time.time(), tuple(internal))

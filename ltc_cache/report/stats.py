@@ -3,24 +3,47 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sqlite3
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..diagnostics import BACKEND_EVENTS, COUNTER_NAMES
-from ..store.disk import DiskStore
+from ..store.disk import DiskStore, StoredRow
 from ..units import format_size
-from ..wire import is_entry_key
-from .listing import ago, shown
+from ..wire import KINDS, is_entry_key
+from .listing import ago, shown, summary_of
 
-__all__ = ["STAT_LABELS", "STAT_NAMES", "StatsReport", "collect_stats"]
+__all__ = ["STAT_LABELS", "STAT_NAMES", "KindTotal", "StatsReport", "collect_stats"]
 
 # The cache's own events, the directory's evictions, and the torch.compile
 # backend's events (diagnostics.BACKEND_EVENTS).
 STAT_NAMES = (*COUNTER_NAMES, "evictions", *BACKEND_EVENTS)
 STAT_LABELS = {"aot_traces": "AOT traces", "plan_hits": "Plan hits",
                "plan_misses": "Plan misses"}
+
+
+# What a fused entry holds (wire.summarise's "fused"), in the order shown.
+FUSED_PARTS = ("library", "refusal")
+
+
+@dataclass(frozen=True)
+class KindTotal:
+    """The entries of one kind (wire.KINDS; "unreadable" for entries that
+    are not) and their bytes; a fused entry's libraries and refusals apart
+    in ``parts``."""
+
+    kind: str
+    entries: int
+    size: int
+    parts: tuple[KindTotal, ...] = ()
+
+    size_str = shown("size", format_size)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "size": self.size, "size_str": self.size_str,
+                **{part.kind: part.as_dict() for part in self.parts}}
 
 
 @dataclass(frozen=True)
@@ -38,6 +61,9 @@ class StatsReport:
     size_limit_source: str | None
     counters: Mapping[str, int]  # STAT_NAMES, across every process using the directory
     zeroed_at: float | None
+    # Entries and bytes per kind, from the listing summaries; empty for
+    # Redis, which keeps none (its entries would all have to be read).
+    kinds: tuple[KindTotal, ...] = ()
 
     @property
     def hit_rate(self) -> float | None:
@@ -64,6 +90,7 @@ class StatsReport:
             "size_limit": self.size_limit, "size_limit_source": self.size_limit_source,
             "counters": dict(self.counters),
             "hit_rate": self.hit_rate, "zeroed_at": self.zeroed_at,
+            "kinds": {total.kind: total.as_dict() for total in self.kinds},
         }
 
 
@@ -86,13 +113,15 @@ def collect_stats(store: DiskStore, *, size_limit: int | None = None) -> StatsRe
     recorded in the directory; ``size_limit`` (this process's setting) only
     where none did."""
     entries = entry_size = internal = internal_size = 0
-    for row in store.rows():
+    rows = store.rows()
+    for row in rows:
         if is_entry_key(row.key):
             entries += 1
             entry_size += row.size
         else:
             internal += 1
             internal_size += row.size
+    kinds = _kind_totals(store, rows) if isinstance(store, DiskStore) else ()
     counters = {name: 0 for name in STAT_NAMES} | store.ledger.counters()
     recorded, limit = store.ledger.size_limit()
     usage = _disk_usage(Path(store.directory)) if isinstance(store, DiskStore) else None
@@ -101,4 +130,35 @@ def collect_stats(store: DiskStore, *, size_limit: int | None = None) -> StatsRe
         limit = size_limit
     return StatsReport(Path(store.directory), entries, entry_size, internal, internal_size,
                        usage, limit, source, counters,
-                       store.ledger.zeroed_at())
+                       store.ledger.zeroed_at(), kinds)
+
+
+def _kind_totals(store: DiskStore, rows: Sequence[StoredRow]) -> tuple[KindTotal, ...]:
+    """Entries and bytes per kind, from the ledger's summaries; only an
+    entry stored without one is read (as ``ls`` does)."""
+    try:
+        records = store.ledger.entries()
+    except (sqlite3.Error, OSError):
+        records = {}
+    totals: dict[str, list[int]] = {}  # kind -> [entries, bytes]
+    fused: dict[str, list[int]] = {part: [0, 0] for part in FUSED_PARTS}
+    for row in rows:
+        if not is_entry_key(row.key):
+            continue
+        summary = summary_of(store, row.key, records.get(row.key))
+        if summary is None:  # deleted since the index was read
+            continue
+        kind = "unreadable" if summary.get("problem") else str(summary.get("kind") or "graph")
+        _add(totals, kind, row.size)
+        if kind == "fused":
+            _add(fused, str(summary.get("fused")), row.size)
+    order = [*(kind for kind in KINDS if kind in totals), *sorted(set(totals) - set(KINDS))]
+    return tuple(KindTotal(kind, *totals[kind], parts=tuple(
+        KindTotal(part, *fused[part]) for part in FUSED_PARTS) if kind == "fused" else ())
+        for kind in order)
+
+
+def _add(totals: dict[str, list[int]], name: str, size: int) -> None:
+    total = totals.setdefault(name, [0, 0])
+    total[0] += 1
+    total[1] += size

@@ -471,7 +471,7 @@ def test_size_limit_evicts_the_least_recently_used(filled, tmp_path):
     # the two entries, so storing the second evicts the first.
     limited = tmp_path / "from_env"
     both = sizes[keys["weighted"]] + sizes[keys["const_scale"]]
-    config = CacheConfig.from_env({"LTC_CACHE_DIR": str(limited),
+    config = CacheConfig.from_env({"LTC_CACHE_DIR": str(limited), "LTC_CACHE_FUSE": "off",
                                    "LTC_CACHE_MAX_SIZE": str(both - 1)})
     cache = GraphCache(config)
     for case in ("weighted", "const_scale"):

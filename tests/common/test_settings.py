@@ -68,7 +68,8 @@ def test_every_malformed_value_falls_back_in_the_library_and_is_refused_strictly
     env = {"LTC_CACHE_DIR": str(tmp_path), name: value}
     with pytest.warns(RuntimeWarning, match=name):
         config = CacheConfig.from_env(env)
-    assert config == CacheConfig(directory=tmp_path)
+    # LTC_CACHE_FUSE unset is background; a configuration built in code says.
+    assert config == CacheConfig(directory=tmp_path, fuse="background")
     with pytest.raises(ValueError, match=name):
         CacheConfig.from_env(env, strict=True)
 

@@ -50,6 +50,7 @@ logger = logging.getLogger("ltc_cache.fused")
 # Rounds of the interleaved timing, and the time each round's calls take at least.
 _ROUNDS = 7
 _ROUND_SECONDS = 0.004
+_REASON_CHARS = 600
 
 
 class FuseFailed(RuntimeError):
@@ -66,7 +67,7 @@ def build_entry(graph: Entry, key: CacheKey, secret: bytes) -> Entry:
     except FuseFailed as exc:
         reason = str(exc)
     except Exception as exc:  # Inductor, export, g++: whatever they raise
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
+        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:_REASON_CHARS]}"
     logger.info("no library for %s: %s", graph.key[:12], reason)
     return refusal_entry(key, graph, reason,
                          {"compile_seconds": round(time.monotonic() - started, 2)})
@@ -107,7 +108,8 @@ def example_inputs(graph: Entry) -> list[torch.Tensor]:
     they are."""
     specs = graph.meta.get("input_specs")
     if not isinstance(specs, list) or len(specs) != len(graph.inputs):
-        raise FuseFailed("the entry records no input layouts (stored by an older ltc_cache)")
+        raise FuseFailed("the entry records no input layouts (stored by an older ltc_cache, "
+                         "or its inputs are not CPU tensors)")
     generator = torch.Generator().manual_seed(0)
     inputs = []
     for source, spec in zip(graph.inputs, specs, strict=True):
@@ -199,6 +201,10 @@ def _view_copies() -> dict[Any, Any]:
                 table[getattr(copy_op, overload)] = (
                     lambda *a, _view=view, **k: _view(*a, **k).clone(
                         memory_format=torch.contiguous_format))
+    # LTC's view_copy also takes inputs no view can read (a permuted
+    # tensor, flattened): what it computes is reshape's.
+    table[aten.view_copy.default] = lambda x, size: aten.reshape.default(x, size).clone(
+        memory_format=torch.contiguous_format)
     return table
 
 

@@ -83,8 +83,11 @@ def start_worker(cache_dir: Path) -> None:
     # The package as this process imported it, installed or not.
     package_root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    with open(queue.path / WORKER_LOG, "ab") as log:
-        subprocess.Popen([sys.executable, "-m", "ltc_cache.graph.fused.worker"], env=env,
-                         stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                         start_new_session=True, close_fds=True)
+    # Through sh, which puts the worker in the background and leaves at
+    # once: the worker outlives this process and is never its zombie.
+    command = 'exec "$@" </dev/null >>"$LTC_CACHE_FUSE_LOG" 2>&1 &'
+    env["LTC_CACHE_FUSE_LOG"] = str(queue.path / WORKER_LOG)
+    subprocess.run(["/bin/sh", "-c", command, "sh", sys.executable, "-m",
+                    "ltc_cache.graph.fused.worker"], env=env, check=True,
+                   stdin=subprocess.DEVNULL, start_new_session=True)
     logger.info("started the fuse worker for %s", cache_dir)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import atexit
 import functools
+import itertools
+import math
 import os
 import shutil
 import tempfile
@@ -28,6 +30,7 @@ from ..replay import GraphFunction
 __all__ = ["FusedFunction", "load_runner", "runner_available"]
 
 _private_dir_lock = threading.Lock()
+_loaded = itertools.count()
 
 
 def runner_available() -> bool:
@@ -47,7 +50,11 @@ def _private_dir() -> str:
 def load_runner(library: bytes) -> Any:
     """A runner of the library ``library`` (verified bytes). Raises
     RuntimeError (or OSError) where it does not load."""
-    fd, path = tempfile.mkstemp(suffix=".so", dir=_private_dir())
+    # A name never used before in this process: the dynamic loader hands
+    # back the library it already loaded under a name it has seen, whatever
+    # the file now holds.
+    path = os.path.join(_private_dir(), f"{next(_loaded)}-{os.getpid()}.so")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(library)
@@ -138,28 +145,46 @@ def mismatch(expected: Sequence[Any], got: Sequence[Any] | None, *,
         return f"the library failed on the call ({type(error).__name__}: {error})"
     if len(got) != len(expected):
         return f"{len(got)} outputs where TorchScript has {len(expected)}"
+    floating = []
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
         if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor):
             if e is not g and e != g:
                 return f"output {i}: {g!r} where TorchScript has {e!r}"
-            continue
-        if e.shape != g.shape or e.dtype != g.dtype:
+        elif e.shape != g.shape or e.dtype != g.dtype:
             return (f"output {i}: {tuple(g.shape)} {g.dtype} where TorchScript has "
                     f"{tuple(e.shape)} {e.dtype}")
-        if e.numel() > 1 and e.stride() != g.stride():
+        elif e.numel() > 1 and e.stride() != g.stride():
             return f"output {i}: strides {g.stride()} where TorchScript has {e.stride()}"
-        if not (e.is_floating_point() or e.is_complex()):
+        elif not (e.is_floating_point() or e.is_complex()):
             if not torch.equal(e, g):
                 return f"output {i}: values differ"
+        elif e.numel():
+            floating.append(i)
+    if not floating:
+        return None
+    # Each output's largest magnitude and largest difference, read back in
+    # one step: a graph has up to a few hundred outputs, checked on the
+    # first call of a warm process.
+    scales = torch.stack([expected[i].abs().amax().double() for i in floating]).tolist()
+    worst = torch.stack([(expected[i] - got[i]).abs().amax().double() for i in floating]).tolist()
+    for i, scale, diff in zip(floating, scales, worst, strict=True):
+        if math.isfinite(scale) and diff <= rtol * max(scale, 1e-30):
             continue
-        finite = torch.isfinite(e)
-        if not torch.equal(finite, torch.isfinite(g)) or not torch.equal(e[~finite].nan_to_num(),
-                                                                          g[~finite].nan_to_num()):
-            return f"output {i}: NaN or infinity where TorchScript has none, or the other way"
-        if not finite.any():
-            continue
-        scale = e[finite].abs().max().item()
-        worst = (e[finite] - g[finite]).abs().max().item()
-        if worst > rtol * max(scale, 1e-30):
-            return f"output {i}: differs by {worst:.3g}, over {rtol:g} of its largest {scale:.3g}"
+        problem = _non_finite_mismatch(expected[i], got[i], rtol)
+        if problem is not None:
+            return f"output {i}: {problem}"
+    return None
+
+
+def _non_finite_mismatch(e: torch.Tensor, g: torch.Tensor, rtol: float) -> str | None:
+    finite = torch.isfinite(e)
+    if not torch.equal(finite, torch.isfinite(g)) \
+            or not torch.equal(e[~finite].nan_to_num(), g[~finite].nan_to_num()):
+        return "NaN or infinity where TorchScript has none, or the other way"
+    if not finite.any():
+        return None
+    scale = e[finite].abs().max().item()
+    worst = (e[finite] - g[finite]).abs().max().item()
+    if worst > rtol * max(scale, 1e-30):
+        return f"differs by {worst:.3g}, over {rtol:g} of its largest {scale:.3g}"
     return None

@@ -19,12 +19,14 @@ stored, what happens is ``LTC_CACHE_FUSE``'s:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import signal
+import subprocess
 import threading
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...diagnostics import count_event, warn_once
 from ...errors import EntryError
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["FusedTier", "fuse_graph"]
 
 logger = logging.getLogger("ltc_cache.fused")
+
+_T = TypeVar("_T")
 
 # This process's counts (ltc_cache.stats()).
 LOADS, REFUSED, QUEUED = "fused_loads", "fused_refused", "fused_queued"
@@ -76,12 +80,12 @@ class FusedTier:
 
     def _obtain(self, entry: Entry, script: GraphFunction) -> GraphFunction:
         config = self._cache.config
-        if not runner_available():
-            return script
+        if not runner_available() or "input_specs" not in entry.meta:
+            return script  # nothing to compile it for: an older entry, or not on the CPU
         key = fused_key(entry.key)
         stored = self._cache.lookup_entry(key, count=False)
         if stored is None and config.fuse == "sync" and not self._cache.readonly:
-            stored = fuse_graph(self._cache, entry.key, graph=entry)
+            stored = _in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
         if stored is None:
             self._queue(entry)
             return script
@@ -91,7 +95,7 @@ class FusedTier:
             if library is not None and not isa_runs_here(library.isa):
                 raise EntryError(f"built for {library.isa}, which this CPU lacks", key.digest)
         except EntryError as exc:
-            self._cache.drop_entry(key, f"fused library {key.digest[:12]}: {exc}")
+            self._cache.drop_entry(key, str(exc), remade="compiled")
             return script
         if library is None:
             return script  # refused: slower, or cannot be built (``ltc-cache show``)
@@ -124,7 +128,7 @@ class FusedTier:
             if not self._worker_started:
                 self._worker_started = True
                 start_worker(config.directory)
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             warn_once("fuse-worker", f"cannot queue graphs for fusing ({exc}); they replay "
                       "with TorchScript (`ltc-cache fuse` compiles them ahead)")
 
@@ -156,6 +160,14 @@ def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
                               "(LTC_CACHE_FUSE_TIMEOUT)")
     cache.store_entry(entry, key)
     return entry
+
+
+def _in_a_clean_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``fn(*args, **kwargs)`` in a thread of its own: a graph's first call
+    may come inside Dynamo's or AOTAutograd's tracing, whose fake mode and
+    tracing context (thread-local, both) ``torch.export`` would pick up."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ltc_cache-fuse") as pool:
+        return pool.submit(fn, *args, **kwargs).result()
 
 
 class _Timeout(BaseException):  # past build_entry, which refuses on Exception

@@ -1,0 +1,293 @@
+"""The fused tier without a compiler: its key, its signed entries, the
+checks a library passes before and on its first use, and what a process
+does where none can be had. Compiling for real: tests/graph/test_fused_build.py."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import fx, nn
+
+import ltc_cache
+from ltc_cache import CacheConfig, GraphCache
+from ltc_cache.errors import EntryError
+from ltc_cache.graph.fused import platform, runner, tier
+from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
+from ltc_cache.graph.fused.platform import fused_key, isa_runs_here
+from ltc_cache.graph.fused.runner import FusedFunction, mismatch
+from ltc_cache.graph.keys import CacheKey
+from ltc_cache.store import MemoryStore
+
+SECRET = b"s" * 32
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+def cache_over(store: MemoryStore, tmp_path, fuse: str) -> GraphCache:
+    return GraphCache(CacheConfig(directory=tmp_path / "ltc", secret=SECRET, fuse=fuse),
+                      store=store)
+
+
+def stored_graph(cache: GraphCache):
+    """A traced graph: its entry, its model and an input."""
+    torch.manual_seed(0)
+    model, x = Small(), torch.randn(2, 4)
+    compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    return compiled.entry, model, x
+
+
+# -- torch's private API the tier stands on ----------------------------------------------------
+
+
+def test_torch_still_has_what_the_fused_tier_uses():
+    """Pinned: the C++ runner (load), AOTInductor's packaging and make_fx
+    (build), and the CPU capability the key names. If torch moves one of
+    these, this fails by name."""
+    assert runner.runner_available()
+    import torch._inductor
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    assert callable(torch._inductor.aoti_compile_and_package) and callable(make_fx)
+    assert platform.machine_isa().upper() in platform._RUNS
+    assert hasattr(torch._C, "_dispatch_get_all_op_names")
+
+
+# -- the key -----------------------------------------------------------------------------------
+
+
+def test_the_key_names_the_graph_cpu_compiler_and_build(monkeypatch):
+    graph = "a" * 64
+    base = fused_key(graph)
+    assert fused_key(graph) == base and fused_key("b" * 64) != base
+    monkeypatch.setattr(platform, "machine_isa", lambda: "AVX512")
+    assert fused_key(graph).digest != base.digest
+    monkeypatch.undo()
+    monkeypatch.setattr(platform, "compiler_id", lambda: "/usr/bin/g++-99:1:2")
+    assert fused_key(graph).digest != base.digest
+    monkeypatch.undo()
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
+    assert fused_key(graph).digest != base.digest
+
+
+def test_a_library_for_a_wider_isa_never_runs_here(monkeypatch):
+    monkeypatch.setattr(platform, "machine_isa", lambda: "AVX2")
+    assert isa_runs_here("AVX2") and isa_runs_here("DEFAULT") and isa_runs_here("")
+    assert not isa_runs_here("AVX512") and not isa_runs_here("SVE256")
+
+
+# -- signed entries ----------------------------------------------------------------------------
+
+
+def _graph_entry(tmp_path):
+    return stored_graph(cache_over(MemoryStore(), tmp_path, "off"))[0]
+
+
+def _library(graph, key, secret=SECRET, library=b"\x7fELF library", isa="AVX2"):
+    return fused_entry(key, graph, library=library, isa=isa, aliases=[], layouts=[[[2, 3], [3, 1]]],
+                       secret=secret, stats={"compile_seconds": 1.0})
+
+
+def test_a_signed_library_reads_back_and_any_tampering_is_refused(tmp_path):
+    graph = _graph_entry(tmp_path)
+    key = fused_key(graph.key)
+    good = _library(graph, key)
+    assert library_of(good, SECRET, graph.key).data == b"\x7fELF library"
+
+    flipped = dict(good.payload, library=b"\x7fELF librarz")
+    with pytest.raises(EntryError, match="signature mismatch"):
+        library_of(good.__class__(**{**good.__dict__, "payload": flipped}), SECRET, graph.key)
+    with pytest.raises(EntryError, match="signature mismatch"):
+        library_of(_library(graph, key, secret=b"o" * 32), SECRET, graph.key)
+    unsigned = {k: v for k, v in good.payload.items() if k != "hmac"}
+    with pytest.raises(EntryError, match="unsigned"):
+        library_of(good.__class__(**{**good.__dict__, "payload": unsigned}), SECRET, graph.key)
+    # A good library of another graph, under this graph's key: refused.
+    with pytest.raises(EntryError, match="of graph"):
+        library_of(good, SECRET, "c" * 64)
+    assert library_of(refusal_entry(key, graph, "slower"), SECRET, graph.key) is None
+
+
+# -- a process that finds one ------------------------------------------------------------------
+
+
+def _store(cache: GraphCache, entry) -> None:
+    cache.store_entry(entry, CacheKey(entry.key, dict(entry.meta["key_parts"])))
+
+
+def test_a_tampered_library_is_dropped_and_the_graph_replays(tmp_path, monkeypatch):
+    store = MemoryStore()
+    cache = cache_over(store, tmp_path, "off")
+    graph, model, x = stored_graph(cache)
+    good = _library(graph, fused_key(graph.key))
+    payload = dict(good.payload, library=b"\x7fELF tampered")
+    _store(cache, good.__class__(**{**good.__dict__, "payload": payload}))
+    monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded a bad library"))
+    warm = cache_over(store, tmp_path, "background")
+    monkeypatch.setattr(tier, "start_worker", lambda directory: None)
+    with pytest.warns(RuntimeWarning, match="signature mismatch.*compiled again"):
+        compiled = warm.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    torch.testing.assert_close(compiled(x)[0], model(x))
+    assert store.get(fused_key(graph.key).digest) is None  # dropped
+
+
+def test_a_library_moved_under_another_graphs_key_is_dropped_unloaded(tmp_path, monkeypatch):
+    store = MemoryStore()
+    cache = cache_over(store, tmp_path, "off")
+    graph, model, x = stored_graph(cache)
+    other = cache.extract_compiled_graph(fx.symbolic_trace(nn.Sequential(Small(), nn.Tanh())),
+                                         [x]).entry
+    _store(cache, _library(other, fused_key(other.key)))
+    store.put(fused_key(graph.key).digest, store.get(fused_key(other.key).digest))
+    monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded another's library"))
+    monkeypatch.setattr(tier, "start_worker", lambda directory: None)
+    with pytest.warns(RuntimeWarning, match=f"stored under {fused_key(graph.key).digest[:12]}"):
+        compiled = cache_over(store, tmp_path, "background").extract_compiled_graph(
+            fx.symbolic_trace(model), [x])
+    torch.testing.assert_close(compiled(x)[0], model(x))
+    assert store.get(fused_key(graph.key).digest) is None
+
+
+def test_a_library_built_for_another_cpu_is_a_miss_never_loaded(tmp_path, monkeypatch):
+    store = MemoryStore()
+    cache = cache_over(store, tmp_path, "off")
+    graph, model, x = stored_graph(cache)
+    monkeypatch.setattr(platform, "machine_isa", lambda: "AVX2")
+    _store(cache, _library(graph, fused_key(graph.key), isa="AVX512"))
+    monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded an AVX-512 library"))
+    warm = cache_over(store, tmp_path, "sync")
+    with pytest.warns(RuntimeWarning, match="AVX512, which this CPU lacks"):
+        compiled = warm.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    torch.testing.assert_close(compiled(x)[0], model(x))
+    assert ltc_cache.stats().get("fused_loads", 0) == 0
+
+
+def test_a_refusal_keeps_torchscript_without_compiling(tmp_path, monkeypatch):
+    store = MemoryStore()
+    cache = cache_over(store, tmp_path, "off")
+    graph, model, x = stored_graph(cache)
+    _store(cache, refusal_entry(fused_key(graph.key), graph, "not faster"))
+    monkeypatch.setattr("ltc_cache.graph.fused.build.build_entry",
+                        lambda *a: pytest.fail("compiled a refused graph"))
+    compiled = cache_over(store, tmp_path, "sync").extract_compiled_graph(
+        fx.symbolic_trace(model), [x])
+    assert not isinstance(compiled._fn, FusedFunction)
+    torch.testing.assert_close(compiled(x)[0], model(x))
+
+
+def test_without_a_compiler_the_graph_is_refused_once_and_replays(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++
+    monkeypatch.delenv("CXX", raising=False)
+    platform.compiler_id.cache_clear()
+    try:
+        store = MemoryStore()
+        cache = cache_over(store, tmp_path, "sync")
+        graph, model, x = stored_graph(cache)
+        fused = cache.lookup_entry(fused_key(graph.key), count=False)
+        assert fused is not None and "no C++ compiler" in fused.payload["reason"]
+        compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+        torch.testing.assert_close(compiled(x)[0], model(x))
+    finally:
+        platform.compiler_id.cache_clear()
+
+
+def test_a_graph_without_a_library_is_queued_for_the_worker_once(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(tier, "start_worker", started.append)
+    (tmp_path / "ltc").mkdir()
+    cache = cache_over(MemoryStore(), tmp_path, "background")
+    graph = stored_graph(cache)[0]
+    stored_graph(cache)  # the same graph again: looked up once a process
+    assert started == [tmp_path / "ltc"]
+    assert tier.FuseQueue(tmp_path / "ltc").pending() == [graph.key]
+
+
+def test_the_entry_records_its_inputs_layouts(tmp_path):
+    graph = _graph_entry(tmp_path)
+    specs = {(s.kind, s.ref): spec for s, spec in zip(graph.inputs, graph.meta["input_specs"],
+                                                       strict=True)}
+    assert specs[("attr", "linear.weight")] == ["float32", [3, 4], [4, 1]]
+    assert specs[("arg", 0)] == ["float32", [2, 4], [4, 1]]
+
+
+# -- a library's calls -------------------------------------------------------------------------
+
+
+class FakeRunner:
+    """Stands in for the C++ runner: computes what the graph would."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.calls = fn, 0
+
+    def run(self, inputs):
+        self.calls += 1
+        return list(self.fn(*inputs))
+
+
+def script(x, w):
+    return (x @ w, x.t(), (x @ w).t())
+
+
+def test_a_library_gives_views_and_layouts_as_torchscript_did():
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    fake = FakeRunner(lambda x, w: ((x @ w), x.t().contiguous(), (x @ w).t().contiguous()))
+    verdicts = []
+    fused = FusedFunction(fake, script, aliases=[[1, "in", 0, [4, 3], [1, 4], 0]],
+                          layouts=[[[3, 2], [2, 1]], [[4, 3], [1, 4]], [[2, 3], [1, 2]]],
+                          check=lambda e, g, err: verdicts.append(mismatch(e, g)) or True)
+    first = fused(x, w)
+    assert verdicts == [None] and fake.calls == 1
+    out = fused(x, w)
+    assert fake.calls == 2
+    assert out[1].data_ptr() == x.data_ptr() and out[1].stride() == (1, 4)  # a view again
+    assert out[2].stride() == (1, 2)  # laid out as TorchScript's
+    for a, b in zip(out, first, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_library_that_differs_on_its_first_call_is_never_used_again():
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    fake = FakeRunner(lambda x, w: (x @ w + 1e-3, x.t(), (x @ w).t()))
+    problems = []
+    fused = FusedFunction(fake, script, aliases=[], layouts=[],
+                          check=lambda e, g, err: problems.append(mismatch(e, g)) and False)
+    for _ in range(3):
+        torch.testing.assert_close(fused(x, w)[0], x @ w)
+    assert fake.calls == 1 and "output 0: differs" in problems[0] and not fused.in_use
+
+
+def test_autograd_gets_torchscript_where_it_would_record():
+    w = torch.randn(4, 2, requires_grad=True)
+    fake = FakeRunner(script)
+    fused = FusedFunction(fake, script, aliases=[], layouts=[], check=lambda e, g, err: True)
+    out = fused(torch.randn(3, 4), w)
+    assert out[0].requires_grad and fake.calls == 0
+    with torch.no_grad():
+        fused(torch.randn(3, 4), w)
+    assert fake.calls == 1
+
+
+def test_mismatch_tolerates_reordered_sums_and_nothing_more():
+    a = torch.tensor([1.0, -2.0, float("nan"), 4.0])
+    assert mismatch([a], [a + 1e-6 * torch.tensor([1, 0, 0, 0])]) is None
+    assert "differs by" in mismatch([a], [a + 1e-3])
+    assert "NaN" in mismatch([a], [a.nan_to_num()])
+    assert "values differ" in mismatch([torch.arange(3)], [torch.arange(3) + 1])
+    assert "strides" in mismatch([torch.ones(2, 3)], [torch.ones(3, 2).t()])
+    assert mismatch([torch.ones(2)], None, error=RuntimeError("boom")).endswith("boom)")
+
+
+def test_a_bad_fuse_setting_warns_and_keeps_the_default():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = CacheConfig.from_env({"LTC_CACHE_FUSE": "always", "LTC_CACHE_DIR": "/tmp/x"})
+    assert config.fuse == "background" and "LTC_CACHE_FUSE" in str(caught[0].message)
+    assert CacheConfig.from_env({"LTC_CACHE_FUSE": "OFF", "LTC_CACHE_DIR": "/x"}).fuse == "off"

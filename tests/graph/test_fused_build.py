@@ -1,0 +1,132 @@
+"""The fused tier for real: libraries compiled by AOTInductor with g++
+(10-30 s each here, so a few tiny graphs), stored, and loaded by other
+processes. Fast tests of the same code without a compiler:
+tests/graph/test_fused.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import TESTS, child_env, json_child
+from torch import fx, nn
+
+from ltc_cache import CacheConfig, GraphCache
+from ltc_cache.graph.fused import tier
+from ltc_cache.graph.fused.entries import fused_entry, library_of
+from ltc_cache.graph.fused.platform import fused_key
+from ltc_cache.graph.fused.runner import FusedFunction
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
+                       reason="no C++ compiler"),
+]
+
+
+def fused_env(cache_dir, mode: str, tmp_path) -> dict[str, str]:
+    # The signing key of libraries lives in the test's own config directory.
+    return child_env(LTC_CACHE_DIR=str(cache_dir), LTC_CACHE_FUSE=mode,
+                     XDG_CONFIG_HOME=str(tmp_path / "config"))
+
+
+def test_cold_compiles_warm_loads_and_both_match_eager(cache_dir, tmp_path):
+    """Graphs that update an argument, parameters and a buffer in place and
+    return an argument as it is (tests/corner_models.py); a training step's
+    forward and backward regions."""
+    env = fused_env(cache_dir, "sync", tmp_path)
+    cases = ("inplace_update", "weighted")
+    for _ in ("cold", "warm"):
+        graphs = json_child("child_extract.py", *cases, env=env, timeout=600)
+        assert not graphs["failures"], graphs["failures"]
+    assert graphs["stats"]["traces"] == 0 and graphs["stats"]["fused_loads"] == 2, graphs
+    for _ in ("cold", "warm"):
+        train = json_child("fused_child.py", env=env, timeout=600)
+        assert train["error"] < 1e-5, train
+    assert train["stats"]["traces"] == 0 and train["stats"]["fused_loads"] == 2, train
+    for stats in (graphs["stats"], train["stats"]):
+        assert "fused_refused" not in stats and "fused_queued" not in stats
+
+
+class Act(nn.Module):
+    """``fn(x * 1.5) + 1``: the scale is a graph input (a captured scalar),
+    the function is code."""
+
+    def __init__(self, fn=torch.tanh) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x * 1.5) + 1
+
+
+def test_a_library_of_another_graph_is_caught_on_its_first_call(tmp_path, monkeypatch):
+    """Signed anew for another graph (by someone holding the key), a
+    library loads, and its first call gives it away: one warning, a
+    refusal stored, TorchScript's results. (Moved under another graph's key
+    unsigned anew, it is refused before loading: tests/graph/test_fused.py.)"""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    cache = GraphCache(CacheConfig(directory=tmp_path / "ltc", fuse="sync"))
+    x = torch.randn(4, 8)
+    a, b = Act(torch.tanh), Act(torch.sigmoid)
+    compiled_a = cache.extract_compiled_graph(fx.symbolic_trace(a), [x])
+    compiled_b = cache.extract_compiled_graph(fx.symbolic_trace(b), [x])
+    assert isinstance(compiled_a._fn, FusedFunction) and isinstance(compiled_b._fn, FusedFunction)
+    key_a, key_b = fused_key(compiled_a.entry.key), fused_key(compiled_b.entry.key)
+    library_b = cache.lookup_entry(key_b, count=False)
+
+    from ltc_cache.signing import program_secret
+
+    secret = program_secret(None, tmp_path / "ltc")
+    parts = library_of(library_b, secret, compiled_b.entry.key)
+    forged = fused_entry(key_a, compiled_a.entry, library=parts.data, isa=parts.isa,
+                         aliases=parts.aliases, layouts=parts.layouts, secret=secret, stats={})
+    cache.store_entry(forged, key_a)
+    fresh = GraphCache(CacheConfig(directory=tmp_path / "ltc", fuse="sync"))
+    compiled = fresh.extract_compiled_graph(fx.symbolic_trace(a), [x])
+    with pytest.warns(RuntimeWarning, match="is not used: output 0: differs"):
+        first = compiled(x)
+    torch.testing.assert_close(first[0], a(x))
+    torch.testing.assert_close(compiled(x)[0], a(x))
+    refusal = cache.lookup_entry(key_a, count=False)
+    assert "library" not in refusal.payload and "on first use" in refusal.payload["reason"]
+
+
+def test_a_background_worker_compiles_while_the_caller_keeps_calling(cache_dir, tmp_path,
+                                                                     monkeypatch):
+    """The caller never waits: its calls run on TorchScript while the worker
+    (its own session, idle priority) compiles; the next process loads."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("LTC_CACHE_FUSE", "background")
+    cache = GraphCache(CacheConfig.from_env())
+    model, x = Act(), torch.randn(4, 8)
+    started = time.monotonic()
+    compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    assert time.monotonic() - started < 10  # a trace, no compile
+    key = fused_key(compiled.entry.key)
+    calls, deadline = 0, time.monotonic() + 300
+    while cache.lookup_entry(key, count=False) is None:
+        assert time.monotonic() < deadline, (cache_dir / "fuse-queue" / "worker.log").read_text()
+        torch.testing.assert_close(compiled(x)[0], model(x))
+        calls += 1
+    assert calls > 10 and not isinstance(compiled._fn, FusedFunction)
+    assert "library" in cache.lookup_entry(key, count=False).payload
+    queue = tier.FuseQueue(cache_dir)
+    deadline = time.monotonic() + 60
+    while queue.pending():  # the worker takes the key off once stored
+        assert time.monotonic() < deadline
+
+    code = ("import torch, ltc_cache, json; from torch import fx; "
+            "from graph.test_fused_build import Act; m = Act(); x = torch.randn(4, 8); "
+            "c = ltc_cache.extract_compiled_graph(fx.symbolic_trace(m), [x]); "
+            "assert torch.allclose(c(x)[0], m(x)) and torch.allclose(c(x)[0], m(x)); "
+            "print(json.dumps(ltc_cache.stats()))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(TESTS)), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '"fused_loads": 1' in proc.stdout and '"fused_queued"' not in proc.stdout
