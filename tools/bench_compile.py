@@ -181,6 +181,10 @@ def child_env(directory: Path) -> dict[str, str]:
         # Inductor compiles in this process rather than in a pool of worker
         # processes, whose start-up would dominate these small graphs.
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        # Start-up figures of the TorchScript tier: no background worker
+        # compiling beside the measured process (tools/bench_fused.py
+        # measures the fused tier).
+        "LTC_CACHE_FUSE": "off",
     })
     for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE"):
         env.pop(name, None)

@@ -1,7 +1,9 @@
-"""Steady state of the fused tier: per-call (per-step, per-token) medians of
-eager, ltc_cache replaying with TorchScript (``LTC_CACHE_FUSE=off``),
-ltc_cache with its fused libraries, and Inductor, side by side in one
-process, interleaved (A B C D, B C D A, ...), all warm.
+"""Steady state of the fused tier beside TorchScript replay, eager and Inductor.
+
+Per-call (per-step, per-token) medians of eager, ltc_cache replaying with
+TorchScript (``LTC_CACHE_FUSE=off``), ltc_cache with its fused libraries,
+and Inductor, side by side in one process, interleaved (A B C D, B C D A,
+...), all warm.
 
     python tools/bench_fused.py [--rows PATTERNS] [--models NAMES] [--modes infer,train]
                                 [--threads 1|default|both] [--rounds 15] [--round-ms 50]
@@ -39,23 +41,23 @@ Preparation: each row has a directory under ``--cache`` per thread setting
 count of the compiling process, and a library's key does not hold it),
 with ltc_cache's, Inductor's and the program key's directories. The first
 run prepares it, at that thread count: a cold child process runs the
-model under ``LTC_CACHE_FUSE=--prepare`` (``off``, the default: it stores
-the graphs; ``sync``: it also compiles each region before its first call,
-which under ``ltc_cache.compile`` is refused today, see below), then a
-fusing child compiles every region left without a fused entry with
-``fuse_graph``, as the background worker does. Later runs reuse the
-directory (``--reprepare`` starts it again). Then, in fresh processes over
-it: the measuring process (it checks ``fused_loads`` > 0: a row whose fused
-variant loaded no library says so), and, unless ``--no-first-call``, the
-warm first call of the fused tier, of the TorchScript tier and of Inductor
-(its caches warmed by the measuring process): seconds from the process's
-start to the end of its first call, step or request.
+fused variant under ``LTC_CACHE_FUSE=--prepare`` (``sync``, the default:
+each region compiled by AOTInductor before its first call; ``off``: the
+graphs only), then a fusing child compiles any region left without a fused
+entry with ``fuse_graph``, as the background worker does (after ``sync``,
+usually none). Later runs reuse the directory (``--reprepare`` starts it
+again). Then, in fresh processes over it: the measuring process (it checks
+``fused_loads`` > 0: a row whose fused variant loaded no library says so),
+and, unless ``--no-first-call``, the warm first call of the fused tier, of
+the TorchScript tier and of Inductor (its caches warmed by the measuring
+process): seconds from the process's start to the end of its first call,
+step or request. Every process of a row has the same ``TORCHINDUCTOR_*``
+variables, which are part of a library's key.
 
-``sync`` under ``ltc_cache.compile``: the region is compiled inside the
-backend's run-time tracing context, whose fake mode has no shape
-environment, and ``torch.export`` refuses it ("Detected fake_mode does not
-have a shape_env with tracked fakes"); the refusal is stored, so the fusing
-child does not try again. Hence ``--prepare off`` by default.
+A library is kept only where it timed faster than TorchScript when it was
+built, on one measurement stored for good: on a loaded machine, at the
+default thread count above all, that measurement is noise and refusals
+("not faster") come and go with the load. Prepare on a quiet machine.
 
 The output: per thread setting, the steady-state table (times, the ratios
 fused/Inductor, fused/TorchScript tier, fused/eager: below 1 the fused
@@ -445,8 +447,8 @@ def child_measure(row: Row, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_cold(row: Row, options: dict[str, Any]) -> dict[str, Any]:
-    """The cold process: the fused variant's calls under the environment's
-    LTC_CACHE_FUSE (``sync``: each region compiled before its first call;
+    """The cold process: the fused variant's calls under LTC_CACHE_FUSE=
+    ``--prepare`` (``sync``: each region compiled before its first call;
     ``off``: the graphs stored, compiled by :func:`child_fuse` next)."""
     import logging
 
@@ -735,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/ltc_cache-bench-fused"),
                         help="prepared rows, reused across runs")
     parser.add_argument("--reprepare", action="store_true", help="prepare the rows again")
-    parser.add_argument("--prepare", choices=["off", "sync"], default="off",
+    parser.add_argument("--prepare", choices=["off", "sync"], default="sync",
                         help="LTC_CACHE_FUSE of the cold preparing process (off: the regions "
                         "are compiled by the fusing process after it)")
     parser.add_argument("--no-first-call", dest="first_call", action="store_false",

@@ -47,9 +47,11 @@ __all__ = ["FuseFailed", "build_entry", "example_inputs"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
-# Rounds of the interleaved timing, and the time each round's calls take at least.
-_ROUNDS = 7
+# Rounds of the interleaved timing, and the time each round's calls take at
+# least; a library is kept where it takes at most _KEEP of TorchScript's time.
+_ROUNDS = 15
 _ROUND_SECONDS = 0.004
+_KEEP = 0.97
 _REASON_CHARS = 600
 
 
@@ -95,9 +97,9 @@ def _build(graph: Entry, key: CacheKey, secret: bytes, started: float) -> Entry:
         script_ms, fused_ms = _time_both(script, fused._fused, inputs)
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
-    if fused_ms >= script_ms:
+    if fused_ms > _KEEP * script_ms:
         return refusal_entry(key, graph, f"not faster: {fused_ms:.3f} ms a call against "
-                             f"TorchScript's {script_ms:.3f} ms", stats)
+                             f"TorchScript's {script_ms:.3f} ms (CPU time)", stats)
     return fused_entry(key, graph, library=library, isa=isa, aliases=aliases, layouts=layouts,
                        secret=secret, stats=stats)
 
@@ -184,7 +186,7 @@ def _view_copies() -> dict[Any, Any]:
     ``x`` and a contiguous copy: Inductor lowers the views, while several
     ``x_copy`` ops (``slice_copy``, ``select_copy``) have neither a
     lowering nor a C shim, and a library that falls back to Python's proxy
-    executor cannot run in the C++ runner."""
+    executor cannot run in the C++ runner (fact 52 in docs/design.md)."""
     aten = torch.ops.aten
     table: dict[Any, Any] = {}
     # Every registered op: dir(torch.ops.aten) lists only those resolved so far.
@@ -236,12 +238,14 @@ def _compile(script: GraphFunction, inputs: list[torch.Tensor]) -> tuple[bytes, 
 
 def _time_both(script: GraphFunction, fused: Any, inputs: list[torch.Tensor]
                ) -> tuple[float, float]:
-    """Milliseconds a call of each, medians of interleaved rounds."""
+    """Milliseconds a call of each, medians of interleaved rounds, in the
+    process's CPU time: the background worker runs at idle priority, where
+    the wall clock mostly measures who preempted it."""
     def per_call(fn: Any, calls: int) -> float:
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(calls):
             fn(*inputs) if fn is script else fn(inputs)
-        return (time.perf_counter() - start) * 1e3 / calls
+        return (time.process_time() - start) * 1e3 / calls
 
     once = max(per_call(script, 1), per_call(fused, 1), 1e-3)
     calls = max(1, math.ceil(_ROUND_SECONDS * 1e3 / once))

@@ -30,10 +30,17 @@ __all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version
 FUSED_VERSION = 1
 
 # The Inductor settings a library is compiled with; part of the key, as is
-# any TORCHINDUCTOR_* variable of the compiling process.
+# any TORCHINDUCTOR_* variable of the compiling process that changes code.
 INDUCTOR_OPTIONS: dict[str, object] = {
     "compile_threads": 1,  # one g++ at a time: the compile runs beside training
+    # Parallel loops take the calling process's thread count at run time, not
+    # the compiling process's (Inductor's default writes that number in).
+    "cpp.dynamic_threads": True,
 }
+
+# TORCHINDUCTOR_* variables that change where Inductor keeps things or what
+# it logs, not the code it writes: left out of the key.
+_NOT_CODE = ("CACHE", "LOG", "TRACE", "DEBUG", "COMPILE_THREADS", "WORKER", "DIR")
 
 # Which vector ISAs a CPU of each capability runs, widest last.
 _RUNS = {
@@ -100,7 +107,8 @@ def _device_text() -> str:
 
 
 def _options_text() -> list[str]:
-    env = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_"))
+    env = sorted(f"{k}={v}" for k, v in os.environ.items()
+                 if k.startswith("TORCHINDUCTOR_") and not any(w in k for w in _NOT_CODE))
     return [repr(sorted(INDUCTOR_OPTIONS.items())), *env]
 
 
