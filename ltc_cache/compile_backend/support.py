@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import first_line
 from ..store import Store
+from ..threads import trace_lock
 from ..wire import SUPPORT_RECORD_FORMAT, read_record, write_record
 from .nodes import is_symbolic, node_value
 
@@ -215,7 +216,9 @@ class OpSupport(OperatorSupportBase):
         # lazy tensors must be made outside it (fact 7 in docs/design.md).
         # And outside the Python dispatcher, whose kernel for
         # native_batch_norm makes it an op LTC does not lower (fact 35).
-        with _disable_current_modes(), torch._C._DisablePythonDispatcher():
+        # One probe at a time in a process: LTC's fallback counts, which
+        # give the verdict, are process-wide (ltc_cache/threads.py).
+        with trace_lock, _disable_current_modes(), torch._C._DisablePythonDispatcher():
             for signature, node in todo.items():
                 why = _probe(node)
                 self.probes += 1

@@ -22,6 +22,7 @@ from ..config import CacheConfig
 from ..diagnostics import count_event, counters, warn_once
 from ..errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
 from ..store import Store, TieredStore, open_tiers
+from ..threads import trace_lock
 from .entry import Entry, decode, encode, input_specs, new_meta
 from .fused.tier import FusedTier
 from .keys import CacheKey, compute_key, module_tensors
@@ -115,12 +116,16 @@ class GraphCache:
             key = None
         if key is None or store is None:
             model = _built(model)
-            return self._bind(self._trace(model, example_inputs, name, None, tensors), tensors)
+            with trace_lock:
+                built = self._trace(model, example_inputs, name, None, tensors)
+            return self._bind(built, tensors)
 
         built = self._lookup(store, key.digest, tensors, len(example_inputs))
         if built is None:
-            with self._single_flight(store, key.digest):
-                # Another process may have stored it while we waited.
+            # One trace of a key: at a time in the process (trace_lock,
+            # ltc_cache/threads.py), and across processes (the file lock).
+            with trace_lock, self._single_flight(store, key.digest):
+                # Another thread or process may have made it while we waited.
                 built = self._lookup(store, key.digest, tensors, len(example_inputs))
                 if built is None:
                     self.record("misses", key.digest)
@@ -357,10 +362,17 @@ def _cache_for(config: CacheConfig) -> GraphCache:
     return GraphCache(config)
 
 
+# lru_cache may run _cache_for twice for threads that miss at once: two
+# caches of one directory would each keep the graphs they parsed.
+_default_lock = threading.Lock()
+
+
 def default_cache() -> GraphCache:
     """The cache the environment (``LTC_CACHE_*``) configures, one per
     configuration in a process."""
-    return _cache_for(CacheConfig.from_env())
+    config = CacheConfig.from_env()
+    with _default_lock:
+        return _cache_for(config)
 
 
 def extract_compiled_graph(model: fx.GraphModule, example_inputs: Sequence[Any], *,

@@ -69,9 +69,13 @@ def _digest_lines(lines: Sequence[str]) -> str:
 def changed_source(records: Sequence[Any], stats: Sequence[Any] = ()) -> str | None:
     """The first recorded source that is not what the files now say (a
     reason, for the log), or None when all are the same. ``stats``
-    (:func:`source_stats`): files whose size and modification time are
-    still the ones the records were checked against are not read again."""
+    (:func:`source_stats`): files whose size, times and inode are still the
+    ones the records were checked against are not read again."""
     unchanged = _unchanged_files(stats)
+    for filename in {record[0] for record in records if isinstance(record, list | tuple)
+                     and record and isinstance(record[0], str)} - unchanged:
+        # linecache trusts size and mtime too: read what the disk holds.
+        linecache.cache.pop(filename, None)
     for record in records:
         try:
             filename, first, last, digest, qualname = record
@@ -96,15 +100,18 @@ _RACY_NS = 2_000_000_000
 
 
 def source_stats(records: Sequence[Any]) -> list[list[Any]]:
-    """``[file, size, mtime_ns]`` of each file ``records`` name, where its
-    lines on disk now are the ones recorded: what lets a later process skip
-    reading it (:func:`changed_source`), as Python trusts a ``.pyc`` whose
-    source has the size and time it was compiled from."""
+    """``[file, size, mtime_ns, ctime_ns, inode]`` of each file ``records``
+    name, where its lines on disk now are the ones recorded: what lets a
+    later process skip reading it (:func:`changed_source`), as git's index
+    trusts a file whose size, times and inode are unchanged. The change
+    time is what makes it safe: any write moves it, and no user-level tool
+    sets it back (an edit of the same length with its modification time
+    restored kept size and mtime, and ran stale code)."""
     now = time.time_ns()
     stats = []
     for filename in sorted({record[0] for record in records}):
         before = _stat_of(filename)
-        if before is None or now - before[1] < _RACY_NS:
+        if before is None or now - max(before[1], before[2]) < _RACY_NS:
             continue
         linecache.checkcache(filename)  # drops lines read before a change
         own = [record for record in records if record[0] == filename]
@@ -113,19 +120,21 @@ def source_stats(records: Sequence[Any]) -> list[list[Any]]:
     return stats
 
 
-def _stat_of(filename: str) -> tuple[int, int] | None:
+def _stat_of(filename: str) -> tuple[int, int, int, int] | None:
     try:
         st = os.stat(filename)
     except OSError:
         return None
-    return st.st_size, st.st_mtime_ns
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 def _unchanged_files(stats: Sequence[Any]) -> set[str]:
+    """Files whose stat record still holds. Records of the older
+    ``[file, size, mtime_ns]`` form hold for nothing: their files are read."""
     unchanged = set()
     for stat in stats:  # a list, as program_parts checked
-        if isinstance(stat, list | tuple) and len(stat) == 3 and isinstance(stat[0], str) \
-                and _stat_of(stat[0]) == (stat[1], stat[2]):
+        if isinstance(stat, list | tuple) and len(stat) == 5 and isinstance(stat[0], str) \
+                and _stat_of(stat[0]) == tuple(stat[1:]):
             unchanged.add(stat[0])
     return unchanged
 

@@ -14,8 +14,9 @@ the artifact:
 - ``sources``: every function Dynamo inlined, as a file, a line range and
   the SHA-256 of those lines, compared with the files on load
   (:func:`changed_source`): Dynamo records these but never compares them;
-- ``source_stats``: the size and modification time of those files when
-  the lines were recorded; a file that still has both is not read again;
+- ``source_stats``: the size, modification and change times and inode of
+  those files when the lines were recorded; a file that still has all four
+  is not read again;
 - ``checks``: what the guards that cannot be serialised (object identities:
   classes, functions, modules, builtins; and guards reached through them)
   checked, as expressions with the value each must have

@@ -650,45 +650,51 @@ def test_sources_are_compared_line_for_line(tmp_path):
         code_record(compile("1", "<nowhere>", "eval"))
 
 
-def test_a_source_file_with_its_recorded_size_and_time_is_not_read_again(tmp_path,
-                                                                         monkeypatch):
+def test_a_source_file_with_its_recorded_stat_is_not_read_again(tmp_path, monkeypatch):
     import linecache
     import os
-    import time
 
     from ltc_cache.errors import EntryError
     from ltc_cache.graph.keys import key_from_parts
+    from ltc_cache.program import describe
     from ltc_cache.program.describe import changed_source, code_record, source_stats
     from ltc_cache.program.entries import program_entry, program_parts
 
     path = tmp_path / "mod_stat.py"
-    path.write_text("def f(x):\n    return x + 1\n")
+    path.write_text("def f(x):\n    return torch.tanh(x)\n")
     record = code_record(_module_from(path).f.__code__)
-    # Just written: an edit within the same clock tick could keep its time.
+    # Just written: an edit within the same clock tick could keep its times.
     assert source_stats([record]) == []
-    hour_ago = time.time_ns() - 3600 * 10**9
-    os.utime(path, ns=(hour_ago, hour_ago))
+    monkeypatch.setattr(describe, "_RACY_NS", 0)  # as if written long ago
     stats = source_stats([record])
-    assert stats == [[str(path), path.stat().st_size, hour_ago]]
+    st = path.stat()
+    assert stats == [[str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]]
 
     def no_reading(*args):
-        raise AssertionError("read a file whose size and time are recorded")
+        raise AssertionError("read a file whose stat is recorded")
 
-    monkeypatch.setattr(linecache, "getlines", no_reading)
-    assert changed_source([record], stats) is None
-    monkeypatch.undo()
-    path.write_text("def f(x):\n    return x + 22\n")  # another size, another time
+    with monkeypatch.context() as m:
+        m.setattr(linecache, "getlines", no_reading)
+        assert changed_source([record], stats) is None
+        # A record of size and mtime alone (older programs) vouches for nothing.
+        with pytest.raises(AssertionError, match="read a file"):
+            changed_source([record], [[str(path), st.st_size, st.st_mtime_ns]])
+
+    # The same length, the modification time put back: the change time
+    # moved, so the file is read, and the edit is seen.
+    path.write_text("def f(x):\n    return torch.relu(x)\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     linecache.checkcache(str(path))
     assert "f" in changed_source([record], stats)
     assert "f" in changed_source([record], [["x", "malformed"]])
     # The stats decide what a later process reads: signed with the rest.
-    path.write_text("def f(x):\n    return x + 1\n")
-    os.utime(path, ns=(hour_ago, hour_ago))
+    path.write_text("def f(x):\n    return torch.tanh(x)\n")
     linecache.checkcache(str(path))
     key = key_from_parts({"a": "1" * 64})
     entry = program_entry(key, "m.program", sources=[record], checks=[], globals_=[],
                           artifact=b"pickle", secret=b"k" * 32, node_count=1)
-    assert program_parts(entry, b"k" * 32).source_stats == stats
+    assert program_parts(entry, b"k" * 32).source_stats == source_stats([record]) != []
     forged = dataclasses.replace(entry, payload={**entry.payload, "source_stats": []})
     with pytest.raises(EntryError, match="signature mismatch"):
         program_parts(forged, b"k" * 32)

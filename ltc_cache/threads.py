@@ -1,0 +1,47 @@
+"""The locks that let many threads call compiled callables at once.
+
+A compiled callable's steady call takes no lock. What is not thread-safe
+is the work a first call does (README, "Threads"): Dynamo's capture,
+AOTAutograd's trace, loading a program, LTC's trace. Each runs at most
+once per program, plan and graph in a process: the first thread to need
+it takes a lock, looks again (another thread may have made it while it
+waited), makes it and publishes it; the others wait and use it.
+
+Two process-wide, reentrant locks, always taken in this order (and the
+cache directory's per-key file locks after both):
+
+1. :func:`compile_lock`, Dynamo's own (``torch._dynamo.convert_frame.compile_lock``),
+   around captures, program loads and everything the ``torch.compile``
+   backend does (AOTAutograd, partitioning, plans). Dynamo holds it while
+   it captures and while it calls the backend, so a lock of ltc_cache's
+   own taken inside the backend and outside it in another thread would
+   deadlock against it; sharing Dynamo's makes that impossible, and keeps
+   an AOTAutograd trace (whose FX tracer patches ``nn.Module`` process-wide)
+   from overlapping a capture in another thread.
+2. :data:`trace_lock`, around an LTC trace and an op probe: LTC counts the
+   ops that fall back to eager process-wide (``torch._lazy.metrics``), and
+   a trace reads them to refuse a graph, so two traces at once would
+   swap their verdicts. It is ltc_cache's own, so that a process using
+   only ``extract_compiled_graph`` never imports Dynamo (1.9 s).
+
+Nothing runs the user's model while holding either: a first call makes
+what runs under the lock, then runs it after releasing it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+__all__ = ["compile_lock", "trace_lock"]
+
+# One LTC trace (or op probe) at a time in a process; see the module's docstring.
+trace_lock = threading.RLock()
+
+
+def compile_lock() -> Any:
+    """Dynamo's process-wide reentrant lock (see the module's docstring);
+    imported on first use, by then Dynamo is loaded anyway."""
+    from torch._dynamo.convert_frame import compile_lock as lock
+
+    return lock
