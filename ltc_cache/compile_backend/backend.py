@@ -28,6 +28,7 @@ graph of that shape has too (:mod:`ltc_cache.compile_backend.specialize`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,7 @@ from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, first_line
 from ..graph.cache import GraphCache, default_cache
 from ..graph.keys import CacheKey, compute_key, graph_parts, key_of
+from ..threads import compile_lock
 from .first_call import LTC_OPS, Guarded, Region
 from .model_names import model_name
 from .nodes import node_value
@@ -123,6 +125,15 @@ class LtcBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                  mode: str | None = None, options: dict[str, Any] | None = None,
+                 **kwargs: Any) -> Callable[..., Any]:
+        # Dynamo calls a backend holding this lock already; a graph compiled
+        # on its first call (a program's, a shape of a symbolic one) takes
+        # it here: AOTAutograd and the rest are not thread-safe.
+        with compile_lock():
+            return self._compile(gm, example_inputs, mode=mode, options=options, **kwargs)
+
+    def _compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                 mode: str | None, options: dict[str, Any] | None,
                  **kwargs: Any) -> Callable[..., Any]:
         if options or mode or kwargs:
             # torch.compile(..., mode=, options=) hands them to the backend.
@@ -275,7 +286,8 @@ class LtcBackend:
         name = self._name or "graph"
         try:
             key = plan_key(key_of(graph, example_inputs), training=True)
-            compiled = self._training_plan(key, name, cache, eager)
+            with compile_lock():
+                compiled = self._training_plan(key, name, cache, eager)
         except Exception:  # the whole graph is compiled instead, which handles it
             logger.debug("%s: no plan from the stored key parts", name, exc_info=True)
             return None
@@ -301,6 +313,7 @@ class LtcBackend:
         pending: dict[str, Any] = {}  # a forward graph waiting for its backward
 
         def compiler(kind: str) -> Callable[..., Any]:
+            @_holding(compile_lock)  # a backward compiled on its first call too
             def compile_graph(graph: fx.GraphModule, inputs: Sequence[Any]) -> Callable[..., Any]:
                 counters.bump(AOT_GRAPHS)
                 if kind != "backward":  # one AOTAutograd trace made it (and its backward)
@@ -327,7 +340,8 @@ class LtcBackend:
             # a plan holds, not by AOTAutograd's runtime wrapper.
             keep_inference_input_mutations=True,
         )
-        with _backward_compiled_with_forward(plan is not None and training):
+        with _backward_compiled_with_forward(plan is not None and training), \
+                _fx_trace_kept_to_this_thread():
             compiled = aot(gm, example_inputs)
         if plan is None or not training:
             return compiled
@@ -458,6 +472,32 @@ def _backward_compiled_with_forward(wanted: bool) -> contextlib.AbstractContextM
     if not wanted or not hasattr(config, "force_non_lazy_backward_lowering"):
         return contextlib.nullcontext()
     return config.patch(force_non_lazy_backward_lowering=True)
+
+
+def _fx_trace_kept_to_this_thread() -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd traces with FX, which flags "FX is tracing" for the whole
+    process (``torch.fx._symbolic_trace._is_fx_tracing_flag``); a
+    ``torch.compile``'d function called meanwhile in another thread reads
+    the flag, takes the call for an FX trace of it and raises ("Detected
+    that you are using FX to symbolically trace a dynamo-optimized
+    function"). Dynamo's own switch for running compiled code under an FX
+    trace lets those calls run, as they would without this trace; this
+    trace calls no compiled function (fact 55 in docs/design.md)."""
+    return torch._dynamo.config.patch(force_compile_during_fx_trace=True)
+
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _holding(lock: Callable[[], Any]) -> Callable[[_Fn], _Fn]:
+    """Decorate a function to run holding ``lock()``."""
+    def decorate(fn: _Fn) -> _Fn:
+        @functools.wraps(fn)
+        def held(*args: Any, **kwargs: Any) -> Any:
+            with lock():
+                return fn(*args, **kwargs)
+        return held  # type: ignore[return-value]
+    return decorate
 
 
 def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

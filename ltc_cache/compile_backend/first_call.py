@@ -6,6 +6,7 @@ their first real call, and a region run eagerly in its traced layout."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -32,21 +33,33 @@ LTC_OPS = "ltc_ops"
 
 class FirstCall:
     """A compiled graph (``name``, of ``ops`` LTC ops) whose first call
-    (``_first_call``) chooses what runs from then on (``_call``), so that a
-    later call is one attribute and a call; ``cache`` counts what goes wrong."""
+    (``_first``) chooses what runs from then on (``_call``), so that a
+    later call is one attribute and a call; ``cache`` counts what goes wrong.
 
-    __slots__ = ("_cache", "_call", "_name", "_ops")
+    Threads whose calls come before the choice is made wait for the one
+    making it, then call what it chose: one extraction, one first replay
+    (and, should it fail, one warning and one error counted). The lock is
+    reentrant, and taken by first calls only."""
+
+    __slots__ = ("_cache", "_call", "_lock", "_name", "_ops")
 
     def __init__(self, name: str, ops: int, cache: GraphCache) -> None:
         self._name = name
         self._ops = ops
         self._cache = cache
+        self._lock = threading.RLock()
         self._call: Callable[..., Any] = self._first_call
 
     def __call__(self, *args: Any) -> Any:
         return self._call(*args)
 
     def _first_call(self, *args: Any) -> Any:
+        with self._lock:
+            if self._call == self._first_call:  # still undecided: this thread decides
+                return self._first(*args)
+        return self._call(*args)
+
+    def _first(self, *args: Any) -> Any:
         raise NotImplementedError
 
 
@@ -63,7 +76,7 @@ class Guarded(FirstCall):
         self._fallback = fallback
         self._wrap = as_tuple
 
-    def _first_call(self, *args: Any) -> Any:
+    def _first(self, *args: Any) -> Any:
         try:
             out = self._compiled(*args)
         except Exception as exc:  # whatever it is, eager computes the graph
@@ -110,7 +123,7 @@ class Region(FirstCall):
         self._call = eager_region(self._graph())
         return self._call(*args)
 
-    def _first_call(self, *args: Any) -> Any:
+    def _first(self, *args: Any) -> Any:
         module = self._module
         stored = not isinstance(module, fx.GraphModule)
         try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
+from ..threads import compile_lock
 from .nodes import is_symbolic, node_value
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ class PerShape:
             signature += tuple(args[i].item() for i in self._scalars)
         found = self._compiled.get(signature)
         if found is None:
-            found = self._compile(signature, args)
+            with compile_lock():  # one compile a shape, whatever the threads
+                found = self._compiled.get(signature) or self._compile(signature, args)
         compiled, pick = found
         return compiled(*pick(args))
 

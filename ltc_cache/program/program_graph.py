@@ -14,6 +14,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 
 from ..collector import holding_off
 from ..errors import EntryError
+from ..threads import compile_lock
 
 logger = logging.getLogger("ltc_cache.precompile")
 
@@ -39,10 +40,14 @@ class LtcProgramGraph(SerializableCallable):
 
     @property
     def gm(self) -> torch.fx.GraphModule:
-        if self._gm is None:
-            assert self._stored is not None
-            self._gm, self._stored = _graph_from(self._stored), None
-        return self._gm
+        gm = self._gm
+        if gm is None:
+            with compile_lock():  # unpickled once, whatever the threads
+                if self._gm is None:
+                    assert self._stored is not None
+                    self._gm, self._stored = _graph_from(self._stored), None
+                gm = self._gm
+        return gm
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: LtcProgramGraph) -> bytes:
@@ -83,7 +88,12 @@ class LtcProgramGraph(SerializableCallable):
     def __call__(self, *args: Any) -> Any:
         call = self._call
         if call is None:
-            call = self._call = self._compile(args)
+            # Compiled once: threads calling together wait for the first,
+            # then run what it compiled (outside the lock).
+            with compile_lock():
+                call = self._call
+                if call is None:
+                    call = self._call = self._compile(args)
         return call(*args)
 
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:

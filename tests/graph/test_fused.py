@@ -190,10 +190,14 @@ def test_without_a_compiler_the_graph_is_refused_once_and_replays(tmp_path, monk
     try:
         store = MemoryStore()
         cache = cache_over(store, tmp_path, "sync")
-        graph, model, x = stored_graph(cache)
+        with pytest.warns(RuntimeWarning, match="no fused library for .*no C.. compiler"):
+            graph, model, x = stored_graph(cache)
         fused = cache.lookup_entry(fused_key(graph.key), count=False)
         assert fused is not None and "no C++ compiler" in fused.payload["reason"]
-        compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once a process
+            compiled = cache_over(store, tmp_path, "sync").extract_compiled_graph(
+                fx.symbolic_trace(model), [x])
         torch.testing.assert_close(compiled(x)[0], model(x))
     finally:
         platform.compiler_id.cache_clear()

@@ -39,7 +39,7 @@ import torch
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction, build_function
-from .entries import fused_entry, refusal_entry
+from .entries import NOT_FASTER, fused_entry, refusal_entry
 from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
 from .runner import FusedFunction, load_runner, mismatch
 
@@ -98,7 +98,7 @@ def _build(graph: Entry, key: CacheKey, secret: bytes, started: float) -> Entry:
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
     if fused_ms > _KEEP * script_ms:
-        return refusal_entry(key, graph, f"not faster: {fused_ms:.3f} ms a call against "
+        return refusal_entry(key, graph, f"{NOT_FASTER}: {fused_ms:.3f} ms a call against "
                              f"TorchScript's {script_ms:.3f} ms (CPU time)", stats)
     return fused_entry(key, graph, library=library, isa=isa, aliases=aliases, layouts=layouts,
                        secret=secret, stats=stats)

@@ -40,9 +40,11 @@ from ..entry import Entry, new_meta
 from ..keys import CacheKey
 from .platform import FUSED_VERSION
 
-__all__ = ["FUSED_FORMAT", "Library", "fused_entry", "library_of", "refusal_entry"]
+__all__ = ["FUSED_FORMAT", "NOT_FASTER", "Library", "fused_entry", "library_of", "refusal_entry"]
 
 FUSED_FORMAT = "ltc_cache.fused"
+# How a refusal's reason starts where the library was built but was slower.
+NOT_FASTER = "not faster"
 
 
 class Library(NamedTuple):
