@@ -30,10 +30,12 @@ what runs under the lock, then runs it after releasing it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["compile_lock", "trace_lock"]
+__all__ = ["SharedPatch", "compile_lock", "trace_lock"]
 
 # One LTC trace (or op probe) at a time in a process; see the module's docstring.
 trace_lock = threading.RLock()
@@ -45,3 +47,34 @@ def compile_lock() -> Any:
     from torch._dynamo.convert_frame import compile_lock as lock
 
     return lock
+
+
+class SharedPatch:
+    """A change to process-wide state (a patched torch method, a Dynamo
+    setting) that calls on several threads need at once: ``apply()`` makes
+    it and returns what undoes it; it is in place from the first
+    :meth:`held` block to start until the last one ends. Patching around
+    each call instead lets one call's undo land while another call still
+    needs the patch, or restore the other's patch as "the original",
+    leaving it in place for good."""
+
+    def __init__(self, apply: Callable[[], Callable[[], None]]) -> None:
+        self._apply = apply
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._undo: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self._holders == 0:
+                self._undo = self._apply()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._undo is not None:
+                    undo, self._undo = self._undo, None
+                    undo()

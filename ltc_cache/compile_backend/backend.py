@@ -341,7 +341,7 @@ class LtcBackend:
             keep_inference_input_mutations=True,
         )
         with _backward_compiled_with_forward(plan is not None and training), \
-                _fx_trace_kept_to_this_thread():
+                _compile_session():
             compiled = aot(gm, example_inputs)
         if plan is None or not training:
             return compiled
@@ -474,16 +474,18 @@ def _backward_compiled_with_forward(wanted: bool) -> contextlib.AbstractContextM
     return config.patch(force_non_lazy_backward_lowering=True)
 
 
-def _fx_trace_kept_to_this_thread() -> contextlib.AbstractContextManager[Any]:
+def _compile_session() -> contextlib.AbstractContextManager[Any]:
     """AOTAutograd traces with FX, which flags "FX is tracing" for the whole
-    process (``torch.fx._symbolic_trace._is_fx_tracing_flag``); a
-    ``torch.compile``'d function called meanwhile in another thread reads
-    the flag, takes the call for an FX trace of it and raises ("Detected
-    that you are using FX to symbolically trace a dynamo-optimized
-    function"). Dynamo's own switch for running compiled code under an FX
-    trace lets those calls run, as they would without this trace; this
-    trace calls no compiled function (fact 55 in docs/design.md)."""
-    return torch._dynamo.config.patch(force_compile_during_fx_trace=True)
+    process (``torch.fx._symbolic_trace._is_fx_tracing_flag``). A
+    ``torch.compile``'d function called meanwhile in another thread takes
+    that for an FX trace of itself and raises ("Detected that you are using
+    FX to symbolically trace a dynamo-optimized function"), unless Dynamo is
+    compiling: Dynamo marks its compile sessions process-wide too, and calls
+    the backend inside one. A graph compiled on its first call (a
+    program's, a shape of a symbolic one) is traced outside Dynamo, so its
+    trace is made a compile session of its own; inside Dynamo's, this
+    changes nothing (fact 55 in docs/design.md)."""
+    return torch.compiler._compile_session_context()
 
 
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])

@@ -26,14 +26,16 @@ unprefixed ``state_dict`` keys in transformers, prefixed in plain torch).
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import threading
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._dynamo.eval_frame import OptimizedModule
+
+from ..threads import SharedPatch
 
 if TYPE_CHECKING:
     from .programs import Programs
@@ -138,39 +140,53 @@ class CompiledModule(OptimizedModule):
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """The model's own ``generate()`` (transformers), every forward it
         makes (the prompt's and each decoding step's) through this module's
-        programs. As the module's attribute it would run eagerly."""
-        module = self._orig_mod
-        forward = self.__dict__.get("_ltc_generate_forward")
-        if forward is None:
-            # The module's forward method, compiled: its fallback calls the
-            # method, not the module, whose forward is this one meanwhile.
-            from .precompile import compile
+        programs. As the module's attribute it would run eagerly. Threads
+        may generate at once: the module's forward is the compiled one while
+        any of them runs, and what it was before once the last one ends."""
+        with self._generating().held():
+            return self._orig_mod.generate(*args, **kwargs)
 
-            programs = self.__dict__["_ltc_programs"]
-            forward = compile(types.MethodType(programs._fn, module), **programs._kwargs)
-            self.__dict__["_ltc_generate_forward"] = forward
-        with _forward_replaced(module, forward):
-            return module.generate(*args, **kwargs)
+    def _generating(self) -> SharedPatch:
+        patch = self.__dict__.get("_ltc_generating")
+        if patch is None:
+            with _generate_lock:  # one compiled forward (one set of programs) per module
+                patch = self.__dict__.get("_ltc_generating")
+                if patch is None:
+                    # The module's forward method, compiled: its fallback calls
+                    # the method, not the module, whose forward is this one
+                    # meanwhile.
+                    from .precompile import compile
+
+                    module, programs = self._orig_mod, self.__dict__["_ltc_programs"]
+                    forward = compile(types.MethodType(programs._fn, module), **programs._kwargs)
+                    patch = SharedPatch(lambda: _forward_replaced(module, forward))
+                    self.__dict__["_ltc_generating"] = patch
+        return patch
 
     def __repr__(self) -> str:
         return f"ltc_cache.compile({self._orig_mod!r})"
 
 
-@contextlib.contextmanager
-def _forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]) -> Iterator[None]:
-    """``module.forward`` is ``forward`` inside (``Module.__call__`` reads
-    the instance's attribute first); the programs call the class's
-    function, so nothing recurses."""
+# Held while a CompiledModule makes its generate() forward, once.
+_generate_lock = threading.Lock()
+
+
+def _forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]
+                      ) -> Callable[[], None]:
+    """Make ``module.forward`` ``forward`` (``Module.__call__`` reads the
+    instance's attribute first; the programs call the class's function, so
+    nothing recurses); returns what puts the old one back."""
     missing = object()
     before = module.__dict__.get("forward", missing)
     module.__dict__["forward"] = forward
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         if before is missing:
             module.__dict__.pop("forward", None)
         else:
             module.__dict__["forward"] = before
+
+    return restore
 
 
 class _ProgramsContext:

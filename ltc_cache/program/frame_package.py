@@ -13,11 +13,13 @@ import contextlib
 import inspect
 import logging
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import Unportable, first_line
+from ..threads import SharedPatch
 from .describe import code_record
 from .frame_names import SKIP, property_source, skip_record
 from .guards import Checks
@@ -105,7 +107,6 @@ def package_class() -> type:
             self.ltc_left_out: list[str] = []  # frames not in the package (their names)
             self.ltc_installed: dict[str, Any] = {}  # globals Dynamo installed, by name
             self.ltc_skips: list[list[Any]] = []  # codes Dynamo runs as they are
-            self.ltc_dynamo_error: BaseException | None = None
             # Every frame compiled here with its checks, stored or not: the
             # filter dropped its identity guards, so its live entry gets
             # the checks in their place (FramesProgram._check_new_frames).
@@ -224,47 +225,123 @@ def _global_names(code: types.CodeType) -> Iterator[str]:
             yield from _global_names(const)
 
 
-@contextlib.contextmanager
-def recording(package: Any) -> Iterator[None]:
-    """While a call runs through Dynamo: record each global it installs
-    (name -> value), and each code it decides to run as it is from then on
-    (the frames the eager parts between graphs call: a logger's, say),
-    which a later process is told at load instead of visiting each again."""
+class CallRecord:
+    """What Dynamo did for one call of a program of frames, in the thread
+    making it: the frames it captured (``(code, Dynamo's code, checks)``,
+    as the package's ``ltc_live``), the graph-break reasons of the captures
+    that added frames to the package, and what Dynamo raised converting a
+    frame (its failure, not the user's code's)."""
+
+    __slots__ = ("breaks", "error", "live", "package")
+
+    def __init__(self, package: Any) -> None:
+        self.package = package
+        self.live: list[tuple[types.CodeType, types.CodeType, list[Any]]] = []
+        self.breaks: dict[str, int] = {}
+        self.error: BaseException | None = None
+
+
+# The record of the call this thread is making through a package, if any.
+_calls = threading.local()
+
+
+def graph_break_reasons() -> dict[str, int]:
+    """Dynamo's graph-break reasons (first line -> count) as they stand: its
+    ``unimplemented`` counter (what it could not trace) and ``graph_break``
+    (breaks it reports by message)."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
+    reasons: dict[str, int] = {}
+    for group in ("unimplemented", "graph_break"):
+        for reason, count in dynamo_counters[group].items():
+            line = (str(reason).strip().splitlines() or ["?"])[0][:200]
+            reasons[line] = reasons.get(line, 0) + int(count)
+    return reasons
+
+
+def _install_recorders() -> Callable[[], None]:
+    """Hook Dynamo where a call through a package is recorded (the globals
+    Dynamo installs, each frame it converts); returns what unhooks it. A
+    hook records into the calling thread's :class:`CallRecord`, and does
+    nothing more in a thread making no such call."""
     from torch._dynamo.convert_frame import ConvertFrame
     from torch._dynamo.output_graph import OutputGraph
 
-    installed, skips = package.ltc_installed, package.ltc_skips
     install_original, call_original = OutputGraph.install_global_unsafe, ConvertFrame.__call__
 
     def install_global_unsafe(self: Any, name: str, value: Any) -> None:
-        installed[name] = value
+        record = getattr(_calls, "record", None)
+        if record is not None:
+            record.package.ltc_installed[name] = value
         install_original(self, name, value)
 
     def call(self: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            result = call_original(self, frame, *args, **kwargs)
-        except BaseException as exc:
-            package.ltc_dynamo_error = exc  # Dynamo's failure, not the user's code's
-            raise
-        try:
-            strategy = result.frame_exec_strategy
-            if result.apply_to_code and result.guarded_code is None \
-                    and int(strategy.cur_action) == SKIP:
-                record = skip_record(frame.f_code, frame.f_globals,
-                                      int(strategy.recursive_action))
-                if record is not None and record not in skips:
-                    skips.append(record)
-        except Exception:  # only a record for later processes: never in the way
-            logger.debug("ltc_cache: no skip record for a frame", exc_info=True)
-        return result
+        record = getattr(_calls, "record", None)
+        if record is None:
+            return call_original(self, frame, *args, **kwargs)
+        return _converting(record, lambda: call_original(self, frame, *args, **kwargs), frame)
 
     OutputGraph.install_global_unsafe = install_global_unsafe  # type: ignore[method-assign]
     ConvertFrame.__call__ = call  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
+
+    def uninstall() -> None:
         OutputGraph.install_global_unsafe = install_original  # type: ignore[method-assign]
         ConvertFrame.__call__ = call_original  # type: ignore[method-assign]
+
+    return uninstall
+
+
+# In place while any thread makes a call through a package.
+_RECORDERS = SharedPatch(_install_recorders)
+
+
+def _converting(record: CallRecord, convert: Callable[[], Any], frame: Any) -> Any:
+    """Dynamo converting one frame of a recorded call (``convert()``). It
+    runs under Dynamo's compile lock, so what the package gains meanwhile
+    is this conversion's."""
+    package = record.package
+    live, frames, reasons = len(package.ltc_live), len(package.ltc_frames), \
+        graph_break_reasons()
+    try:
+        result = convert()
+    except BaseException as exc:
+        record.error = exc  # Dynamo's failure, not the user's code's
+        raise
+    record.live.extend(package.ltc_live[live:])
+    if len(package.ltc_frames) != frames:
+        for reason, count in graph_break_reasons().items():
+            if count > reasons.get(reason, 0):
+                record.breaks[reason] = record.breaks.get(reason, 0) + count - \
+                    reasons.get(reason, 0)
+    try:
+        strategy = result.frame_exec_strategy
+        if result.apply_to_code and result.guarded_code is None \
+                and int(strategy.cur_action) == SKIP:
+            skip = skip_record(frame.f_code, frame.f_globals, int(strategy.recursive_action))
+            if skip is not None and skip not in package.ltc_skips:
+                package.ltc_skips.append(skip)
+    except Exception:  # only a record for later processes: never in the way
+        logger.debug("ltc_cache: no skip record for a frame", exc_info=True)
+    return result
+
+
+@contextlib.contextmanager
+def recording(package: Any) -> Iterator[CallRecord]:
+    """While a call runs through Dynamo: record each global it installs
+    (name -> value), and each code it decides to run as it is from then on
+    (the frames the eager parts between graphs call: a logger's, say),
+    which a later process is told at load instead of visiting each again;
+    and what the call's own conversions did (the :class:`CallRecord` given).
+    Calls on several threads at once each get their own record; the hooks
+    stay in place until the last of them ends (ltc_cache/threads.py)."""
+    record = CallRecord(package)
+    outer = getattr(_calls, "record", None)
+    _calls.record = record
+    try:
+        with _RECORDERS.held():
+            yield record
+    finally:
+        _calls.record = outer
 
 
 class _PlainBackend:

@@ -36,6 +36,7 @@ import inspect
 import logging
 import pickle
 import sys
+import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,11 +46,13 @@ import torch
 from ..errors import Unportable, first_line
 from ..graph.keys import CacheKey
 from ..signing import program_secret
+from ..threads import compile_lock
 from .entries import ProgramParts, program_entry
 from .frame_names import advance_unique_ids, apply_skips
 from .frame_package import (
     StoredBackend,
     add_checks,
+    graph_break_reasons,
     install_package,
     log_misfits,
     package_class,
@@ -66,20 +69,6 @@ __all__ = ["FramesProgram", "describe_breaks", "graph_break_reasons", "load_fram
            "load_program", "store_program"]
 
 logger = logging.getLogger("ltc_cache.precompile")
-
-
-def graph_break_reasons() -> dict[str, int]:
-    """Dynamo's graph-break reasons (first line -> count) as they stand: its
-    ``unimplemented`` counter (what it could not trace) and ``graph_break``
-    (breaks it reports by message)."""
-    from torch._dynamo.utils import counters as dynamo_counters
-
-    reasons: dict[str, int] = {}
-    for group in ("unimplemented", "graph_break"):
-        for reason, count in dynamo_counters[group].items():
-            line = (str(reason).strip().splitlines() or ["?"])[0][:200]
-            reasons[line] = reasons.get(line, 0) + int(count)
-    return reasons
 
 
 # --- per-frame portable checks -------------------------------------------------
@@ -110,6 +99,7 @@ class FramesProgram:
         self._stored_frames = loaded_frames  # frames in the stored artifact
         self.breaks: dict[str, int] = {}  # Dynamo's graph-break reasons, captured here
         self.unsaveable: str | None = None
+        self._calls = threading.local()  # per thread: what Dynamo raised in its last call
 
     @classmethod
     def fresh(cls, fn: types.FunctionType, name: str, backend: Callable[..., Any],
@@ -128,39 +118,43 @@ class FramesProgram:
 
     def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         """The call, through Dynamo; raises what it raises (where Dynamo
-        itself failed, ``dynamo_failed()`` says so)."""
-        self.package.ltc_dynamo_error = None
-        before, reasons = len(self.package.ltc_frames), graph_break_reasons()
-        live = len(self.package.ltc_live)
+        itself failed, ``dynamo_failed()`` says so). Threads may call at
+        once: each call records what its own conversions added."""
+        self._calls.failed = None
         # Inside DistributedDataParallel's forward, Dynamo hands each frame
         # to its DDPOptimizer through a callback of its own, without the
         # package (nothing would be recorded): each frame is one graph here,
         # as in a single-graph program, and DDP's own hooks reduce the
         # gradients as backward makes them.
         try:
-            with recording(self.package), torch._dynamo.config.patch(optimize_ddp=False):
-                out = self._compiled(*args, **kwargs)
+            # (Dynamo's settings are the calling thread's own.)
+            with recording(self.package) as record, \
+                    torch._dynamo.config.patch(optimize_ddp=False):
+                try:
+                    out = self._compiled(*args, **kwargs)
+                except BaseException:
+                    self._calls.failed = record.error
+                    raise
         finally:
             log_misfits(self._name)
-        if len(self.package.ltc_live) != live:
-            self._check_new_frames(live)
-        if len(self.package.ltc_frames) != before:
-            for reason, count in graph_break_reasons().items():
-                if count > reasons.get(reason, 0):
-                    self.breaks[reason] = self.breaks.get(reason, 0) + count - \
-                        reasons.get(reason, 0)
+        if record.live or record.breaks:  # this call captured frames
+            with compile_lock():
+                self._check_new_frames(record.live)
+                for reason, count in record.breaks.items():
+                    self.breaks[reason] = self.breaks.get(reason, 0) + count
         return out
 
     def dynamo_failed(self) -> BaseException | None:
-        """What Dynamo raised converting a frame in the last call, if it did."""
-        return self.package.ltc_dynamo_error
+        """What Dynamo raised converting a frame in this thread's last call,
+        if it did."""
+        return getattr(self._calls, "failed", None)
 
-    def _check_new_frames(self, before: int) -> None:
+    def _check_new_frames(self, captured: Sequence[tuple[Any, Any, list[Any]]]) -> None:
         """Frames captured by the call just made carry their portable checks
         from now on, in this process too."""
         from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
-        for code, dynamo_code, checks in self.package.ltc_live[before:]:
+        for code, dynamo_code, checks in captured:
             if not checks:
                 continue
             module = inspect.getmodule(code)

@@ -18,6 +18,7 @@ from ..errors import EntryError, UncacheableGraph, Unportable, first_line
 from ..graph.cache import GraphCache, default_cache
 from ..graph.keys import CacheKey
 from ..signing import program_secret
+from ..threads import compile_lock
 from .capture import once_logging, recording_traced_code, shared_constants_saved, source_records
 from .describe import changed_source, code_record
 from .entries import (
@@ -85,32 +86,47 @@ class Programs:
                 logger.info("%s: called with a %s, whose layout changes every call; running "
                             "it through torch.compile(backend=\"ltc_cache\")", self._name, exc)
             return self._fall_back(args, kwargs)
-        programs = self._by_layout.get(layout)
         full = (self._owner, *args) if self._owner is not None else args
-        if programs:
-            for program in programs:
-                if program is self._frames:
-                    return self._run_frames(layout, args, full, kwargs)
-                if program.check(program.bind(full, kwargs)):
-                    return program.run(full, kwargs)
-        elif layout in self._to_fallback:
-            return self._fall_back(args, kwargs)
-        program = self._obtain(layout, args, kwargs, full)
+        program = self._pick(layout, full, kwargs)  # the steady call: no lock
         if program is None:
-            return self._fall_back(args, kwargs)
+            if layout in self._to_fallback:
+                return self._fall_back(args, kwargs)
+            # One load or capture a layout: threads calling together wait for
+            # the first, then run what it made (ltc_cache/threads.py).
+            with compile_lock():
+                program = self._pick(layout, full, kwargs)
+                if program is None and layout not in self._to_fallback:
+                    program = self._obtain(layout, args, kwargs, full)
+            if program is None:
+                return self._fall_back(args, kwargs)
         if program is self._frames:
             return self._run_frames(layout, args, full, kwargs)
         return program.run(full, kwargs)
+
+    def _pick(self, layout: Any, full: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> LoadedProgram | None:
+        """The program of ``layout`` whose guards and checks hold for this
+        call (the frames, where the function is compiled as frames: Dynamo's
+        guards pick among them); None where none does."""
+        for program in self._by_layout.get(layout, ()):
+            if program is self._frames or program.check(program.bind(full, kwargs)):
+                return program
+        return None
 
     # -- fallback ----------------------------------------------------------------
 
     def _fall_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         counters.bump(PROGRAM_FALLBACKS)
-        if self._fallback is None:
+        fallback = self._fallback
+        if fallback is None:
             from ..compile_backend.backend import backend
 
-            self._fallback = torch.compile(self._fallback_target, backend=backend, **self._kwargs)
-        return self._fallback(*args, **kwargs)
+            with compile_lock():
+                if self._fallback is None:
+                    self._fallback = torch.compile(self._fallback_target, backend=backend,
+                                                   **self._kwargs)
+                fallback = self._fallback
+        return fallback(*args, **kwargs)
 
     def _to_torch_compile(self, layout: Any, why: str) -> None:
         logger.info("%s: %s; running it through torch.compile(backend=\"ltc_cache\")",
@@ -121,6 +137,9 @@ class Programs:
 
     def _obtain(self, layout: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 full: tuple[Any, ...]) -> LoadedProgram | None:
+        """A program loaded or captured for this call (its layout's list
+        holds it once it is ready to run); None where the layout goes to
+        torch.compile. Called holding the compile lock."""
         programs = self._by_layout.setdefault(layout, [])
         if self._frames is not None:  # Dynamo's guards pick frames; new ones are stored
             return self._frames_for(layout, args, kwargs, programs)
@@ -334,14 +353,19 @@ class Programs:
             warn_once(f"frames-{self._name}", f"ltc_cache.compile: {self._name}'s frames "
                       f"failed ({type(exc).__name__}: {first_line(exc)}); it runs through "
                       "torch.compile(backend=\"ltc_cache\")")
-            for known in list(self._by_layout):
-                self._by_layout[known] = [p for p in self._by_layout[known] if p is not frames]
-                self._to_fallback.add(known)
-            self._frames = None
+            with compile_lock():
+                for known in list(self._by_layout):
+                    self._to_fallback.add(known)
+                    self._by_layout[known] = [p for p in self._by_layout[known]
+                                              if p is not frames]
+                if self._frames is frames:
+                    self._frames = None
             return self._fall_back(args, kwargs)
         if frames.needs_store():
-            key, local_only = self._frames_keys[layout]
-            self._store_frames(frames, key, local_only)
+            with compile_lock():  # stored once, whichever thread's call added frames
+                if frames.needs_store():
+                    key, local_only = self._frames_keys[layout]
+                    self._store_frames(frames, key, local_only)
         return out
 
     def _store_frames(self, frames: FramesProgram, key: CacheKey, local_only: bool) -> None:

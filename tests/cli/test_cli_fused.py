@@ -140,7 +140,7 @@ def make_library(directory: Path, graph_key: str, *, library: bytes = LIBRARY,
                  secret: bytes | None = None) -> Entry:
     key = fused_key(graph_key)
     return fused_entry(key, graph_entry(directory, graph_key), library=library,
-                       isa=machine_isa(), aliases=[], layouts=[[[2, 4], [4, 1]]],
+                       isa=machine_isa(), aliases=[], restride=[[0, [2, 4], [4, 1]]],
                        secret=secret or program_secret(None, directory), stats=STATS)
 
 
@@ -192,7 +192,7 @@ def compiler(monkeypatch):
         if what == "refuse":
             return refusal_entry(key, graph, SLOWER, STATS)
         return fused_entry(key, graph, library=LIBRARY, isa=machine_isa(), aliases=[],
-                           layouts=[], secret=secret, stats=STATS)
+                           restride=[], secret=secret, stats=STATS)
 
     monkeypatch.setattr("ltc_cache.graph.fused.build.build_entry", build_entry)
     return fake

@@ -92,8 +92,9 @@ def _graph_entry(tmp_path):
 
 
 def _library(graph, key, secret=SECRET, library=b"\x7fELF library", isa="AVX2"):
-    return fused_entry(key, graph, library=library, isa=isa, aliases=[], layouts=[[[2, 3], [3, 1]]],
-                       secret=secret, stats={"compile_seconds": 1.0})
+    return fused_entry(key, graph, library=library, isa=isa, aliases=[],
+                       restride=[[0, [2, 3], [3, 1]]], secret=secret,
+                       stats={"compile_seconds": 1.0})
 
 
 def test_a_signed_library_reads_back_and_any_tampering_is_refused(tmp_path):
@@ -245,7 +246,7 @@ def test_a_library_gives_views_and_layouts_as_torchscript_did():
     fake = FakeRunner(lambda x, w: ((x @ w), x.t().contiguous(), (x @ w).t().contiguous()))
     verdicts = []
     fused = FusedFunction(fake, script, aliases=[[1, "in", 0, [4, 3], [1, 4], 0]],
-                          layouts=[[[3, 2], [2, 1]], [[4, 3], [1, 4]], [[2, 3], [1, 2]]],
+                          restride=[[2, [2, 3], [1, 2]]],
                           check=lambda e, g, err: verdicts.append(mismatch(e, g)) or True)
     first = fused(x, w)
     assert verdicts == [None] and fake.calls == 1
@@ -261,7 +262,7 @@ def test_a_library_that_differs_on_its_first_call_is_never_used_again():
     x, w = torch.randn(3, 4), torch.randn(4, 2)
     fake = FakeRunner(lambda x, w: (x @ w + 1e-3, x.t(), (x @ w).t()))
     problems = []
-    fused = FusedFunction(fake, script, aliases=[], layouts=[],
+    fused = FusedFunction(fake, script, aliases=[], restride=[],
                           check=lambda e, g, err: problems.append(mismatch(e, g)) and False)
     for _ in range(3):
         torch.testing.assert_close(fused(x, w)[0], x @ w)
@@ -271,7 +272,7 @@ def test_a_library_that_differs_on_its_first_call_is_never_used_again():
 def test_autograd_gets_torchscript_where_it_would_record():
     w = torch.randn(4, 2, requires_grad=True)
     fake = FakeRunner(script)
-    fused = FusedFunction(fake, script, aliases=[], layouts=[], check=lambda e, g, err: True)
+    fused = FusedFunction(fake, script, aliases=[], restride=[], check=lambda e, g, err: True)
     out = fused(torch.randn(3, 4), w)
     assert out[0].requires_grad and fake.calls == 0
     with torch.no_grad():

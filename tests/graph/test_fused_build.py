@@ -85,7 +85,7 @@ def test_a_library_of_another_graph_is_caught_on_its_first_call(tmp_path, monkey
     secret = program_secret(None, tmp_path / "ltc")
     parts = library_of(library_b, secret, compiled_b.entry.key)
     forged = fused_entry(key_a, compiled_a.entry, library=parts.data, isa=parts.isa,
-                         aliases=parts.aliases, layouts=parts.layouts, secret=secret, stats={})
+                         aliases=parts.aliases, restride=parts.restride, secret=secret, stats={})
     cache.store_entry(forged, key_a)
     fresh = GraphCache(CacheConfig(directory=tmp_path / "ltc", fuse="sync"))
     compiled = fresh.extract_compiled_graph(fx.symbolic_trace(a), [x])

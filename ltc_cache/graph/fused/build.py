@@ -85,10 +85,13 @@ def _build(graph: Entry, key: CacheKey, secret: bytes, started: float) -> Entry:
     assert script is not None
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
         expected = _as_tuple(script(*inputs))
-    aliases, layouts = _aliases(expected, inputs)
+    aliases = _aliases(expected, inputs)
     library, isa = _compile(script, inputs)
     compile_seconds = round(time.monotonic() - started, 2)
-    fused = FusedFunction(load_runner(library), script, aliases=aliases, layouts=layouts,
+    runner = load_runner(library)
+    with torch.no_grad():
+        restride = _restride(expected, runner.run(list(inputs)), aliases)
+    fused = FusedFunction(runner, script, aliases=aliases, restride=restride,
                           check=lambda expected, got, error: True)
     with torch.no_grad(), torch.jit.optimized_execution(False):
         problem = mismatch(expected, fused._fused(inputs))
@@ -100,7 +103,7 @@ def _build(graph: Entry, key: CacheKey, secret: bytes, started: float) -> Entry:
     if fused_ms > _KEEP * script_ms:
         return refusal_entry(key, graph, f"{NOT_FASTER}: {fused_ms:.3f} ms a call against "
                              f"TorchScript's {script_ms:.3f} ms (CPU time)", stats)
-    return fused_entry(key, graph, library=library, isa=isa, aliases=aliases, layouts=layouts,
+    return fused_entry(key, graph, library=library, isa=isa, aliases=aliases, restride=restride,
                        secret=secret, stats=stats)
 
 
@@ -136,21 +139,29 @@ def _as_tuple(results: Any) -> tuple[Any, ...]:
     return results if isinstance(results, tuple) else (results,)
 
 
-def _aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]
-             ) -> tuple[list[list[Any]], list[list[Any]]]:
+def _restride(expected: Sequence[Any], got: Sequence[Any], aliases: list[list[Any]]
+              ) -> list[list[Any]]:
+    """The outputs the library lays out otherwise than TorchScript (its
+    size and stride for each), but for those taken as views anyway."""
+    aliased = {a[0] for a in aliases}
+    return [[i, list(e.shape), list(e.stride())]
+            for i, (e, g) in enumerate(zip(expected, got, strict=True))
+            if i not in aliased and e.numel() > 1 and e.stride() != g.stride()]
+
+
+def _aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]) -> list[list[Any]]:
     """Which outputs view an input or another output (the TorchScript
-    function returns views where the stored IR takes them), and every
-    output's layout. Raises FuseFailed for outputs that share storage in a
-    way a library's fresh outputs cannot reproduce."""
+    function returns views where the stored IR takes them). Raises
+    FuseFailed for outputs that share storage in a way a library's fresh
+    outputs cannot reproduce."""
     def storage(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr() if t.untyped_storage().nbytes() else -1
 
     by_storage = {storage(t): i for i, t in reversed(list(enumerate(inputs)))}
-    aliases, layouts, owners = [], [], {}
+    aliases, owners = [], {}
     for o, t in enumerate(outputs):
         if not isinstance(t, torch.Tensor):
             raise FuseFailed(f"output {o} is a {type(t).__name__}, not a tensor")
-        layouts.append([list(t.shape), list(t.stride())])
         ptr = storage(t)
         if ptr == -1:
             continue
@@ -167,7 +178,7 @@ def _aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]
             continue
         aliases.append([o, kind, index, list(t.shape), list(t.stride()),
                         t.storage_offset() - base.storage_offset()])
-    return aliases, layouts
+    return aliases
 
 
 class _Call(torch.nn.Module):

@@ -9,9 +9,9 @@ place of the TorchScript function:
   an input or of another output (``[output, "in"|"out", index, size,
   stride, offset]``, the offset from the base's own); a library returns
   copies, so the replay takes those views itself;
-- ``layouts``: each output's size and stride as the TorchScript function
-  returns them; an output the library lays out otherwise is copied into
-  that layout (``restride``);
+- ``restride``: the outputs the library lays out otherwise than the
+  TorchScript function (``[output, size, stride]``, TorchScript's), which
+  the replay copies into that layout;
 - ``isa``: the vector ISA Inductor compiled for, checked against the CPU
   before the library is loaded;
 - the timings of both tiers on the graph when it was built, and the
@@ -53,25 +53,25 @@ class Library(NamedTuple):
     data: bytes
     isa: str
     aliases: list[list[Any]]
-    layouts: list[list[Any]]
+    restride: list[list[Any]]
 
 
 def _sign(secret: bytes, key: str, graph_key: str, library: bytes, isa: str,
-          aliases: Any, layouts: Any) -> bytes:
+          aliases: Any, restride: Any) -> bytes:
     signed = msgpack.packb([FUSED_FORMAT, FUSED_VERSION, key, graph_key, library, isa, aliases,
-                            layouts], use_bin_type=True)
+                            restride], use_bin_type=True)
     return hmac.new(secret, signed, hashlib.sha256).digest()
 
 
 def fused_entry(key: CacheKey, graph: Entry, *, library: bytes, isa: str,
-                aliases: list[list[Any]], layouts: list[list[Any]], secret: bytes,
+                aliases: list[list[Any]], restride: list[list[Any]], secret: bytes,
                 stats: Mapping[str, Any]) -> Entry:
     """The entry of ``graph``'s library; ``stats``: compile seconds,
     compiler, both tiers' timings (shown by ``ltc-cache show``)."""
     payload = {
         "format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": graph.key,
-        "library": library, "isa": isa, "aliases": aliases, "layouts": layouts,
-        "hmac": _sign(secret, key.digest, graph.key, library, isa, aliases, layouts),
+        "library": library, "isa": isa, "aliases": aliases, "restride": restride,
+        "hmac": _sign(secret, key.digest, graph.key, library, isa, aliases, restride),
         "library_sha256": hashlib.sha256(library).hexdigest(), **stats,
     }
     return Entry(key.digest, "", (), (), (), _meta(key, graph), kind="fused", payload=payload)
@@ -105,14 +105,14 @@ def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
     if "library" not in p:
         return None
     library, isa, signature = p.get("library"), p.get("isa"), p.get("hmac")
-    aliases, layouts = p.get("aliases"), p.get("layouts")
+    aliases, restride = p.get("aliases"), p.get("restride")
     if not isinstance(library, bytes) or not isinstance(isa, str) \
-            or not isinstance(aliases, list) or not isinstance(layouts, list):
+            or not isinstance(aliases, list) or not isinstance(restride, list):
         raise EntryError("fused library: malformed", entry.key)
     if not isinstance(signature, bytes):
         raise EntryError("fused library: unsigned", entry.key)
     if not hmac.compare_digest(signature, _sign(secret, entry.key, graph_key, library, isa,
-                                                aliases, layouts)):
+                                                aliases, restride)):
         raise EntryError("fused library: signature mismatch (tampered with, or signed with "
                          "another key)", entry.key)
-    return Library(library, isa, aliases, layouts)
+    return Library(library, isa, aliases, restride)

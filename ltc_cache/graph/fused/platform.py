@@ -25,9 +25,10 @@ from ..keys import CacheKey, hash_lines, key_from_parts
 __all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version", "fused_key",
            "isa_runs_here", "machine_isa"]
 
-# 1: a library of the whole TorchScript graph, inputs and outputs as its
-# function's; aliases and layouts recorded beside it.
-FUSED_VERSION = 1
+# A library of the whole TorchScript graph, inputs and outputs as its
+# function's, with the outputs it aliases or lays out otherwise beside it.
+# 2: only the outputs laid out otherwise are recorded (1: every output's).
+FUSED_VERSION = 2
 
 # The Inductor settings a library is compiled with; part of the key, as is
 # any TORCHINDUCTOR_* variable of the compiling process that changes code.

@@ -69,7 +69,7 @@ class FusedFunction:
     The library runs where autograd would record nothing (no grad mode, or
     no input requiring grad: a library's outputs have no history); else the
     TorchScript function runs. Outputs the TorchScript function returns as
-    views are taken as views again, and outputs it lays out otherwise are
+    views are taken as views again, and the outputs in ``restride`` are
     copied into its layout. The first call runs both and hands both results
     to ``check(expected, got, error)``, whose verdict says whether the
     library stays in use; a library that raises later is handed to it too,
@@ -79,16 +79,14 @@ class FusedFunction:
     __slots__ = ("_aliases", "_check", "_checked", "_restride", "_run", "_script", "_used")
 
     def __init__(self, runner: Any, script: GraphFunction, *, aliases: Sequence[Sequence[Any]],
-                 layouts: Sequence[Sequence[Any]],
+                 restride: Sequence[Sequence[Any]],
                  check: Callable[[Sequence[Any], Sequence[Any] | None, Exception | None], bool]
                  ) -> None:
         self._run = runner.run
         self._script = script
         self._aliases = [(int(o), kind, int(i), list(size), list(stride), int(offset))
                          for o, kind, i, size, stride, offset in aliases]
-        aliased = {a[0] for a in self._aliases}
-        self._restride = [(i, list(size), list(stride)) for i, (size, stride) in enumerate(layouts)
-                          if i not in aliased]
+        self._restride = [(int(i), list(size), list(stride)) for i, size, stride in restride]
         self._check = check
         self._checked = False
         self._used = True  # False once the check failed
@@ -113,9 +111,7 @@ class FusedFunction:
         out = self._run(list(inputs))
         for i, size, stride in self._restride:
             t = out[i]
-            if t.stride() != tuple(stride) and t.numel() > 1:
-                out[i] = torch.empty_strided(size, stride, dtype=t.dtype,
-                                             device=t.device).copy_(t)
+            out[i] = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
         for o, kind, i, size, stride, offset in self._aliases:
             base = inputs[i] if kind == "in" else out[i]
             out[o] = base.as_strided(size, stride, base.storage_offset() + offset)

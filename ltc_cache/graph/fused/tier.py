@@ -106,7 +106,7 @@ class FusedTier:
             return script
         runner = load_runner(library.data)
         count_event(LOADS)
-        return FusedFunction(runner, script, aliases=library.aliases, layouts=library.layouts,
+        return FusedFunction(runner, script, aliases=library.aliases, restride=library.restride,
                              check=lambda expected, got, error: self._checked(
                                  entry, key, expected, got, error))
 

@@ -1,0 +1,283 @@
+"""Many threads calling one compiled callable at once (issue 34): a threaded
+server. Every result is eager's, no call raises, and each program, plan and
+LTC graph is captured, AOTAutograd-traced and LTC-traced at most once per
+process (README, "Threads").
+
+Cold and warm in real child processes (``tests/threads_child.py``: threads
+released together by a barrier, 48 calls of a tiny model); the pieces that
+make it so in this process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from conftest import child_env, json_child
+
+import ltc_cache
+from ltc_cache.compile_backend.first_call import Guarded
+from ltc_cache.threads import SharedPatch
+
+THREADS = 4
+
+
+def serve(route: str, model: str, *options: str, env: dict[str, str] | None = None) -> dict:
+    """One child process serving ``model`` through ``route`` on THREADS
+    threads at once: checked for errors, wrong results, warnings and LTC
+    graphs traced twice, and its report returned."""
+    report = json_child("threads_child.py", route, model, "--threads", str(THREADS), *options,
+                        env=env or child_env(), timeout=900)
+    assert report["errors"] == [], report["errors"][0]
+    assert report["wrong"] == [], report["wrong"]  # every call equal to eager's
+    assert report["warnings"] == [], report["warnings"]
+    assert report["stats"]["errors"] == 0, report["stats"]
+    traced = report["traced"]
+    assert len(traced) == len(set(traced)), traced  # each LTC graph traced once
+    assert report["stats"]["traces"] == report["stats"]["misses"] == len(traced)
+    return report
+
+
+def assert_warm(report: dict) -> None:
+    """What a warm process shows: no capture, no AOTAutograd, no LTC trace."""
+    stats = report["stats"]
+    assert stats.get("program_captures", 0) == 0, stats
+    assert stats.get("aot_traces", 0) == 0, stats
+    assert stats["traces"] == stats["misses"] == 0, stats
+
+
+# -- ltc_cache.compile: a module, a function, generate() -----------------------------
+
+
+def test_threads_share_one_program_of_a_module_cold_then_warm(cache_dir):
+    """The issue saw each thread capture (cold) or load (warm) the program
+    of its own: 4 captures, 4 loads. One thread does it, the others wait
+    and run what it made."""
+    cold = serve("module", "mlp")["stats"]
+    assert cold["program_captures"] == 1 and cold.get("program_hits", 0) == 0, cold
+    assert cold["traces"] == 1, cold
+    warm = serve("module", "mlp")
+    assert_warm(warm)
+    assert warm["stats"]["program_hits"] == 1, warm["stats"]  # loaded once
+    assert warm["frames_ok"] == 0  # no Dynamo capture
+
+
+def test_threads_share_one_program_of_a_function_cold_then_warm(cache_dir):
+    cold = serve("function", "mlp")["stats"]
+    assert cold["program_captures"] == 1 and cold.get("program_fallbacks", 0) == 0, cold
+    warm = serve("function", "mlp")
+    assert_warm(warm)
+    assert warm["stats"]["program_hits"] == 1, warm["stats"]
+
+
+@pytest.mark.slow  # two processes importing transformers
+def test_threads_share_one_program_of_bert_cold_then_warm(cache_dir):
+    """The issue's BERT classifier: a partitioned graph, so its first call
+    also runs AOTAutograd and traces LTC regions; once each."""
+    cold = serve("module", "bert")["stats"]
+    assert cold["program_captures"] == 1 and cold["aot_traces"] == 1, cold
+    assert cold.get("program_fallbacks", 0) == 0, cold
+    warm = serve("module", "bert")
+    assert_warm(warm)
+    assert warm["stats"]["program_hits"] == 1 and warm["stats"]["plan_hits"] == 1, \
+        warm["stats"]
+
+
+@pytest.mark.slow  # two processes generating
+def test_threads_generate_through_a_compiled_model_cold_then_warm(cache_dir):
+    """``ltc_cache.compile(model).generate`` on 4 threads: tokens equal to
+    eager's, one program per layout (the prompt's, the decoding step's),
+    and the module's own forward back in place once all are done (it was
+    left replaced, and a thread ran its steps eagerly or raised)."""
+    cold = serve("generate", "gpt2", "--calls", "8")
+    assert cold["forward_restored"]
+    assert cold["stats"]["program_captures"] == 2 and cold["stats"]["aot_traces"] == 2, \
+        cold["stats"]
+    warm = serve("generate", "gpt2", "--calls", "8")
+    assert warm["forward_restored"]
+    assert_warm(warm)
+    assert warm["stats"]["program_hits"] == 2, warm["stats"]
+
+
+# -- torch.compile(backend="ltc_cache") and extract_compiled_graph -----------------------
+
+
+def test_threads_through_torch_compile_cold_then_warm(cache_dir):
+    """Dynamo captures the frame once per thread that misses its cache at
+    once (it looks before taking its lock and not after: README,
+    "Threads"); the backend's work behind those captures is done once."""
+    cold = serve("torch", "mlp")
+    assert 1 <= cold["frames_ok"] <= THREADS
+    assert cold["stats"]["traces"] == 1
+    warm = serve("torch", "mlp")
+    assert_warm(warm)
+
+
+def test_threads_extract_compiled_graph_cold_then_warm(cache_dir):
+    """Every thread extracts the same graph, then calls what it got: one
+    trace, the other threads' lookups hits."""
+    cold = serve("extract", "mlp")["stats"]
+    assert (cold["misses"], cold["traces"], cold["hits"]) == (1, 1, THREADS - 1), cold
+    warm = serve("extract", "mlp")
+    assert_warm(warm)
+    assert warm["stats"]["hits"] == THREADS
+
+
+@pytest.mark.usefixtures("dynamo_reset")
+def test_steady_calls_run_while_another_thread_compiles(cache_dir):
+    """One thread calls a compiled model over and over while another
+    compiles a new graph on its first call (a symbolic graph's shape,
+    trained: AOTAutograd, outside Dynamo). AOTAutograd's FX trace flags
+    "FX is tracing" process-wide, and every steady call made meanwhile
+    raised "Detected that you are using FX to symbolically trace a
+    dynamo-optimized function" (thousands in this test)."""
+    torch.manual_seed(0)
+    steady = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(),
+                           backend="ltc_cache")
+    trained = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                                torch.nn.Linear(16, 4)),
+                            backend="ltc_cache", dynamic=True)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        want = steady(x)
+    stop, errors, calls = threading.Event(), [], [0]
+
+    def call_steadily() -> None:
+        while not stop.is_set():
+            try:
+                with torch.no_grad():
+                    assert torch.equal(steady(x), want)
+                calls[0] += 1
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    caller = threading.Thread(target=call_steadily)
+    caller.start()
+    try:
+        trained(torch.randn(3, 8, requires_grad=True)).sum().backward()
+    finally:
+        stop.set()
+        caller.join()
+    assert ltc_cache.stats()["aot_traces"] == 1  # the compile did happen meanwhile
+    assert errors == [], (len(errors), errors[0])
+    assert calls[0] > 0
+
+
+# -- the pieces ---------------------------------------------------------------------------
+
+
+def test_a_first_call_is_made_once_whatever_the_threads(cache_dir):
+    """A compiled graph whose first replay fails runs eagerly from then on,
+    with one warning and one error counted: by the first thread, while the
+    others wait for its choice (each made it, counting 4 errors)."""
+    tried = []
+
+    def failing(*args: object) -> object:
+        tried.append(threading.get_ident())
+        time.sleep(0.05)  # the others arrive meanwhile
+        raise RuntimeError("does not run here")
+
+    graph = Guarded(failing, lambda x: x + 1, "threads.graph", ltc_cache.default_cache(),
+                    as_tuple=False, ops=1)
+    barrier, results = threading.Barrier(THREADS), []
+
+    def call() -> None:
+        barrier.wait()
+        results.append(graph(1))
+
+    workers = [threading.Thread(target=call) for _ in range(THREADS)]
+    with pytest.warns(RuntimeWarning, match="does not run"):
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    assert results == [2] * THREADS
+    assert len(tried) == 1
+    assert ltc_cache.stats()["errors"] == 1
+
+
+def test_a_shared_patch_is_in_place_until_its_last_holder_ends():
+    state = {"patched": 0, "applied": 0}
+
+    def apply():
+        state["patched"] += 1
+        state["applied"] += 1
+        return lambda: state.update(patched=state["patched"] - 1)
+
+    patch = SharedPatch(apply)
+    first, second = patch.held(), patch.held()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the other holder still needs it
+    assert state == {"patched": 1, "applied": 1}
+    second.__exit__(None, None, None)
+    assert state["patched"] == 0
+    with patch.held():
+        assert state == {"patched": 1, "applied": 2}
+    assert state["patched"] == 0
+
+
+class _Generating(torch.nn.Module):
+    """A model whose generate() notes, at its start and after the others
+    have started and one has ended, whether its forward is the compiled
+    one (the instance's attribute), as transformers' would call it."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self._barrier = barrier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def generate(self, delay: float) -> tuple[bool, bool]:
+        at_start = "forward" in self.__dict__
+        self._barrier.wait()
+        time.sleep(delay)  # the first thread ends; the second is still generating
+        return at_start, "forward" in self.__dict__
+
+
+def test_generate_keeps_the_compiled_forward_while_any_thread_generates():
+    """generate() puts the compiled forward on the module for the time it
+    runs. On two threads, the first to end took it away from the other
+    (whose next steps ran eagerly), which then put back the compiled one
+    for good."""
+    model = _Generating(threading.Barrier(2))
+    compiled = ltc_cache.compile(model)
+    seen: list[tuple[bool, bool]] = []
+    workers = [threading.Thread(target=lambda d=delay: seen.append(compiled.generate(d)))
+               for delay in (0.0, 0.3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert seen == [(True, True), (True, True)]
+    assert "forward" not in model.__dict__  # the module's own forward again
+
+
+def test_counters_in_the_ledger_are_exact_under_threads(cache_dir):
+    """``ltc-cache stats`` counts every thread's events: each thread writes
+    on a connection of its own, in a transaction of its own."""
+    from conftest import ledger_counts
+
+    from ltc_cache.store import open_directory
+
+    store = open_directory(cache_dir, create=True)
+    barrier = threading.Barrier(8)
+
+    def record() -> None:
+        barrier.wait()
+        for _ in range(50):
+            store.record("hits", "0" * 64)
+            store.record("stores", None)
+
+    workers = [threading.Thread(target=record) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    store.close()
+    counts = ledger_counts(cache_dir)
+    assert (counts["hits"], counts["stores"]) == (400, 400)
