@@ -39,7 +39,7 @@ import torch
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction, build_function
-from .entries import NOT_FASTER, fused_entry, refusal_entry
+from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
 from .runner import FusedFunction, load_runner, mismatch
 
@@ -70,6 +70,8 @@ def build_entry(graph: Entry, key: CacheKey, secret: bytes) -> Entry:
         reason = str(exc)
     except Exception as exc:  # Inductor, export, g++: whatever they raise
         reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:_REASON_CHARS]}"
+        if "SymInt" in reason:  # a value read as a number, symbolic on fake inputs
+            reason = f"{DATA_DEPENDENT}: the graph reads a tensor's value as a number ({reason})"
     logger.info("no library for %s: %s", graph.key[:12], reason)
     return refusal_entry(key, graph, reason,
                          {"compile_seconds": round(time.monotonic() - started, 2)})

@@ -40,11 +40,15 @@ from ..entry import Entry, new_meta
 from ..keys import CacheKey
 from .platform import FUSED_VERSION
 
-__all__ = ["FUSED_FORMAT", "NOT_FASTER", "Library", "fused_entry", "library_of", "refusal_entry"]
+__all__ = ["DATA_DEPENDENT", "FUSED_FORMAT", "NOT_FASTER", "Library", "fused_entry", "library_of",
+           "refusal_entry"]
 
 FUSED_FORMAT = "ltc_cache.fused"
-# How a refusal's reason starts where the library was built but was slower.
+# How a refusal's reason starts where the library was built but was slower,
+# and where the graph reads a tensor's value as a number (a library could
+# only bake in the value it was traced with): refusals that are no failure.
 NOT_FASTER = "not faster"
+DATA_DEPENDENT = "data-dependent"
 
 
 class Library(NamedTuple):

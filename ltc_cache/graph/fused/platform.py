@@ -27,16 +27,20 @@ __all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version
 
 # A library of the whole TorchScript graph, inputs and outputs as its
 # function's, with the outputs it aliases or lays out otherwise beside it.
-# 2: only the outputs laid out otherwise are recorded (1: every output's).
-FUSED_VERSION = 2
+# 3: generated loops on one thread; 2: only the outputs laid out otherwise
+# are recorded (1: every output's).
+FUSED_VERSION = 3
 
 # The Inductor settings a library is compiled with; part of the key, as is
 # any TORCHINDUCTOR_* variable of the compiling process that changes code.
 INDUCTOR_OPTIONS: dict[str, object] = {
     "compile_threads": 1,  # one g++ at a time: the compile runs beside training
-    # Parallel loops take the calling process's thread count at run time, not
-    # the compiling process's (Inductor's default writes that number in).
-    "cpp.dynamic_threads": True,
+    # Generated loops run on the calling thread; the matrix products a library
+    # calls are torch's, parallel as they are in a replay. Parallel generated
+    # loops made a decoding step 3-6x slower than the replay at two threads on
+    # a loaded machine (an OpenMP team waits for its slowest thread on every
+    # small loop), and would take the compiling process's thread count.
+    "cpp.threads": 1,
 }
 
 # TORCHINDUCTOR_* variables that change where Inductor keeps things or what

@@ -34,7 +34,7 @@ from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
-from .entries import NOT_FASTER, library_of, refusal_entry
+from .entries import DATA_DEPENDENT, NOT_FASTER, library_of, refusal_entry
 from .platform import fused_key, isa_runs_here
 from .queue import FuseQueue, start_worker
 from .runner import FusedFunction, load_runner, mismatch, runner_available
@@ -97,9 +97,9 @@ class FusedTier:
         except EntryError as exc:
             self._cache.drop_entry(key, str(exc), remade="compiled")
             return script
-        if library is None:  # refused: not faster (silently), or it cannot be built
+        if library is None:  # refused: not faster, data-dependent (silently), or a failure
             reason = str(stored.payload.get("reason", ""))
-            if not reason.startswith(NOT_FASTER):
+            if not reason.startswith((NOT_FASTER, DATA_DEPENDENT)):
                 warn_once("fused-refused", f"no fused library for {entry.graph_name} "
                           f"({entry.key[:12]}): {reason[:300]}; replaying with TorchScript "
                           "(`ltc-cache show` and `ltc-cache fuse --retry`)")
