@@ -41,7 +41,7 @@ __all__ = ["SharedPatch", "compile_lock", "trace_lock"]
 trace_lock = threading.RLock()
 
 
-def compile_lock() -> Any:
+def compile_lock() -> contextlib.AbstractContextManager[Any]:
     """Dynamo's process-wide reentrant lock (see the module's docstring);
     imported on first use, by then Dynamo is loaded anyway."""
     from torch._dynamo.convert_frame import compile_lock as lock
@@ -50,8 +50,8 @@ def compile_lock() -> Any:
 
 
 class SharedPatch:
-    """A change to process-wide state (a patched torch method, a Dynamo
-    setting) that calls on several threads need at once: ``apply()`` makes
+    """A change to process-wide state (a patched torch method, a module's
+    attribute) that calls on several threads need at once: ``apply()`` makes
     it and returns what undoes it; it is in place from the first
     :meth:`held` block to start until the last one ends. Patching around
     each call instead lets one call's undo land while another call still

@@ -39,12 +39,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 VOCAB = 96
 ROUTES = ("module", "function", "torch", "extract", "generate")
-MODELS = ("mlp", "bert", "gpt2")
+MODELS = ("mlp", "branchy", "bert", "gpt2")
+
+
+class Branchy(torch.nn.Module):
+    """An MLP with a branch on a tensor's value: Dynamo breaks the graph
+    there, and ltc_cache.compile stores a program of frames."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(16, 32)
+        self.fc2 = torch.nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.fc2(torch.relu(h))
 
 
 def build(name: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     """``name``'s tiny model in eval mode, and its input."""
     torch.manual_seed(0)
+    if name == "branchy":
+        return Branchy().eval(), (torch.randn(2, 16),)
     if name == "mlp":
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
                                     torch.nn.Linear(32, 8))

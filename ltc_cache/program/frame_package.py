@@ -61,6 +61,7 @@ class FrameGuard:
         self._checks = Checks(checks)
         self._globals = f_globals
         self._failed = False
+        self._resolving = threading.Lock()  # resolved once, whatever the threads
         # Checks of builtins read them through the dict Dynamo names so.
 
         for name in self._checks.builtins_dicts:
@@ -68,6 +69,13 @@ class FrameGuard:
 
     def __call__(self, f_locals: Mapping[str, Any]) -> bool:
         fast = self._checks.fast
+        if fast is not None:
+            return fast(f_locals, self._globals)
+        with self._resolving:
+            return self._resolve(f_locals)
+
+    def _resolve(self, f_locals: Mapping[str, Any]) -> bool:
+        fast = self._checks.fast  # another thread's call may have resolved them
         if fast is not None:
             return fast(f_locals, self._globals)
         if self._failed:

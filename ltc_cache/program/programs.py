@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -72,6 +73,13 @@ class Programs:
         self._frames: FramesProgram | None = None
         self._frames_keys: dict[Any, tuple[CacheKey, bool]] = {}
         self._frames_logged = False
+        # Input layouts whose first call through the frames has been made:
+        # until then, calls of a layout are made one at a time, so that
+        # Dynamo captures its frames once (it looks for a frame's code
+        # before taking its lock, so threads that miss together each
+        # capture it).
+        self._frames_ran: set[Any] = set()
+        self._frames_first = threading.RLock()
 
     @property
     def cache(self) -> GraphCache:
@@ -99,12 +107,12 @@ class Programs:
                     program = self._obtain(layout, args, kwargs, full)
             if program is None:
                 return self._fall_back(args, kwargs)
-        if program is self._frames:
-            return self._run_frames(layout, args, full, kwargs)
+        if isinstance(program, FramesProgram):
+            return self._run_frames(program, layout, args, full, kwargs)
         return program.run(full, kwargs)
 
     def _pick(self, layout: Any, full: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> LoadedProgram | None:
+              kwargs: dict[str, Any]) -> LoadedProgram | FramesProgram | None:
         """The program of ``layout`` whose guards and checks hold for this
         call (the frames, where the function is compiled as frames: Dynamo's
         guards pick among them); None where none does."""
@@ -339,10 +347,17 @@ class Programs:
         programs.append(self._frames)
         return self._frames
 
-    def _run_frames(self, layout: Any, args: tuple[Any, ...], full: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any:
-        frames = self._frames
-        assert frames is not None
+    def _run_frames(self, frames: FramesProgram, layout: Any, args: tuple[Any, ...],
+                    full: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if layout in self._frames_ran:  # the steady call
+            return self._through_frames(frames, layout, args, full, kwargs)
+        with self._frames_first:
+            out = self._through_frames(frames, layout, args, full, kwargs)
+            self._frames_ran.add(layout)
+        return out
+
+    def _through_frames(self, frames: FramesProgram, layout: Any, args: tuple[Any, ...],
+                        full: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             out = frames.run(full, kwargs)
         except Exception as exc:
