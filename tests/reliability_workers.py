@@ -82,9 +82,10 @@ def build(name: str) -> tuple[fx.GraphModule, list[torch.Tensor]]:
 
 
 def child_env(directory: Path, **extra: str) -> dict[str, str]:
-    """This environment for a child, with no LTC_CACHE_* but those given."""
+    """This environment for a child, with no LTC_CACHE_* but those given
+    (and no fused libraries: each would be a background g++ compile)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
-    return {**env, "LTC_CACHE_DIR": str(directory), **extra}
+    return {**env, "LTC_CACHE_DIR": str(directory), "LTC_CACHE_FUSE": "off", **extra}
 
 
 def matches_eager(gm: fx.GraphModule, compiled, inputs: list[torch.Tensor]) -> bool:
