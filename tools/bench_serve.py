@@ -79,6 +79,7 @@ def main() -> int:
     parser.add_argument("--model", default="gpt2")
     args = parser.parse_args()
     base = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
+    base["LTC_CACHE_FUSE"] = "off"  # start-up of the replay tier, no background compiles
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.workers:
