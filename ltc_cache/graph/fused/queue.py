@@ -19,8 +19,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import filelock
-
 from ...wire import is_entry_key
 
 __all__ = ["FuseQueue", "start_worker"]
@@ -60,6 +58,8 @@ class FuseQueue:
     @contextlib.contextmanager
     def worker_lock(self) -> Iterator[bool]:
         """Whether this process is the worker (the lock is taken without waiting)."""
+        import filelock  # the worker's alone: a warm process never imports it
+
         self.path.mkdir(mode=0o700, exist_ok=True)
         lock = filelock.FileLock(str(self.path / _WORKER_LOCK))
         try:
