@@ -66,6 +66,10 @@ class Ledger:
         self.path = Path(path)
         self._timeout = timeout
         self._local = threading.local()
+        # This process's threads write one at a time: each waits for the
+        # others here, not on SQLite's lock, where a wait past ``timeout``
+        # drops the count (meant for other processes' writes).
+        self._writing = threading.Lock()
 
     def _connect(self, *, create: bool) -> sqlite3.Connection | None:
         local = self._local
@@ -119,7 +123,7 @@ class Ledger:
         One short transaction."""
         try:
             con = self._connect(create=True)
-            with con:
+            with self._writing, con:
                 con.execute("BEGIN IMMEDIATE")
                 con.execute("INSERT INTO counters VALUES (?, 1) "
                             "ON CONFLICT(name) DO UPDATE SET value = value + 1", (event,))
@@ -136,7 +140,7 @@ class Ledger:
         try:
             summary = msgpack.packb(summarise(data), use_bin_type=True)
             con = self._connect(create=True)
-            with con:
+            with self._writing, con:
                 con.execute("BEGIN IMMEDIATE")
                 con.execute("INSERT INTO entries (key, hits, last_used, summary) "
                             "VALUES (?, 0, NULL, ?) ON CONFLICT(key) DO UPDATE SET "
