@@ -104,8 +104,9 @@ class FusedFunction:
         try:
             return self._fused(inputs)
         except Exception as exc:  # never the user's failure: TorchScript takes over
-            self._used = self._check(self._script(*inputs), None, exc)
-            return self._script(*inputs)
+            results = self._script(*inputs)
+            self._used = self._check(results, None, exc)
+            return results
 
     def _fused(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         out = self._run(list(inputs))
