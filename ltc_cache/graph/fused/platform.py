@@ -70,6 +70,11 @@ def isa_runs_here(library_isa: str) -> bool:
     return library_isa.upper() in _RUNS.get(machine_isa().upper(), {"", "DEFAULT"})
 
 
+def _compiler_path() -> str | None:
+    """The C++ compiler Inductor would use: ``$CXX``, else ``g++``, on PATH."""
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
 @functools.lru_cache(maxsize=1)
 def compiler_id() -> str:
     """The C++ compiler Inductor would use (``$CXX``, else ``g++``) as the
@@ -77,7 +82,7 @@ def compiler_id() -> str:
     A stat, not ``g++ --version`` (5 ms, a subprocess): a warm process reads
     this before it looks a library up. A compiler installed from one
     package has the same size and time on every machine."""
-    path = shutil.which(os.environ.get("CXX") or "g++")
+    path = _compiler_path()
     if path is None:
         return "none"
     real = os.path.realpath(path)
@@ -90,7 +95,7 @@ def compiler_id() -> str:
 
 def compiler_version() -> str:
     """The compiler's own first line of ``--version``, for listings."""
-    path = shutil.which(os.environ.get("CXX") or "g++")
+    path = _compiler_path()
     if path is None:
         return "none"
     try:
