@@ -15,12 +15,16 @@ loads, with no Dynamo capture. With ``LTC_CACHE_REMOTE=redis://host:6379/0``
 machines, the first machine's traces warm the others too.
 
 ``--model lm`` serves generation requests instead: ``generate()`` of a
-small GPT-2 on prompts of eight lengths in turn, greedy, ``--new`` tokens,
-with transformers' static key/value cache at one length for the fleet, the
-forward compiled with ``model.forward = ltc_cache.compile(model.forward)``.
-A cold fleet captures one program per prompt length and one for decoding;
-a warm one captures, traces and runs AOTAutograd for none of them.
-``--remote redis://host:6379/0`` puts a Redis tier under the directory.
+small GPT-2 on prompts of random lengths (1 to 100 tokens), greedy,
+``--new`` tokens, with transformers' static key/value cache at one length
+for the fleet, through ``ltc_cache.compile(model).generate``: each prompt
+is padded on the left to its length bucket, so a cold fleet captures one
+program per bucket it meets and one for decoding, and a warm one captures,
+traces and runs AOTAutograd for none of them, whatever lengths come
+(``--compile torch``: the forward through ``torch.compile(backend=
+"ltc_cache")``, unpadded). ``--serving-threads N`` answers with N threads
+in each worker, as a threaded HTTP server would. ``--remote
+redis://host:6379/0`` puts a Redis tier under the directory.
 
 It prints, per worker, the start-up time (process start to the first
 result), the compile time (first call to first result) and the cache
@@ -35,6 +39,7 @@ import multiprocessing as mp
 import os
 import queue
 import sys
+import threading
 import time
 from typing import Any
 
@@ -43,11 +48,11 @@ import torch
 import ltc_cache
 
 MODELS = ("gpt2", "mlp", "mlp1", "lm")
-# --model lm: generation requests of these prompt lengths, in turn.
-LM_LENGTHS = (5, 8, 11, 14, 17, 20, 24, 29)
+# --model lm: prompts of random lengths up to this.
+LM_LONGEST = 100
 # The static key/value cache's length, the same in every worker and request:
 # generate() otherwise sizes it to each request, and each size is a graph.
-LM_CACHE_LEN = 64
+LM_CACHE_LEN = 128
 
 
 class TwoStageMLP(torch.nn.Module):
@@ -73,7 +78,7 @@ class TwoStageMLP(torch.nn.Module):
         return self.second(x)
 
 
-def build_model(name: str):
+def build_model(name: str, longest: int = LM_LONGEST):
     """The model every worker serves: same seed, same weights (a real
     server would load a checkpoint), and the input of a request's seed."""
     torch.manual_seed(0)
@@ -88,13 +93,13 @@ def build_model(name: str):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     if name == "lm":  # a small GPT-2 answering generate() requests
-        config = GPT2Config(vocab_size=1000, n_positions=128, n_embd=64, n_layer=2, n_head=4,
-                            bos_token_id=1, eos_token_id=2)
+        config = GPT2Config(vocab_size=1000, n_positions=LM_CACHE_LEN, n_embd=64, n_layer=2,
+                            n_head=4, bos_token_id=1, eos_token_id=2, pad_token_id=0)
         model = GPT2LMHeadModel(config).eval()
 
         def make_prompt(seed: int) -> tuple[torch.Tensor, ...]:
             gen = torch.Generator().manual_seed(seed)
-            length = LM_LENGTHS[seed % len(LM_LENGTHS)]
+            length = int(torch.randint(1, longest + 1, (), generator=gen))
             return (torch.randint(3, config.vocab_size, (1, length), generator=gen),)
         return model, make_prompt
 
@@ -118,20 +123,19 @@ def generation(model: torch.nn.Module, args: argparse.Namespace):
     transformers' static cache at one length for the whole fleet."""
     def answer(ids: torch.Tensor) -> torch.Tensor:
         return model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new,
-                              do_sample=False, pad_token_id=0, cache_implementation="static",
+                              do_sample=False, cache_implementation="static",
                               max_cache_len=LM_CACHE_LEN)
     return answer
 
 
 def compiled_model(model: torch.nn.Module, args: argparse.Namespace):
-    """The callable a worker serves with. For generation, the forward is
-    compiled (``generate()`` calls it for the prompt and every new token):
-    with ltc_cache.compile, a program per prompt length and one for decoding."""
+    """The callable a worker serves with. For generation, through the
+    compiled module's ``generate()`` (a program per prompt-length bucket and
+    one for decoding), or with the forward compiled by ``torch.compile``."""
     if args.model == "lm":
         if args.compile == "ltc_cache":
-            model.forward = ltc_cache.compile(model.forward)
-        else:
-            model.forward = torch.compile(model.forward, backend="ltc_cache")
+            return generation(ltc_cache.compile(model), args)
+        model.forward = torch.compile(model.forward, backend="ltc_cache")
         return generation(model, args)
     return (ltc_cache.compile(model, dynamic=False) if args.compile == "ltc_cache"
             else torch.compile(model, backend="ltc_cache", dynamic=False))
@@ -141,7 +145,7 @@ def worker(wid: int, spawned: float, args: argparse.Namespace,
            requests: mp.Queue, results: mp.Queue) -> None:
     torch.set_num_threads(args.threads)
     imported = time.time()
-    model, make_input = build_model(args.model)
+    model, make_input = build_model(args.model, args.longest)
     compiled = compiled_model(model, args)
     built = time.time()
     with torch.no_grad():
@@ -157,20 +161,31 @@ def worker(wid: int, spawned: float, args: argparse.Namespace,
         "frames_captured": int(torch._dynamo.utils.counters["frames"]["ok"]),
         "pid": os.getpid(),
     }))
-    served, firsts = 0, {}
-    while (item := requests.get()) is not None:
-        inputs = make_input(item)
-        started = time.time()
-        with torch.no_grad():
-            out = as_tensor(compiled(*inputs))
-        # Each input length's first request: where a program or graph of
-        # that length is loaded (or captured) and the rest are hits.
-        firsts.setdefault(int(inputs[0].shape[-1]), time.time() - started)
-        # A plain list: numpy is not needed to run the example.
-        results.put(("result", wid, (item, out.tolist())))
-        served += 1
+    served: list[float] = []
+    firsts: dict[int, float] = {}
+
+    def answer_requests() -> None:
+        while (item := requests.get()) is not None:
+            inputs = make_input(item)
+            started = time.time()
+            with torch.no_grad():
+                out = as_tensor(compiled(*inputs))
+            took = time.time() - started
+            # Each input length's first request: where a program or graph
+            # of that length (or its bucket) is loaded or captured.
+            firsts.setdefault(int(inputs[0].shape[-1]), took)
+            # A plain list: numpy is not needed to run the example.
+            results.put(("result", wid, (item, out.tolist())))
+            served.append(took)
+
+    threads = [threading.Thread(target=answer_requests) for _ in range(args.serving_threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     results.put(("done", wid, {
-        "served": served, "stats": ltc_cache.stats(), "firsts": firsts,
+        "served": len(served), "stats": ltc_cache.stats(), "firsts": firsts,
+        "slowest_request_s": max(served, default=0.0),
         # Dynamo captures: torch.compile's frames and ltc_cache.compile's programs.
         "captures": int(torch._dynamo.utils.counters["frames"]["ok"])
         + ltc_cache.stats().get("program_captures", 0)}))
@@ -184,10 +199,10 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
                          name=f"worker-{wid}") for wid in range(args.workers)]
     for proc in procs:
         proc.start()
-    for item in range(args.requests):
+    for item in range(args.seed, args.seed + args.requests):
         requests.put(item)
-    for _ in procs:
-        requests.put(None)
+    for _ in range(len(procs) * args.serving_threads):
+        requests.put(None)  # one stop for each thread of each worker
 
     workers: dict[int, dict[str, Any]] = {wid: {} for wid in range(args.workers)}
     answers: dict[int, Any] = {}
@@ -209,6 +224,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
             workers[wid]["served"] = payload["served"]
             workers[wid]["final_stats"] = payload["stats"]
             workers[wid]["firsts"] = payload["firsts"]
+            workers[wid]["slowest_request_s"] = payload["slowest_request_s"]
             workers[wid]["captures"] = payload["captures"]
             done += 1
     for proc in procs:
@@ -217,8 +233,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "model": args.model,
         "lengths": lengths,
-        "slowest_first_request_s": max((t for w in workers.values()
-                                        for t in w["firsts"].values()), default=0.0),
+        "slowest_request_s": max(w["slowest_request_s"] for w in workers.values()),
         "captures": sum(w["captures"] for w in workers.values()),
         "aot_traces": sum(w["final_stats"].get("aot_traces", 0) for w in workers.values()),
         "workers": [workers[wid] | {"worker": wid} for wid in sorted(workers)],
@@ -246,7 +261,7 @@ def _graph_lookups(stats: dict[str, int]) -> int:
 
 def check(args: argparse.Namespace, answers: dict[int, Any]) -> float:
     """The largest difference between a served answer and eager."""
-    model, make_input = build_model(args.model)
+    model, make_input = build_model(args.model, args.longest)
     call = generation(model, args) if args.model == "lm" else model
     worst = 0.0
     with torch.no_grad():
@@ -270,8 +285,8 @@ def print_report(report: dict[str, Any]) -> None:
           f"{report['misses']} miss(es) and {report['traces']} trace(s); fleet ready in "
           f"{slowest:.2f}s; {report['requests']} requests answered")
     if report["model"] == "lm":
-        print(f"prompt lengths {', '.join(map(str, report['lengths']))}: slowest first "
-              f"request {report['slowest_first_request_s']:.2f}s; in all workers "
+        print(f"{len(report['lengths'])} prompt lengths: slowest request "
+              f"{report['slowest_request_s']:.2f}s; in all workers "
               f"{report['captures']} Dynamo capture(s), {report['aot_traces']} AOTAutograd "
               f"trace(s)")
     if "max_abs_error" in report:
@@ -285,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=MODELS, default="gpt2")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per worker (default: the cores shared out)")
+    parser.add_argument("--serving-threads", type=int, default=1,
+                        help="threads answering requests in each worker (default 1)")
     parser.add_argument("--check", action="store_true", help="compare answers with eager")
     parser.add_argument("--compile", choices=("ltc_cache", "torch"), default="ltc_cache",
                         help="ltc_cache.compile (default) or torch.compile(backend=ltc_cache)")
@@ -293,12 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--remote", metavar="URL",
                         help="a Redis tier under the directory (sets LTC_CACHE_REMOTE; "
                         "programs also need LTC_CACHE_SECRET)")
+    parser.add_argument("--longest", type=int, default=LM_LONGEST,
+                        help=f"--model lm: the longest prompt (default {LM_LONGEST})")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the first request's seed (its input; default 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.remote:
         os.environ["LTC_CACHE_REMOTE"] = args.remote  # the spawned workers inherit it
-    if args.workers < 1:
-        parser.error("--workers must be at least 1")
+    if args.workers < 1 or args.serving_threads < 1:
+        parser.error("--workers and --serving-threads must be at least 1")
+    if not 1 <= args.longest <= LM_CACHE_LEN - args.new:
+        parser.error(f"--longest: 1 to {LM_CACHE_LEN - args.new} (the static cache holds "
+                     f"{LM_CACHE_LEN} tokens, prompt and new ones)")
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
     report = serve(args)
     if args.json:

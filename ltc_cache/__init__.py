@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 # Names resolve on first use: `ltc-cache ls` must not pay ~4 s of torch
 # import for a listing that never touches torch.
 _EXPORTS = {
+    "Buckets": "program.buckets",
     "CacheConfig": "config",
     "CompiledGraph": "graph.replay",
     "CompiledModule": "program.compiled_module",
@@ -24,8 +25,8 @@ _EXPORTS = {
     "stats": "graph.cache",
 }
 __all__ = [
-    "CacheConfig", "CompiledGraph", "CompiledModule", "EntryError", "GraphCache", "LockTimeout",
-    "LtcBackend", "UncacheableGraph", "backend", "compile", "default_cache",
+    "Buckets", "CacheConfig", "CompiledGraph", "CompiledModule", "EntryError", "GraphCache",
+    "LockTimeout", "LtcBackend", "UncacheableGraph", "backend", "compile", "default_cache",
     "extract_compiled_graph", "stats",
 ]
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .errors import EntryError, LockTimeout, UncacheableGraph
     from .graph.cache import GraphCache, default_cache, extract_compiled_graph, stats
     from .graph.replay import CompiledGraph
+    from .program.buckets import Buckets
     from .program.compiled_module import CompiledModule
     from .program.precompile import compile
 

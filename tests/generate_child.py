@@ -140,15 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", UserWarning)  # transformers' config notes
 
     import ltc_cache
+    from ltc_cache.program.buckets import Buckets, pad_generate
 
     lengths = [int(n) for n in args.lengths.split(",")]
     model = build(args.model)
     kwargs = generation_kwargs(args.cache, False, args.new)
-    expected = {}
+    expected, padded = {}, {}
     if not args.no_check:
         with torch.no_grad():
             for n in lengths:
                 expected[n] = model.generate(prompt(n), **kwargs).tolist()
+                # What eager makes of the prompt padded as the compiled
+                # module's generate() pads it (cut back the same way).
+                padded[n] = pad_generate(Buckets(), model, (prompt(n),), dict(kwargs),
+                                         model.generate).tolist()
     generate = compiled(model, args.route)
     # (length, generate's arguments, eager's tokens or None)
     runs = [(n, kwargs, expected.get(n)) for n in lengths]
@@ -163,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 tokens = generate(prompt(n), **request_kwargs).tolist()
             requests.append({"length": n, "seconds": time.perf_counter() - start,
-                             "tokens": tokens, "eager": eager})
+                             "tokens": tokens, "eager": eager,
+                             "eager_padded": padded.get(n) if eager else None})
     warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     print(json.dumps({"requests": requests, "stats": ltc_cache.stats(),
                       "captures": captures(), "warnings": warned}))

@@ -36,6 +36,7 @@ import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
 from ..threads import SharedPatch
+from .buckets import Buckets, pad_forward, pad_generate
 
 if TYPE_CHECKING:
     from .programs import Programs
@@ -69,6 +70,7 @@ class CompiledModule(OptimizedModule):
     __call__ = torch.nn.Module.__call__
 
     def __init__(self, module: torch.nn.Module, programs: Programs,
+                 buckets: Buckets | None = None,
                  compile_kwargs: Mapping[str, Any] | None = None) -> None:
         # OptimizedModule.__init__ builds Dynamo's context; this sets what
         # its methods read (``_orig_mod`` first: attribute access goes
@@ -79,6 +81,7 @@ class CompiledModule(OptimizedModule):
         object.__setattr__(self, "_super_module_initialized", True)
         torch.nn.Module.__setattr__(self, "_orig_mod", module)  # a registered child
         self.__dict__["_ltc_programs"] = programs
+        self.__dict__["_ltc_buckets"] = buckets
         self.__dict__["_ltc_compile_kwargs"] = dict(compile_kwargs or {})
         own = module.__dict__.get("forward")
         if own is not None:  # a forward set on the instance (a hook, a patch)
@@ -86,7 +89,7 @@ class CompiledModule(OptimizedModule):
         self.__dict__["dynamo_ctx"] = _ProgramsContext(module, programs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_ltc_programs"](args, kwargs)
+        return _through_programs(self, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -144,7 +147,8 @@ class CompiledModule(OptimizedModule):
         may generate at once: the module's forward is the compiled one while
         any of them runs, and what it was before once the last one ends."""
         with self._generating().held():
-            return self._orig_mod.generate(*args, **kwargs)
+            return pad_generate(self.__dict__["_ltc_buckets"], self._orig_mod, args, kwargs,
+                                self._orig_mod.generate)
 
     def _generating(self) -> SharedPatch:
         patch = self.__dict__.get("_ltc_generating")
@@ -158,7 +162,8 @@ class CompiledModule(OptimizedModule):
                     from .precompile import compile
 
                     module, programs = self._orig_mod, self.__dict__["_ltc_programs"]
-                    forward = compile(types.MethodType(programs._fn, module), **programs._kwargs)
+                    forward = compile(types.MethodType(programs._fn, module), buckets=None,
+                                      **programs._kwargs)
                     patch = SharedPatch(lambda: _forward_replaced(module, forward))
                     self.__dict__["_ltc_generating"] = patch
         return patch
@@ -252,7 +257,7 @@ def _stand_in_class(cls: type[torch.nn.Module]) -> type[CompiledModule]:
     original = cls.forward
 
     def forward(self: CompiledModule, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_ltc_programs"](args, kwargs)
+        return _through_programs(self, args, kwargs)
 
     functools.update_wrapper(forward, original)  # inspect.signature follows __wrapped__
     return type(cls.__name__, (CompiledModule,), {
@@ -263,10 +268,20 @@ def _stand_in_class(cls: type[torch.nn.Module]) -> type[CompiledModule]:
     })
 
 
-def stand_in(module: torch.nn.Module, programs: Programs,
+def _through_programs(compiled: CompiledModule, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+    """A call of the stand-in: its module's forward through the programs,
+    its sequence padded to a bucket where that is safe."""
+    state = compiled.__dict__
+    return pad_forward(state["_ltc_buckets"], state["_modules"]["_orig_mod"], args, kwargs,
+                       state["_ltc_programs"])
+
+
+def stand_in(module: torch.nn.Module, programs: Programs, buckets: Buckets | None,
              compile_kwargs: Mapping[str, Any]) -> CompiledModule:
-    """The CompiledModule of ``module``, computing through ``programs``."""
-    return _stand_in_class(type(module))(module, programs, compile_kwargs)
+    """The CompiledModule of ``module``, computing through ``programs``
+    (sequences padded to ``buckets``)."""
+    return _stand_in_class(type(module))(module, programs, buckets, compile_kwargs)
 
 
 def _compile_again(module: torch.nn.Module, compile_kwargs: Mapping[str, Any]) -> Any:

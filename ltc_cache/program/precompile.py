@@ -39,7 +39,9 @@ from typing import Any
 
 import torch
 
+from .buckets import Buckets, pad_forward, resolve
 from .compiled_module import CompiledModule, stand_in
+from .data_parallel import compiled_data_parallel, is_data_parallel
 from .programs import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS, Programs
 
 __all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "PROGRAM_LOOKUPS",
@@ -66,7 +68,7 @@ def _traced_fn(model: Any) -> tuple[types.FunctionType, Any]:
     return get_traced_fn(model)
 
 
-def compile(model: Any = None, **kwargs: Any) -> Any:
+def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwargs: Any) -> Any:
     """``torch.compile(model, backend="ltc_cache", **kwargs)``, whose warm
     start loads the whole compiled program: no Dynamo capture, no LTC trace.
 
@@ -79,17 +81,29 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
     ``torch.compile``: ``dynamic=True``, or a program that cannot be saved.
     A function Dynamo compiles as several frames (graph breaks) is a program
     of frames (:mod:`ltc_cache.program.frames`).
+
+    ``buckets`` (a transformers model, or its ``forward``): sequence lengths,
+    and ``generate()``'s batch sizes, padded up to a few sizes, so that a
+    bounded set of programs serves any length (:mod:`ltc_cache.program.buckets`):
+    ``"auto"`` (the default ladders), an :class:`~ltc_cache.Buckets`, or
+    None to compile every length as it comes.
     """
     unknown = set(kwargs) - _COMPILE_KWARGS
     if unknown:
         raise TypeError(f"ltc_cache.compile() got unexpected arguments {sorted(unknown)} "
                         "(it always uses the ltc_cache backend)")
+    padding = resolve(buckets)
     if model is None:
-        return functools.partial(compile, **kwargs)
+        return functools.partial(compile, buckets=buckets, **kwargs)
     if kwargs.get("disable"):
         return model
     if isinstance(model, CompiledModule) or hasattr(model, "_ltc_programs"):
         return model  # compiled already
+    if is_data_parallel(model):
+        # DDP's forward stays eager, its module is compiled (fact 60 in
+        # docs/design.md): as DDP(ltc_cache.compile(model)).
+        return compiled_data_parallel(model, functools.partial(compile, buckets=buckets,
+                                                               **kwargs))
     if isinstance(model, torch.nn.Module):
         fn, owner = _traced_fn(model)
         name = type(model).__name__
@@ -98,7 +112,7 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
         # wraps it with the stand-in's) would call the programs again.
         fallback = types.MethodType(fn, owner) if owner is not None else fn
         programs = Programs(fn, owner, name, kwargs, fallback)
-        return stand_in(model, programs, kwargs)
+        return stand_in(model, programs, padding, dict(kwargs, buckets=buckets))
     if isinstance(model, types.FunctionType):
         programs = Programs(model, None, model.__qualname__, kwargs, model)
 
@@ -117,7 +131,7 @@ def compile(model: Any = None, **kwargs: Any) -> Any:
 
         @functools.wraps(method)
         def compiled_method(*args: Any, **kw: Any) -> Any:
-            return programs(args, kw)
+            return pad_forward(padding, owner, args, kw, programs)
 
         compiled_method._ltc_programs = programs  # type: ignore[attr-defined]
         return compiled_method

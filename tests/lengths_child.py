@@ -1,0 +1,92 @@
+"""A training loop over batches of varying sequence lengths, as transformers'
+dynamic padding makes them, through ``ltc_cache.compile`` and eagerly.
+
+``python tests/lengths_child.py --lengths 9,40 [--model gpt2|llama]``
+prints one JSON line: each step's loss through ltc_cache and eagerly, each
+step's time, and the process's counters. Each batch holds four sequences,
+one of them padded (attention mask 0, labels -100), as a collator pads
+the shorter ones. Tiny configs, random weights, no downloads.
+``tests/program/test_buckets.py`` and ``tools/bench_lengths.py --train``
+run it in fresh processes, cold then warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+VOCAB = 128
+
+
+def build(name: str) -> torch.nn.Module:
+    """``name``'s tiny causal language model, weights from seed 0, no dropout."""
+    import transformers as t
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        config = t.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=128,
+                              pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return t.GPT2LMHeadModel(config).train()
+    config = t.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128, vocab_size=VOCAB,
+                           max_position_embeddings=128, pad_token_id=0)
+    return t.LlamaForCausalLM(config).train()
+
+
+def batch(length: int, step: int) -> dict[str, torch.Tensor]:
+    """Four sequences padded to ``length``: the first is a third shorter."""
+    gen = torch.Generator().manual_seed(length * 7 + step)
+    ids = torch.randint(3, VOCAB, (4, length), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[0, length - length // 3:] = 0
+    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask,
+            "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def train(model: torch.nn.Module, call: Callable[..., Any],
+          lengths: list[int]) -> tuple[list[float], list[float]]:
+    """AdamW steps, one batch of each length: the losses and step times."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses, seconds = [], []
+    for step, length in enumerate(lengths):
+        start = time.perf_counter()
+        out = call(**batch(length, step))
+        out.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds.append(time.perf_counter() - start)
+        losses.append(out.loss.item())
+        assert out.logits.shape[1] == length, out.logits.shape  # cut back to the batch's
+    return losses, seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", required=True, help="one batch of each length, in order")
+    parser.add_argument("--model", default="gpt2", choices=("gpt2", "llama"))
+    parser.add_argument("--no-check", action="store_true", help="skip eager's losses")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # transformers' config notes
+    lengths = [int(n) for n in args.lengths.split(",")]
+
+    import ltc_cache
+
+    eager = None if args.no_check else train(model := build(args.model), model, lengths)[0]
+    model = build(args.model)
+    losses, seconds = train(model, ltc_cache.compile(model), lengths)
+    from torch._dynamo.utils import counters
+
+    print(json.dumps({"losses": losses, "eager": eager, "seconds": seconds,
+                      "stats": ltc_cache.stats(), "frames": counters["frames"].get("ok", 0)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

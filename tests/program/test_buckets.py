@@ -1,0 +1,182 @@
+"""Buckets (``ltc_cache/program/buckets.py``): sequence lengths, and
+``generate()``'s batch sizes, padded up to a few sizes where transformers'
+attention mask and ignored labels make the padding invisible.
+
+The padding itself is checked eagerly (the same loss, logits and tokens as
+the unpadded call); the warm start over buckets in child processes, cold
+then warm (generation in ``test_generate.py``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from generate_child import build as build_lm
+from generate_child import prompt
+from lengths_child import batch
+from lengths_child import build as build_trained
+
+import ltc_cache
+from ltc_cache.program.buckets import Buckets, pad_forward, pad_generate
+
+warnings.filterwarnings("ignore", message=".*token_id must be.*")
+
+
+def test_the_default_ladder_is_powers_of_two_and_the_halfway_points_above_32():
+    buckets = Buckets()
+    assert [buckets.length(n) for n in (1, 8, 9, 17, 33, 48, 49, 65, 97, 129, 193)] == \
+        [8, 8, 16, 32, 48, 48, 64, 96, 128, 192, 256]
+    assert [buckets.batch(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+
+
+def test_a_limit_caps_the_bucket_and_a_length_past_the_buckets_stays_as_it_is():
+    assert Buckets().length(130, limit=150) == 150  # the static cache's room
+    assert Buckets().length(130, limit=120) == 130  # no room: its own length
+    given = Buckets(lengths=(64, 16), batches=(4,))
+    assert given.lengths == (16, 64)
+    assert [given.length(n) for n in (3, 17, 65)] == [16, 64, 65]
+    assert [given.batch(n) for n in (1, 4, 5)] == [4, 4, 5]
+
+
+@pytest.mark.parametrize("bad", [(), (0, 8), (8.5,)])
+def test_bucket_sizes_must_be_positive_integers(bad):
+    with pytest.raises(ValueError, match="positive integers"):
+        Buckets(lengths=bad)
+
+
+def test_compile_refuses_a_buckets_argument_it_does_not_know():
+    with pytest.raises(TypeError, match="buckets"):
+        ltc_cache.compile(torch.nn.Linear(2, 2), buckets="always")
+
+
+def _record(model):
+    """A call that records the keyword arguments it is made with and runs
+    ``model`` eagerly."""
+    seen = []
+
+    def call(args, kwargs):
+        seen.append(kwargs)
+        return model(*args, **kwargs)
+
+    return call, seen
+
+
+def test_a_training_forward_is_padded_on_the_right_and_computes_the_same_loss():
+    """A causal LM's loss and logits, padded from 13 to 16 tokens (mask 0,
+    labels -100), equal the unpadded call's; the logits come back cut to
+    13 tokens and gradients flow."""
+    model = build_trained("gpt2")
+    inputs = batch(13, 0)
+    expected = model(**inputs)
+    call, seen = _record(model)
+    out = pad_forward(Buckets(), model, (), dict(inputs), call)
+    assert seen[0]["input_ids"].shape == (4, 16)
+    assert seen[0]["labels"][:, 13:].eq(-100).all()
+    assert seen[0]["attention_mask"][:, 13:].eq(0).all()
+    assert out.logits.shape == expected.logits.shape
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.logits, expected.logits, rtol=1e-5, atol=1e-5)
+    out.loss.backward()
+    assert model.transformer.wte.weight.grad is not None
+
+
+def test_calls_whose_padding_is_not_known_are_made_as_they_are():
+    """No padding for: an inference call without labels (its key/value
+    cache would be lengthened), a model without a pad token, a module that
+    is not transformers', positional inputs, extra keyword inputs, or
+    buckets turned off."""
+    model, inference = build_trained("gpt2"), build_trained("gpt2").eval()
+    inputs = batch(13, 0)
+    cases = [(Buckets(), inference, (), {k: inputs[k] for k in ("input_ids", "attention_mask")}),
+             (None, model, (), dict(inputs)),
+             (Buckets(), model, (inputs["input_ids"],), {}),
+             (Buckets(), model, (), dict(inputs, use_cache=False))]
+    for buckets, module, args, kwargs in cases:
+        call, seen = _record(module)
+        pad_forward(buckets, module, args, kwargs, call)
+        assert seen[0] is kwargs
+    no_pad = build_trained("gpt2")
+    no_pad.config.pad_token_id = None
+    call, seen = _record(no_pad)
+    pad_forward(Buckets(), no_pad, (), dict(inputs), call)
+    assert seen[0]["input_ids"].shape == (4, 13)
+    plain = torch.nn.Linear(4, 4)
+    call, seen = _record(lambda **kw: kw)
+    pad_forward(Buckets(), plain, (), dict(inputs), call)
+    assert seen[0]["input_ids"].shape == (4, 13)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5"])
+def test_generate_pads_the_prompt_and_the_batch_and_cuts_the_answer_back(name):
+    """Three prompts (left-padded to 11 by the user, as transformers pads a
+    batch) go in as four rows of 16 tokens; what comes back is the three
+    rows' answers, the prompt as given (a decoder) and the new tokens,
+    equal to eager's unpadded ones. ``max_length`` counts the prompt: the
+    padded call makes as many new tokens."""
+    model = build_lm(name)
+    ids = torch.cat([prompt(11, seed) for seed in range(3)])
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    kwargs = dict(attention_mask=mask, do_sample=False, pad_token_id=0, max_new_tokens=6)
+    seen = []
+
+    def generate(**padded):
+        seen.append(padded)
+        return model.generate(**padded)
+
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        out = pad_generate(Buckets(), model, (ids,), dict(kwargs), generate)
+        assert seen[0]["input_ids"].shape == (4, 16)
+        assert torch.equal(out, expected)
+        if name == "gpt2":  # max_length, not max_new_tokens: the same new tokens
+            del kwargs["max_new_tokens"]
+            out = pad_generate(Buckets(), model, (ids,), dict(kwargs, max_length=17), generate)
+            assert out.shape == (3, 17)
+            assert torch.equal(out, model.generate(ids, **kwargs, max_length=17))
+
+
+def test_a_dict_output_of_generate_is_cut_back_too():
+    model = build_lm("gpt2")
+    ids = prompt(5)
+    with torch.no_grad():
+        out = pad_generate(Buckets(), model, (ids,), dict(
+            do_sample=False, pad_token_id=0, max_new_tokens=3, return_dict_in_generate=True,
+            output_scores=True), model.generate)
+    assert out.sequences.shape == (1, 8) and torch.equal(out.sequences[:, :5], ids)
+    assert len(out.scores) == 3 and out.scores[0].shape[0] == 1
+
+
+# -- training over lengths in child processes, cold then warm ---------------------------
+
+CHILD = Path(__file__).parents[1] / "lengths_child.py"
+
+
+def _train(lengths: list[int]) -> dict:
+    proc = subprocess.run([sys.executable, str(CHILD), "--lengths", ",".join(map(str, lengths))],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # two processes training
+def test_a_warm_training_process_meets_lengths_it_never_met_with_no_capture(cache_dir):
+    """Dynamic padding: each batch its own length. The cold process trains
+    on lengths 9 and 40 (buckets 16 and 48); the warm one on 12, 45 and 10,
+    none of them met: no Dynamo capture, AOTAutograd or LTC trace, and
+    losses equal to eager's unpadded ones within 1e-5."""
+    cold = _train([9, 40])
+    assert cold["stats"]["program_captures"] == 2
+    warm = _train([12, 45, 10])
+    stats = warm["stats"]
+    assert stats.get("program_captures", 0) == 0 and warm["frames"] == 0
+    assert stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
+    assert stats["program_hits"] == 2
+    for run in (cold, warm):
+        torch.testing.assert_close(run["losses"], run["eager"], rtol=1e-5, atol=1e-6)
