@@ -24,6 +24,9 @@ from typing import Any
 import torch
 
 VOCAB = 128
+# Positions the models have: room for a 200-token prompt and its answer
+# (tools/bench_generate.py).
+POSITIONS = 256
 # The decoder models of the suites and one encoder-decoder.
 MODELS = ("gpt2", "llama", "mistral", "qwen2", "opt", "gptj", "phi", "gemma", "t5")
 
@@ -33,9 +36,9 @@ def _config(name: str) -> Any:
 
     common = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     decoder = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                   intermediate_size=128, max_position_embeddings=128, **common)
+                   intermediate_size=128, max_position_embeddings=POSITIONS, **common)
     if name == "gpt2":
-        return t.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, **common)
+        return t.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=POSITIONS, **common)
     if name == "llama":
         return t.LlamaConfig(num_key_value_heads=2, **decoder)
     if name == "mistral":
@@ -44,10 +47,10 @@ def _config(name: str) -> Any:
         return t.Qwen2Config(num_key_value_heads=2, **decoder)
     if name == "opt":
         return t.OPTConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                           ffn_dim=128, word_embed_proj_dim=64, max_position_embeddings=128,
+                           ffn_dim=128, word_embed_proj_dim=64, max_position_embeddings=POSITIONS,
                            **common)
     if name == "gptj":
-        return t.GPTJConfig(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=128,
+        return t.GPTJConfig(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=POSITIONS,
                             **common)
     if name == "phi":
         return t.PhiConfig(**decoder)
@@ -84,13 +87,14 @@ def prompt(length: int, seed: int = 0) -> torch.Tensor:
 MAX_CACHE_LEN = 64
 
 
-def generation_kwargs(cache: str, sample: bool, new_tokens: int) -> dict[str, Any]:
+def generation_kwargs(cache: str, sample: bool, new_tokens: int,
+                      cache_len: int = MAX_CACHE_LEN) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                   do_sample=sample, pad_token_id=0)
     if sample:
         kwargs.update(top_k=20, temperature=0.9)
     if cache == "static":
-        kwargs.update(cache_implementation="static", max_cache_len=MAX_CACHE_LEN)
+        kwargs.update(cache_implementation="static", max_cache_len=cache_len)
     return kwargs
 
 
