@@ -1,9 +1,11 @@
 """A training loop over batches of varying sequence lengths, as transformers'
 dynamic padding makes them, through ``ltc_cache.compile`` and eagerly.
 
-``python tests/lengths_child.py --lengths 9,40 [--model gpt2|llama]``
-prints one JSON line: each step's loss through ltc_cache and eagerly, each
-step's time, and the process's counters. Each batch holds four sequences,
+``python tests/lengths_child.py --lengths 9,40 [--model gpt2|llama]
+[--route ltc_cache|inductor|eager]`` prints one JSON line: each step's
+loss through the route (``ltc_cache.compile(model)``, ``torch.compile(model)``)
+and eagerly, each step's time, the process's time to the end of its
+last step, and its counters. Each batch holds four sequences,
 one of them padded (attention mask 0, labels -100), as a collator pads
 the shorter ones. Tiny configs, random weights, no downloads.
 ``tests/program/test_buckets.py`` and ``tools/bench_lengths.py --train``
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", required=True, help="one batch of each length, in order")
     parser.add_argument("--model", default="gpt2", choices=("gpt2", "llama"))
+    parser.add_argument("--route", default="ltc_cache", choices=("ltc_cache", "inductor", "eager"))
+    parser.add_argument("--started", type=float, help="the parent's time.time() at the start")
     parser.add_argument("--no-check", action="store_true", help="skip eager's losses")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # transformers' config notes
@@ -80,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
 
     eager = None if args.no_check else train(model := build(args.model), model, lengths)[0]
     model = build(args.model)
-    losses, seconds = train(model, ltc_cache.compile(model), lengths)
+    compiled = {"ltc_cache": ltc_cache.compile, "inductor": torch.compile,
+                "eager": lambda m: m}[args.route](model)
+    losses, seconds = train(model, compiled, lengths)
     from torch._dynamo.utils import counters
 
     print(json.dumps({"losses": losses, "eager": eager, "seconds": seconds,
+                      "process_s": time.time() - args.started if args.started else None,
                       "stats": ltc_cache.stats(), "frames": counters["frames"].get("ok", 0)}))
     return 0
 

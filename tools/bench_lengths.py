@@ -1,7 +1,9 @@
 """Serving requests of many sequence lengths: each length's first request in a
-cold worker against a warm one, side by side.
+cold worker against a warm one, side by side; and (``--train``) training
+over batches of varying length.
 
     python tools/bench_lengths.py [--models gpt2,llama] [--compile program,torch,inductor]
+    python tools/bench_lengths.py --train [--models gpt2,llama]
 
 A worker is a fresh process that builds the model in ``eval()``, compiles it
 and answers one request (``no_grad``, batch 2) per sequence length, eight
@@ -21,6 +23,19 @@ It prints, per compiler, the first request of each length (cold, warm,
 warm/cold), the totals, and what the warm worker did: AOTAutograd traces,
 LTC traces and Dynamo graphs (from ``ltc_cache.stats()``), and the largest
 difference from eager over all answers. One intra-op thread.
+
+``--train``: dynamic padding, as transformers' collators pad (each batch to
+its longest sequence). A process trains a 2-layer GPT-2 (hidden 64) with
+AdamW on 10 batches of four, lengths drawn from 8-64
+(``tests/lengths_child.py``); the next process over the same caches draws
+10 other lengths (those the first met are drawn again only by chance).
+Routes: ``ltc_cache.compile(model)`` (lengths padded to buckets),
+``torch.compile(model)`` (Inductor, Dynamo's default dynamic shapes, its
+caches on) and eager. It prints, per route and process: the time from the
+process's start to its last step's end, the training steps' sum, the
+first step, the slowest later step, the warm run against Inductor's warm
+run, what the process captured and traced, and the largest difference
+of a loss from eager's unpadded one.
 """
 
 from __future__ import annotations
@@ -120,6 +135,58 @@ def markdown(rows: list[dict], lengths: list[int]) -> str:
     return "\n".join(lines)
 
 
+TRAIN_ROUTES = ("ltc_cache", "inductor", "eager")
+
+
+def train_lengths(seed: int) -> list[int]:
+    import random
+
+    draw = random.Random(seed)
+    return [draw.randint(8, 64) for _ in range(10)]
+
+
+def train_worker(model: str, route: str, lengths: list[int], env: dict[str, str]) -> dict:
+    command = [sys.executable, str(ROOT / "tests" / "lengths_child.py"), "--model", model,
+               "--route", route, "--lengths", ",".join(map(str, lengths)),
+               "--started", repr(time.time())]
+    return child_result(subprocess.run(command, capture_output=True, text=True, env=env,
+                                       timeout=1800))
+
+
+def train_table(models: list[str]) -> str:
+    lines = [
+        "| model | route | process | process start to last step | steps (sum) | first step "
+        "| slowest later step | vs Inductor's warm run | captures / AOT / LTC traces "
+        "| loss vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-train-lengths-") as scratch:
+        for model in models:
+            runs = {}
+            for route in TRAIN_ROUTES:
+                env = child_env(Path(tempfile.mkdtemp(prefix=f"{route}-", dir=scratch)))
+                runs[route] = {start: train_worker(model, route, train_lengths(seed), env)
+                               for start, seed in (("cold", 1), ("warm", 2))}
+                print(json.dumps({route: runs[route]}), file=sys.stderr)
+            inductor = runs["inductor"]["warm"].get("process_s")
+            for route, starts in runs.items():
+                for start, r in starts.items():
+                    if "failed" in r:
+                        lines.append(f"| {model} | {route} | {start} | failed: {r['failed']} |")
+                        continue
+                    s, stats = r["seconds"], r["stats"]
+                    captured = r["frames"] + stats.get("program_captures", 0)
+                    error = max(abs(a - b) for a, b in zip(r["losses"], r["eager"], strict=True))
+                    lines.append(
+                        f"| {model} | {route} | {start} | {seconds(r['process_s'])} "
+                        f"| {seconds(sum(s))} | {seconds(s[0])} | {seconds(max(s[1:]))} "
+                        f"| {ratio(r['process_s'], inductor) if inductor else '-'} "
+                        f"| {captured} / {stats.get('aot_traces', 0)} / {stats['traces']} "
+                        f"| {error:.1e} |")
+    return (f"cold lengths {train_lengths(1)}; warm {train_lengths(2)}\n\n"
+            + "\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2", help="comma-separated (default gpt2)")
@@ -127,8 +194,13 @@ def main() -> None:
                         help="comma-separated, of " + ", ".join(COMPILERS))
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
                         help="sequence lengths, in the cold worker's order")
+    parser.add_argument("--train", action="store_true",
+                        help="training over batches of varying length instead")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "COMPILER"), help=argparse.SUPPRESS)
     options = parser.parse_args()
+    if options.train:
+        print(train_table([m for m in options.models.split(",") if m]))
+        return
     lengths = [int(n) for n in options.lengths.split(",") if n]
     if options.child:
         child(*options.child, lengths)

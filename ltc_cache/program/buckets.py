@@ -36,8 +36,11 @@ __all__ = ["Buckets", "pad_forward", "pad_generate"]
 
 # The -100 of transformers' losses (torch's cross_entropy ignore_index).
 IGNORED_LABEL = -100
-# The sequence inputs a padded forward may take, and what pads each.
+# The sequence inputs a padded forward may take, and the settings it passes
+# on as they are (Trainer passes num_items_in_batch to a model that takes it).
 _FORWARD_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "labels"})
+_FORWARD_SETTINGS = {"num_items_in_batch": None, "return_dict": None,
+                     "output_hidden_states": None, "use_cache": False}
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ def pad_forward(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
 
     a transformers model, not an encoder-decoder, with a pad token; called
     with keyword inputs among ``input_ids``/``attention_mask``/
-    ``token_type_ids``/``labels`` and an ``attention_mask``; with labels or
+    ``token_type_ids``/``labels`` and an ``attention_mask`` (and settings
+    such as Trainer's ``num_items_in_batch``); with labels or
     in training mode (an inference call without labels may want the
     key/value cache it returns, which padding would lengthen). Any other
     call is made as it is."""
@@ -148,7 +152,10 @@ def pad_forward(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
 
 def _forward_padding(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]] | None:
-    if buckets is None or args or not kwargs.keys() <= _FORWARD_INPUTS:
+    if buckets is None or args or not kwargs.keys() <= _FORWARD_INPUTS | _FORWARD_SETTINGS.keys():
+        return None
+    if any(kwargs.get(name, only) is not only for name, only in _FORWARD_SETTINGS.items()
+           if only is not None):  # use_cache=True: the cache would hold the padding
         return None
     mask, labels = kwargs.get("attention_mask"), kwargs.get("labels")
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
@@ -169,6 +176,9 @@ def _forward_padding(buckets: Buckets | None, module: Any, args: tuple[Any, ...]
              "labels": IGNORED_LABEL}
     padded = {}
     for name, value in kwargs.items():
+        if name in _FORWARD_SETTINGS:
+            padded[name] = value
+            continue
         if not isinstance(value, torch.Tensor):
             return None
         if name == "labels" and value.dim() == 1:  # one label a sequence

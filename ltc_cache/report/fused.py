@@ -8,7 +8,6 @@ import: ``ls`` and ``stats`` import this package.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -143,26 +142,13 @@ def check_fused(entry: Entry, shared: bytes | None) -> bool:
     was checked: False where there is no key to check it with (a
     well-formed entry then passes, as a program does). Never creates the
     key, never loads the library."""
-    from ..graph.fused.entries import FUSED_FORMAT, library_of
-    from ..graph.fused.platform import FUSED_VERSION
+    from ..graph.fused.entries import library_of, stored_library
 
-    p = entry.payload
-    graph_key = p.get("graph_key")
-    if p.get("format") != FUSED_FORMAT or p.get("version") != FUSED_VERSION \
-            or not is_entry_key(graph_key):
-        raise EntryError("fused entry: malformed (format, version or graph key)", entry.key)
-    if "library" not in p:
-        if not isinstance(p.get("reason"), str):
-            raise EntryError("fused refusal: malformed (no reason)", entry.key)
+    graph_key = entry.payload.get("graph_key")
+    if not is_entry_key(graph_key):
+        raise EntryError("fused entry: malformed (no graph key)", entry.key)
+    if stored_library(entry, graph_key) is None:
         return True  # a refusal is data: nothing in it is signed, nothing runs
-    library = p.get("library")
-    if not isinstance(library, bytes) or not isinstance(p.get("hmac"), bytes) \
-            or not isinstance(p.get("isa"), str):
-        raise EntryError("fused library: malformed", entry.key)
-    # Not signed, but shown by `show`: one that differs was changed since.
-    if p.get("library_sha256") != hashlib.sha256(library).hexdigest():
-        raise EntryError("fused library: its bytes do not match its recorded sha256",
-                         entry.key)
     secret = _signing_key(shared)
     if secret is None:
         return False
@@ -293,12 +279,12 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
 
 def _unusable(cache: GraphCache, stored: Entry, graph_key: str) -> str | None:
     """Why a stored fused entry would never be used here (another graph's,
-    malformed, signed with another key), or None."""
-    from ..graph.fused.entries import library_of
+    malformed, signed with another key, for another CPU), or None."""
+    from ..graph.fused.entries import usable_library
 
     try:
-        library_of(stored, program_secret(cache.config.secret, cache.config.directory),
-                   graph_key)
+        usable_library(stored, program_secret(cache.config.secret, cache.config.directory),
+                       graph_key)
     except EntryError as exc:
         return str(exc)
     return None

@@ -4,6 +4,7 @@ does where none can be had. Compiling for real: tests/graph/test_fused_build.py.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 
 import pytest
@@ -104,6 +105,9 @@ def test_a_signed_library_reads_back_and_any_tampering_is_refused(tmp_path):
     assert library_of(good, SECRET, graph.key).data == b"\x7fELF library"
 
     flipped = dict(good.payload, library=b"\x7fELF librarz")
+    with pytest.raises(EntryError, match="do not match its recorded sha256"):
+        library_of(good.__class__(**{**good.__dict__, "payload": flipped}), SECRET, graph.key)
+    flipped["library_sha256"] = hashlib.sha256(flipped["library"]).hexdigest()  # as planted
     with pytest.raises(EntryError, match="signature mismatch"):
         library_of(good.__class__(**{**good.__dict__, "payload": flipped}), SECRET, graph.key)
     with pytest.raises(EntryError, match="signature mismatch"):
@@ -129,7 +133,8 @@ def test_a_tampered_library_is_dropped_and_the_graph_replays(tmp_path, monkeypat
     cache = cache_over(store, tmp_path, "off")
     graph, model, x = stored_graph(cache)
     good = _library(graph, fused_key(graph.key))
-    payload = dict(good.payload, library=b"\x7fELF tampered")
+    payload = dict(good.payload, library=b"\x7fELF tampered",
+                   library_sha256=hashlib.sha256(b"\x7fELF tampered").hexdigest())
     _store(cache, good.__class__(**{**good.__dict__, "payload": payload}))
     monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded a bad library"))
     warm = cache_over(store, tmp_path, "background")

@@ -69,13 +69,14 @@ def _record(model):
 def test_a_training_forward_is_padded_on_the_right_and_computes_the_same_loss():
     """A causal LM's loss and logits, padded from 13 to 16 tokens (mask 0,
     labels -100), equal the unpadded call's; the logits come back cut to
-    13 tokens and gradients flow."""
+    13 tokens and gradients flow. Trainer's ``num_items_in_batch`` is
+    passed on."""
     model = build_trained("gpt2")
     inputs = batch(13, 0)
-    expected = model(**inputs)
+    expected = model(**inputs, num_items_in_batch=40)
     call, seen = _record(model)
-    out = pad_forward(Buckets(), model, (), dict(inputs), call)
-    assert seen[0]["input_ids"].shape == (4, 16)
+    out = pad_forward(Buckets(), model, (), dict(inputs, num_items_in_batch=40), call)
+    assert seen[0]["input_ids"].shape == (4, 16) and seen[0]["num_items_in_batch"] == 40
     assert seen[0]["labels"][:, 13:].eq(-100).all()
     assert seen[0]["attention_mask"][:, 13:].eq(0).all()
     assert out.logits.shape == expected.logits.shape
@@ -86,16 +87,17 @@ def test_a_training_forward_is_padded_on_the_right_and_computes_the_same_loss():
 
 
 def test_calls_whose_padding_is_not_known_are_made_as_they_are():
-    """No padding for: an inference call without labels (its key/value
-    cache would be lengthened), a model without a pad token, a module that
-    is not transformers', positional inputs, extra keyword inputs, or
-    buckets turned off."""
+    """No padding for: an inference call without labels, or one asking for
+    the key/value cache (it would hold the padding), a model without a pad
+    token, a module that is not transformers', positional inputs, extra
+    per-token inputs, or buckets turned off."""
     model, inference = build_trained("gpt2"), build_trained("gpt2").eval()
     inputs = batch(13, 0)
     cases = [(Buckets(), inference, (), {k: inputs[k] for k in ("input_ids", "attention_mask")}),
              (None, model, (), dict(inputs)),
              (Buckets(), model, (inputs["input_ids"],), {}),
-             (Buckets(), model, (), dict(inputs, use_cache=False))]
+             (Buckets(), model, (), dict(inputs, position_ids=inputs["attention_mask"])),
+             (Buckets(), model, (), dict(inputs, use_cache=True))]
     for buckets, module, args, kwargs in cases:
         call, seen = _record(module)
         pad_forward(buckets, module, args, kwargs, call)

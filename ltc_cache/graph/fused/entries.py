@@ -38,10 +38,10 @@ import msgpack
 from ...errors import EntryError
 from ..entry import Entry, new_meta
 from ..keys import CacheKey
-from .platform import FUSED_VERSION
+from .platform import FUSED_VERSION, isa_runs_here
 
 __all__ = ["DATA_DEPENDENT", "FUSED_FORMAT", "NOT_FASTER", "Library", "fused_entry", "library_of",
-           "refusal_entry"]
+           "refusal_entry", "stored_library", "usable_library"]
 
 FUSED_FORMAT = "ltc_cache.fused"
 # How a refusal's reason starts where the library was built but was slower,
@@ -52,7 +52,7 @@ DATA_DEPENDENT = "data-dependent"
 
 
 class Library(NamedTuple):
-    """A fused entry's parts, once its signature holds."""
+    """What a fused entry holds: the library and what a replay needs to use it."""
 
     data: bytes
     isa: str
@@ -95,10 +95,12 @@ def _meta(key: CacheKey, graph: Entry) -> dict[str, Any]:
                     graph_hash=str(graph.meta.get("graph_hash", "")), key_parts=key.parts)
 
 
-def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
-    """The library of a fused entry whose signature holds under ``secret``;
-    None for a refusal. Raises EntryError for anything else: another
-    format, a library of another graph, unsigned, tampered with."""
+def stored_library(entry: Entry, graph_key: str) -> Library | None:
+    """The library a fused entry holds, checked for form but not for its
+    signature (what ``ltc-cache verify`` can check without a key); None for
+    a refusal. Raises EntryError for another format, a library of another
+    graph, a malformed one, or one whose bytes differ from their recorded
+    sha256."""
     p = entry.payload
     if entry.kind != "fused" or p.get("format") != FUSED_FORMAT \
             or p.get("version") != FUSED_VERSION:
@@ -107,16 +109,41 @@ def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
         raise EntryError(f"fused library of graph {str(p.get('graph_key'))[:12]}, "
                          f"looked up for {graph_key[:12]}", entry.key)
     if "library" not in p:
+        if not isinstance(p.get("reason"), str):
+            raise EntryError("fused refusal: malformed (no reason)", entry.key)
         return None
-    library, isa, signature = p.get("library"), p.get("isa"), p.get("hmac")
+    library, isa = p.get("library"), p.get("isa")
     aliases, restride = p.get("aliases"), p.get("restride")
     if not isinstance(library, bytes) or not isinstance(isa, str) \
             or not isinstance(aliases, list) or not isinstance(restride, list):
         raise EntryError("fused library: malformed", entry.key)
+    # Not signed, but shown by `ltc-cache show`: one that differs was changed since.
+    if p.get("library_sha256") != hashlib.sha256(library).hexdigest():
+        raise EntryError("fused library: its bytes do not match its recorded sha256",
+                         entry.key)
+    return Library(library, isa, aliases, restride)
+
+
+def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
+    """The library of a fused entry whose signature holds under ``secret``;
+    None for a refusal. Raises EntryError for anything else: what
+    :func:`stored_library` refuses, unsigned, tampered with."""
+    library = stored_library(entry, graph_key)
+    if library is None:
+        return None
+    signature = entry.payload.get("hmac")
     if not isinstance(signature, bytes):
         raise EntryError("fused library: unsigned", entry.key)
-    if not hmac.compare_digest(signature, _sign(secret, entry.key, graph_key, library, isa,
-                                                aliases, restride)):
+    if not hmac.compare_digest(signature, _sign(secret, entry.key, graph_key, *library)):
         raise EntryError("fused library: signature mismatch (tampered with, or signed with "
                          "another key)", entry.key)
-    return Library(library, isa, aliases, restride)
+    return library
+
+
+def usable_library(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
+    """:func:`library_of`, refused (EntryError) where this CPU lacks the
+    vector instructions the library was built for."""
+    library = library_of(entry, secret, graph_key)
+    if library is not None and not isa_runs_here(library.isa):
+        raise EntryError(f"built for {library.isa}, which this CPU lacks", entry.key)
+    return library

@@ -34,8 +34,8 @@ from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
-from .entries import DATA_DEPENDENT, NOT_FASTER, library_of, refusal_entry
-from .platform import fused_key, isa_runs_here
+from .entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry, usable_library
+from .platform import fused_key
 from .queue import FuseQueue, start_worker
 from .runner import FusedFunction, load_runner, mismatch, runner_available
 
@@ -91,9 +91,7 @@ class FusedTier:
             return script
         secret = program_secret(config.secret, config.directory)
         try:
-            library = library_of(stored, secret, entry.key)
-            if library is not None and not isa_runs_here(library.isa):
-                raise EntryError(f"built for {library.isa}, which this CPU lacks", key.digest)
+            library = usable_library(stored, secret, entry.key)
         except EntryError as exc:
             self._cache.drop_entry(key, str(exc), remade="compiled")
             return script
