@@ -82,16 +82,17 @@ def main(argv: list[str] | None = None) -> int:
 
     import ltc_cache
 
-    eager = None if args.no_check else train(model := build(args.model), model, lengths)[0]
     model = build(args.model)
     compiled = {"ltc_cache": ltc_cache.compile, "inductor": torch.compile,
                 "eager": lambda m: m}[args.route](model)
     losses, seconds = train(model, compiled, lengths)
+    process_s = time.time() - args.started if args.started else None  # eager's run not in it
     from torch._dynamo.utils import counters
 
+    stats, frames = ltc_cache.stats(), counters["frames"].get("ok", 0)
+    eager = None if args.no_check else train(model := build(args.model), model, lengths)[0]
     print(json.dumps({"losses": losses, "eager": eager, "seconds": seconds,
-                      "process_s": time.time() - args.started if args.started else None,
-                      "stats": ltc_cache.stats(), "frames": counters["frames"].get("ok", 0)}))
+                      "process_s": process_s, "stats": stats, "frames": frames}))
     return 0
 
 
