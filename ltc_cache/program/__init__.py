@@ -7,5 +7,6 @@ process runs with no Dynamo capture. The guards Dynamo cannot save become
 checks (`guards`, `checks`, `check_exprs`) of objects described across
 processes (`describe`). `frames`, `frame_package` and `frame_names` keep a
 function Dynamo splits into several frames as one program;
-`compiled_module` is the module stand-in `ltc_cache.compile(module)` returns.
+`compiled_module` is the module stand-in `ltc_cache.compile(module)` returns;
+`data_parallel` that of a DistributedDataParallel, whose module is compiled.
 """

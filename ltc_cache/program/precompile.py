@@ -24,7 +24,10 @@ What keeps a program from being stale or wrong:
   before the artifact, a pickle, is unpickled.
 
 A changed source, a failing guard or a program that does not load is
-captured again (and stored again). A function Dynamo cannot capture whole
+captured again (and stored again: for a failing guard, beside the layout's
+other programs, never over one). A ``DistributedDataParallel`` keeps its
+forward eager around its module compiled
+(:mod:`ltc_cache.program.data_parallel`). A function Dynamo cannot capture whole
 (a graph break) is compiled as several frames and stored as a program of
 frames (:mod:`ltc_cache.program.frames`); one whose program cannot be saved runs
 through ``torch.compile(backend="ltc_cache")`` as before, with one INFO line.
@@ -102,8 +105,10 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
     if is_data_parallel(model):
         # DDP's forward stays eager, its module is compiled (fact 60 in
         # docs/design.md): as DDP(ltc_cache.compile(model)).
-        return compiled_data_parallel(model, functools.partial(compile, buckets=buckets,
-                                                               **kwargs))
+        compiled = compiled_data_parallel(model, functools.partial(compile, buckets=buckets,
+                                                                   **kwargs))
+        if compiled is not None:
+            return compiled
     if isinstance(model, torch.nn.Module):
         fn, owner = _traced_fn(model)
         name = type(model).__name__
