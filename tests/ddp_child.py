@@ -1,10 +1,14 @@
 """Data-parallel training through ltc_cache, one rank of it (run by torchrun).
 
-``torchrun --nproc_per_node=N tests/ddp_child.py ORDER OUT_DIR [--steps 3]``
+``torchrun --nproc_per_node=N tests/ddp_child.py ORDER OUT_DIR [--steps 3] [--model M]``
 
-Each rank trains transformers' GPT-2 (2 layers, ``labels=``, whose loss
-breaks the graph) with AdamW on its share of one global batch, through
-DistributedDataParallel (gloo, CPU) compiled in ``ORDER``:
+Each rank trains a model with AdamW on its share of one global batch,
+through DistributedDataParallel (gloo, CPU) compiled in ``ORDER``. The
+model (``--model``): transformers' GPT-2 (``gpt2``, the default: 2 layers,
+``labels=``, whose loss breaks the graph), its sequence classifier
+(``seqcls``: the last non-pad token's logits, ``labels=`` of one class a
+sequence, ``config.problem_type`` set by the first forward), or a plain
+MLP (``mlp``). The orders:
 
 - ``ddp_of_compiled``: ``DDP(ltc_cache.compile(model))``
 - ``compiled_ddp``: ``ltc_cache.compile(DDP(model))``
@@ -15,7 +19,11 @@ and writes ``OUT_DIR/rank{R}.json``: the global loss of each step (the mean
 of the ranks' losses), Dynamo's frames, AOTAutograd's traces, ltc_cache's
 counters, and the seconds to the end of the first step. Rank 0 also runs
 the same steps in one process on the whole global batch without DDP
-(``reference``), which the losses must equal.
+(``reference``), which the losses must equal, and writes how far its
+weights end from the reference's (``weights_error``). Every rank then runs
+the same steps through eager DDP (``eager_ddp``: its losses) and writes
+how far its weights end from those (``eager_ddp_weights_error``), and a
+digest of its weights (``weights``), which must be equal on every rank.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import faulthandler
+import hashlib
 import json
 import logging
 import os
@@ -36,33 +45,77 @@ sys.path.insert(0, str(Path(__file__).parent))
 BATCH_PER_RANK, SEQ = 2, 8
 
 
-def _model():
+class _Mlp:
+    """A plain MLP whose forward returns its loss (no transformers)."""
+
+    @staticmethod
+    def build():
+        import torch
+        from compile_models import VOCAB
+
+        class Mlp(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = torch.nn.Embedding(VOCAB, 32)
+                self.hidden = torch.nn.Linear(32, 64)
+                self.out = torch.nn.Linear(64, VOCAB)
+
+            def forward(self, ids, labels):
+                logits = self.out(torch.relu(self.hidden(self.embed(ids))))
+                return {"loss": torch.nn.functional.cross_entropy(
+                    logits.flatten(0, 1), labels.flatten())}
+
+        return Mlp()
+
+
+def _model(name: str):
     import torch
-    from compile_models import gpt2
 
     torch.manual_seed(0)
-    model, _ = gpt2()
+    if name == "seqcls":
+        import transformers
+        from compile_models import VOCAB
+
+        config = transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, bos_token_id=0,
+            eos_token_id=0, pad_token_id=0, num_labels=2, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0)
+        model = transformers.GPT2ForSequenceClassification(config)
+    elif name == "mlp":
+        model = _Mlp.build()
+    else:
+        from compile_models import gpt2
+
+        model, _ = gpt2()
     model.train()
     return model
 
 
-def _batch(world: int):
+def _batch(world: int, name: str):
+    """The global batch: token ids and their labels (the ids themselves,
+    or one class a sequence for ``seqcls``)."""
     import torch
     from compile_models import VOCAB
 
     generator = torch.Generator().manual_seed(1)
-    return torch.randint(0, VOCAB, (BATCH_PER_RANK * world, SEQ), generator=generator)
+    ids = torch.randint(0, VOCAB, (BATCH_PER_RANK * world, SEQ), generator=generator)
+    if name != "seqcls":
+        return ids, ids
+    ids[::2, SEQ - 2:] = 0  # right padding: the last non-pad token is not the last one
+    return ids, torch.arange(BATCH_PER_RANK * world) % 2
 
 
-def _steps(model, ids, steps: int, reduce=None) -> tuple[list[float], float]:
+def _steps(model, batch, steps: int, reduce=None) -> tuple[list[float], float]:
     import torch
 
+    ids, labels = batch
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, first = [], 0.0
     start = time.perf_counter()
     for step in range(steps):
         optimizer.zero_grad()
-        loss = model(ids, labels=ids).loss
+        out = model(ids, labels=labels)
+        loss = out["loss"]
         loss.backward()
         optimizer.step()
         value = loss.detach().clone()
@@ -72,6 +125,12 @@ def _steps(model, ids, steps: int, reduce=None) -> tuple[list[float], float]:
         if step == 0:
             first = time.perf_counter() - start
     return losses, first
+
+
+def _farthest(model, other) -> float:
+    """The largest difference between two models' parameters."""
+    return max(float((p - q).abs().max())
+               for p, q in zip(model.parameters(), other.parameters(), strict=True))
 
 
 def _count_visits() -> list[str]:
@@ -110,6 +169,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
                                           "torch_compile_ddp", "inductor_ddp"))
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--model", choices=("gpt2", "seqcls", "mlp"), default="gpt2")
     parser.add_argument("--hang-after", type=float, default=240.0)
     options = parser.parse_args(argv)
 
@@ -135,10 +195,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    model = _model()
+    model = _model(options.model)
     reference_model = copy.deepcopy(model) if rank == 0 else None
-    ids = _batch(world)
-    mine = ids[rank * BATCH_PER_RANK:(rank + 1) * BATCH_PER_RANK]
+    eager_model = copy.deepcopy(model)
+    batch = _batch(world, options.model)
+    mine = tuple(t[rank * BATCH_PER_RANK:(rank + 1) * BATCH_PER_RANK] for t in batch)
 
     if options.order == "ddp_of_compiled":
         net = DDP(ltc_cache.compile(model))
@@ -160,8 +221,18 @@ def main(argv: list[str] | None = None) -> NoReturn:
               "aot_traces": AOT["traces"], "logs": logs,
               "visited": visited,
               "captures": len(CAPTURES)}
+    # The weights after the steps: the same on every rank (a digest), and
+    # as far from eager DDP's (the same steps, every rank) and from the
+    # reference's as the all-reduced gradients allow.
+    result["weights"] = hashlib.sha256(b"".join(
+        p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    eager = DDP(eager_model)
+    result["eager_ddp"], _ = _steps(eager, mine, options.steps, global_mean)
+    result["eager_ddp_weights_error"] = _farthest(model, eager_model)
+    del eager
     if reference_model is not None:
-        result["reference"], _ = _steps(reference_model, ids, options.steps)
+        result["reference"], _ = _steps(reference_model, batch, options.steps)
+        result["weights_error"] = _farthest(model, reference_model)
     Path(options.out, f"rank{rank}.json").write_text(json.dumps(result))
     # DDP's reducer goes before the process group it talks through.
     del net, model

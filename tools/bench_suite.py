@@ -8,9 +8,12 @@ through ``ltc_cache.compile``, cold then warm in fresh processes.
 For each model and mode, two fresh processes over one new cache directory:
 the cold one, then the warm one. Each builds the model (seed 0), runs one
 call (``infer``: under no_grad, in eval(); ``train``: forward, loss, backward
-in train() with dropouts 0) through ``ltc_cache.compile`` and the same call
-in eager on a copy, and reports: the error against eager (outputs; for
-training the loss and every gradient, relative to the largest gradient),
+in train() with dropouts 0; ``ckpt``: gradient checkpointing on, as
+fine-tuning turns it on, and one optimizer step of 4 micro-batches
+accumulated, then AdamW, the call timed being that whole step) through
+``ltc_cache.compile`` and the same in eager on a copy, and reports: the
+error against eager (outputs; for training the loss and every gradient,
+relative to the largest gradient),
 the share of aten ops in LTC, the LTC regions, what the process traced
 (LTC traces, AOTAutograd traces counted by wrapping AOTAutograd's own
 capture functions, and captures: Dynamo frames, programs captured and calls
@@ -21,7 +24,8 @@ The processes write and read their bytecode caches (under the cache
 directory), as an installed package's are, even where the environment sets
 ``PYTHONDONTWRITEBYTECODE``.
 
-``--inductor ResNet,ViT`` (training only) also runs those models through
+``--inductor ResNet,ViT`` (training only: ``train``, or ``ckpt`` where
+``--modes`` names it) also runs those models through
 ``torch.compile`` (Inductor, its FX graph and AOTAutograd caches on, over a
 new cache directory of their own, compile workers in-process), cold then
 warm, and compares the first warm step of the two: after the cold pairs,
@@ -72,6 +76,41 @@ def _buffer_error(model, eager) -> float:
     return worst
 
 
+MICRO_BATCHES = 4  # mode ckpt: micro-batches accumulated into one step
+
+
+def checkpointing_on(model) -> bool:
+    """transformers' gradient checkpointing, non-reentrant (what
+    ``TrainingArguments(gradient_checkpointing=True)`` asks for); False for
+    a model that has none."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        return False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return True
+
+
+def accumulated_step(model, run, inputs: dict, loss_of) -> tuple[list[float], dict, float]:
+    """One optimizer step of ``run`` (``model``, or what compiles it):
+    MICRO_BATCHES forward and backward passes accumulated, then AdamW.
+    Returns the losses, the gradients before the optimizer step, and the
+    process CPU seconds of the step (the gradients' copies left out)."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cpu = time.process_time()
+    losses = []
+    for _ in range(MICRO_BATCHES):
+        loss = loss_of(run(**inputs)) / MICRO_BATCHES
+        loss.backward()
+        losses.append(loss.item())
+    spent = time.process_time() - cpu
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    cpu = time.process_time()
+    optimizer.step()
+    optimizer.zero_grad()
+    return losses, grads, spent + time.process_time() - cpu
+
+
 def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     import copy
     import logging
@@ -99,15 +138,19 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
     count_aot_traces()
     torch.manual_seed(0)
     model, inputs = suite_models.build(name)
-    train = mode == "train"
+    train = mode in ("train", "ckpt")
     model.train(train)
-    eager = copy.deepcopy(model)
     result: dict = {"model": name, "mode": mode}
+    if mode == "ckpt" and not checkpointing_on(model):
+        raise SystemExit(f"{name} has no gradient checkpointing")
+    eager = copy.deepcopy(model)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = ltc_cache.compile(model) if backend == "ltc_cache" else torch.compile(model)
         start, cpu = time.perf_counter(), time.process_time()
-        if train:
+        if mode == "ckpt":
+            losses, grads, _ = accumulated_step(model, compiled, inputs, suite_models.loss_of)
+        elif train:
             loss = suite_models.loss_of(compiled(**inputs))
             loss.backward()
         else:
@@ -115,7 +158,22 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
                 got = suite_models.main_output(compiled(**inputs))
         result["first_s"] = time.perf_counter() - start
         result["first_cpu_s"] = time.process_time() - cpu
-    if train:
+    if mode == "ckpt":
+        wanted_losses, wanted, _ = accumulated_step(eager, eager, inputs, suite_models.loss_of)
+        scale = max((g.abs().max().item() for g in wanted.values()), default=1.0) or 1.0
+        worst = max(((grads[n] - wanted[n]).abs().max().item() for n in wanted if n in grads),
+                    default=0.0)
+        result["error"] = max(worst / scale, *(abs(a - b) / max(abs(b), 1e-12)
+                                               for a, b in zip(losses, wanted_losses,
+                                                               strict=True)))
+        result["missing_grads"] = sorted(set(wanted) ^ set(grads))
+        result["buffer_error"] = _buffer_error(model, eager)
+        with warnings.catch_warnings(record=True) as more:  # the next step: steady calls
+            warnings.simplefilter("always")
+            result["second_cpu_s"] = accumulated_step(model, compiled, inputs,
+                                                      suite_models.loss_of)[2]
+        caught += more
+    elif train:
         want = suite_models.loss_of(eager(**inputs))
         want.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
@@ -188,18 +246,19 @@ def row(result: dict) -> list[str]:
             f"{max(cold.get('buffer_error', 0.0), warm.get('buffer_error', 0.0)):.1e}"]
 
 
-def against_inductor(name: str, repeat: int) -> dict:
-    """Training: cold then ``repeat`` warm processes of ltc_cache and of
-    Inductor, the warm ones alternating; each over a cache of its own."""
+def against_inductor(name: str, repeat: int, mode: str = "train") -> dict:
+    """Training (``mode`` train or ckpt): cold then ``repeat`` warm
+    processes of ltc_cache and of Inductor, the warm ones alternating; each
+    over a cache of its own."""
     with tempfile.TemporaryDirectory(prefix="ltc-suite-") as ltc, \
             tempfile.TemporaryDirectory(prefix="inductor-suite-") as inductor:
-        cold = {"ltc": run_child(name, "train", ltc),
-                "inductor": run_child(name, "train", inductor, "inductor")}
+        cold = {"ltc": run_child(name, mode, ltc),
+                "inductor": run_child(name, mode, inductor, "inductor")}
         warm: dict[str, list[dict]] = {"ltc": [], "inductor": []}
         for _ in range(repeat):
-            warm["ltc"].append(run_child(name, "train", ltc))
-            warm["inductor"].append(run_child(name, "train", inductor, "inductor"))
-    return {"model": name, "cold": cold, "warm": warm}
+            warm["ltc"].append(run_child(name, mode, ltc))
+            warm["inductor"].append(run_child(name, mode, inductor, "inductor"))
+    return {"model": name, "mode": mode, "cold": cold, "warm": warm}
 
 
 def inductor_row(result: dict) -> list[str]:
@@ -256,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if options.inductor:
         compared = []
+        mode = "ckpt" if "ckpt" in options.modes.split(",") else "train"
         for name in options.inductor.split(","):
-            compared.append(against_inductor(name, options.repeat))
+            compared.append(against_inductor(name, options.repeat, mode))
             print(" | ".join(inductor_row(compared[-1])), flush=True)
             if options.json:  # after each model: a long run stopped early keeps its results
                 Path(options.json).write_text(json.dumps(compared, indent=1))
@@ -266,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
 
             print(table([INDUCTOR_HEADER, *(inductor_row(r) for r in compared)]))
             # The same processes' suite rows (ltc_cache cold, its first warm process).
-            print(table([HEADER, *(row({"model": r["model"], "mode": "train",
+            print(table([HEADER, *(row({"model": r["model"], "mode": r["mode"],
                                          "cold": r["cold"]["ltc"], "warm": r["warm"]["ltc"][0]})
                                    for r in compared)]))
         return 0

@@ -239,18 +239,25 @@ def _components(nodes: dict[fx.Node, Any]) -> list[list[fx.Node]]:
 
 
 def _tails_to_their_producers(proposed: list[Any]) -> list[Any]:
-    """Move each connected part of a proposed region that reads only one
-    other region (besides the graph's inputs) and that only the graph's
-    output reads into that region; returns the regions left non-empty.
+    """Move each connected part of a proposed region that reads only other
+    regions (besides the graph's inputs) and that only the graph's output
+    reads into the last of those regions; returns the regions left
+    non-empty.
 
     FX's partitioner fuses the products of a training backward that make
     the weight gradients, independent of each other, into one region run
     after all the others (the small GPT of BENCHMARKS.md: 17 products and
     38 inputs, every activation gradient kept until the end). Each one joins
     the region that computes the gradient it reads, and runs while that
-    gradient is fresh in the cache. No cycle can form: the part reads only
-    that region and the graph's inputs, and nothing but the output reads it."""
+    gradient is fresh in the cache. Under activation checkpointing a product
+    reads two regions, the one that recomputes its activation and the one
+    that computes its gradient: it joins the later, the one none of the
+    others depends on, where both were kept until the backward's end before
+    (fact 63 in docs/design.md). No cycle can form: the part reads only
+    regions and the graph's inputs, nothing but the output reads it, and
+    the region it joins leads to none of the others it reads."""
     region_of = {node: part for part in proposed for node in part.nodes}
+    order: dict[Any, int] = {}
     for part in proposed:
         pieces = _components(part.nodes)
         for piece in pieces:
@@ -259,14 +266,50 @@ def _tails_to_their_producers(proposed: list[Any]) -> list[Any]:
                 continue
             producers = {region_of.get(i) for n in piece for i in n.all_input_nodes
                          if i not in inside and i.op not in ("placeholder", "get_attr")}
-            if len(producers) != 1 or None in producers or part in producers:
+            if not producers or None in producers or part in producers:
                 continue
-            (target,) = producers
+            target = _last_region(producers, order)
+            if target is None:
+                continue
             for node in piece:
                 del part.nodes[node]
                 target.nodes[node] = None
                 region_of[node] = target
     return [part for part in proposed if part.nodes]
+
+
+def _last_region(regions: set[Any], order: dict[Any, int]) -> Any:
+    """The region of ``regions`` from which none of the others can be
+    reached (the latest in graph order where several can be); None where
+    there is none. ``order`` caches each node's position in its graph."""
+    if len(regions) == 1:
+        return next(iter(regions))
+    if not order:
+        graph = next(iter(next(iter(regions)).nodes)).graph
+        order.update((node, i) for i, node in enumerate(graph.nodes))
+    last = None
+    for region in regions:
+        others = {node for other in regions if other is not region for node in other.nodes}
+        if _reaches(region.nodes, others) or (
+                last is not None and max(order[n] for n in region.nodes)
+                < max(order[n] for n in last.nodes)):
+            continue
+        last = region
+    return last
+
+
+def _reaches(nodes: Mapping[fx.Node, Any], targets: set[fx.Node]) -> bool:
+    """Whether a path of users leads from ``nodes`` to one of ``targets``."""
+    seen: set[fx.Node] = set()
+    stack = [user for node in nodes for user in node.users if user not in nodes]
+    while stack:
+        node = stack.pop()
+        if node in targets:
+            return True
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.users)
+    return False
 
 
 def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
@@ -309,6 +352,14 @@ def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
         else:
             eager[str(node.target)] = eager.get(str(node.target), 0) + 1
     if proposed:
-        fuse_by_partitions(gm, [dict.fromkeys(p.nodes) for p in proposed],
+        # Each region's nodes, and so its outputs, in graph order: its FX
+        # graph runs them in that order, and LTC's IR computes its outputs
+        # one after the other (each with what it needs first). AOTAutograd
+        # orders a checkpointed backward as autograd's engine would run it;
+        # in the partitioner's own order a region made every weight gradient
+        # after the whole chain of activation gradients, holding each
+        # recomputed activation until then (fact 63 in docs/design.md).
+        fuse_by_partitions(gm, [dict.fromkeys(sorted(p.nodes, key=order.__getitem__))
+                                for p in proposed],
                            prefix=REGION_PREFIX, always_return_tuple=True)
     return Partitioned(gm, tuple(region_ops), region_ops, total, eager)

@@ -20,12 +20,14 @@ another output, no tensor subclass, no effect tokens or RNG state
 (:class:`ltc_cache.compile_backend.partition.Partitioned`): the parent graph, which calls
 each region as a submodule, and each region's graph. Both are stored as
 data, never as code: each node's op, name, target and arguments, a target
-resolved only to a registered operator overload, ``operator.getitem`` or a
-region of the plan, and the tensor constants it reads by value. What FX
-reads beside that, the dtype, shape and stride of each node's value, comes
-back as meta tensors. Node names are kept, so the regions rebuilt in a warm
-process have the code, and so the cache keys, of those the cold process
-stored.
+resolved only to a registered operator overload, ``operator.getitem``, a
+region of the plan or one of the two higher-order ops AOTAutograd's
+partitioner wraps a recomputed random op in (:data:`_RNG_WRAPPERS`, whose
+first argument is an operator overload too), and the tensor constants it
+reads by value. What FX reads beside that, the dtype, shape and stride of
+each node's value, comes back as meta tensors. Node names are kept, so the
+regions rebuilt in a warm process have the code, and so the cache keys, of
+those the cold process stored.
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ __all__ = ["PlanError", "bare_inference", "graph_from_wire", "graph_to_wire",
 # 3: a training plan's layout names the outputs AOTAutograd re-views
 _VERSION = 3
 _BUILTINS = {"operator.getitem": operator.getitem}
+# The higher-order ops a plan holds, by name: AOTAutograd's partitioner wraps
+# an op tagged ``nondeterministic_seeded`` that an activation-checkpointed
+# region recomputes in the first in the forward (it returns the CPU
+# generator's state with the op's result) and in the second in the backward
+# (it runs the op under that state), so that the recomputation draws what
+# the forward drew (``functionalize_rng_ops`` in
+# ``torch/_functorch/partitioners.py``; fact 61 in docs/design.md). Both
+# take the wrapped op's overload as an argument.
+_RNG_WRAPPERS = ("run_and_save_rng_state", "run_with_rng_state")
 _ENUMS = {
     "dtype": torch.dtype,
     "memory_format": torch.memory_format,
@@ -190,7 +201,24 @@ def _target_to_wire(node: fx.Node, regions: Sequence[str]) -> str:
             return str(node.target)  # "aten.addmm.default"
         if node.target is operator.getitem:
             return "operator.getitem"
+        name = _rng_wrapper_name(node.target)
+        if name is not None:
+            return f"higher_order.{name}"
     raise PlanError(f"node {node.name}: {node.op} of {node.target!r}")
+
+
+def _rng_wrapper_name(target: Any) -> str | None:
+    """The name of ``target`` where it is one of :data:`_RNG_WRAPPERS`."""
+    if not isinstance(target, torch._ops.HigherOrderOperator):
+        return None
+    name = target.name()
+    return name if name in _RNG_WRAPPERS and _rng_wrapper(name) is target else None
+
+
+def _rng_wrapper(name: str) -> Any:
+    from torch._prims import rng_prims
+
+    return getattr(rng_prims, name, None)
 
 
 def _value_to_wire(value: Any) -> Any:
@@ -198,6 +226,8 @@ def _value_to_wire(value: Any) -> Any:
         return value
     if isinstance(value, fx.Node):
         return {"node": value.name}
+    if isinstance(value, torch._ops.OpOverload):  # the op a random-op wrapper runs
+        return {"op": str(value)}
     if isinstance(value, list):
         return [_value_to_wire(v) for v in value]
     if isinstance(value, tuple):
@@ -270,6 +300,16 @@ def _target_from_wire(op: str, target: Any, submodules: Collection[str]) -> Any:
         return target
     if target in _BUILTINS:
         return _BUILTINS[target]
+    kind, _, name = target.partition(".")
+    if kind == "higher_order" and name in _RNG_WRAPPERS:
+        wrapper = _rng_wrapper(name)
+        if isinstance(wrapper, torch._ops.HigherOrderOperator):
+            return wrapper
+        raise EntryError(f"plan: no operator {target!r} in this torch")
+    return _overload_from_wire(target)
+
+
+def _overload_from_wire(target: str) -> torch._ops.OpOverload:
     parts = target.split(".")
     if len(parts) != 3:
         raise EntryError(f"plan: {target!r} is not an operator overload")
@@ -299,6 +339,8 @@ def _value_from_wire(obj: Any, nodes: Mapping[str, Any]) -> Any:
         return tuple(_value_from_wire(v, nodes) for v in ref)
     if kind == "device" and isinstance(ref, str):
         return torch.device(ref)
+    if kind == "op" and isinstance(ref, str):
+        return _overload_from_wire(ref)
     if kind in _ENUMS and isinstance(ref, str) and isinstance(getattr(torch, ref, None),
                                                                _ENUMS[kind]):
         return getattr(torch, ref)

@@ -22,8 +22,8 @@ from torch import fx
 from ..errors import UncacheableGraph
 from ..wire import SCHEMA_VERSION
 
-__all__ = ["CacheKey", "code_digest", "compute_key", "derived_key", "differing_parts",
-           "graph_digest", "graph_parts", "key_of", "module_tensors"]
+__all__ = ["CacheKey", "code_digest", "compute_key", "constant_text", "derived_key",
+           "differing_parts", "graph_digest", "graph_parts", "key_of", "module_tensors"]
 
 logger = logging.getLogger("ltc_cache.keys")
 
@@ -214,13 +214,31 @@ def code_digest(code: types.CodeType) -> str:
     """What a code object computes, not where it sits (no file, line or
     name, so the digest is the same on every machine): bytecode, names,
     constants (nested code by its digest), argument layout."""
-    consts = [(code_digest(c) if isinstance(c, types.CodeType) else f"{type(c).__name__}:{c!r}")
+    consts = [(code_digest(c) if isinstance(c, types.CodeType) else constant_text(c))
               for c in code.co_consts]
     parts = [code.co_code.hex(), repr(code.co_names), repr(code.co_varnames),
              repr(code.co_freevars), repr(code.co_cellvars), repr(consts),
              f"{code.co_argcount},{code.co_posonlyargcount},{code.co_kwonlyargcount}",
              str(code.co_flags)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _holds_a_set(value: Any) -> bool:
+    return isinstance(value, frozenset) or (
+        isinstance(value, tuple) and any(_holds_a_set(v) for v in value))
+
+
+def constant_text(value: Any) -> str:
+    """A code constant as text, the same in every process. A frozenset
+    (``x in {"a", "b"}`` compiles to one) iterates, and so reprs, in the
+    order of its items' hashes, which ``PYTHONHASHSEED`` changes from one
+    process to the next: its items are sorted (fact 59 in
+    docs/design.md). Other constants are their repr, as before."""
+    if isinstance(value, frozenset):
+        return f"frozenset:[{','.join(sorted(constant_text(v) for v in value))}]"
+    if isinstance(value, tuple) and _holds_a_set(value):
+        return f"tuple:({','.join(constant_text(v) for v in value)})"
+    return f"{type(value).__name__}:{value!r}"
 
 
 def key_from_parts(parts: dict[str, str]) -> CacheKey:

@@ -58,9 +58,14 @@ class LtcProgramGraph(SerializableCallable):
         from ..compile_backend.backend import static_graph_parts
 
         gm = fn.gm
-        for node in gm.graph.nodes:  # not picklable, and not read by the backend
-            for name in ("nn_module_stack", "source_fn_stack", "example_value"):
-                node.meta.pop(name, None)
+        # Not picklable, and not read by the backend; in the graphs of
+        # higher-order ops too (a checkpointed block's ``wrap_body``: its
+        # values' fake mode holds weak dictionaries; fact 61 in docs/design.md).
+        for module in gm.modules():
+            if isinstance(module, torch.fx.GraphModule):
+                for node in module.graph.nodes:
+                    for name in ("nn_module_stack", "source_fn_stack", "example_value"):
+                        node.meta.pop(name, None)
         stored = {
             "graph": GraphPickler.dumps(gm, Options(ops_filter=None)),
             "sources": [getattr(n, "_dynamo_source", None)
@@ -110,7 +115,15 @@ class LtcProgramGraph(SerializableCallable):
             return backend(self.gm, list(args))
 
     def _eager(self, *args: Any) -> Any:
-        return self.gm.forward(*args)
+        gm = self.gm
+        if "forward" not in type(gm).__dict__:
+            # Unpickled by torch's graph pickler: its code, but no forward
+            # until generated again (the same code), so a plan that failed
+            # on its first call raised here instead of running eagerly.
+            with compile_lock():
+                if "forward" not in type(gm).__dict__:
+                    gm.recompile()
+        return gm.forward(*args)
 
 
 @holding_off()  # fact 46 in docs/design.md

@@ -17,10 +17,16 @@ from ..collector import holding_off
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, Unportable, first_line
 from ..graph.cache import GraphCache, default_cache
-from ..graph.keys import CacheKey
+from ..graph.keys import CacheKey, derived_key
 from ..signing import program_secret
 from ..threads import compile_lock
-from .capture import once_logging, recording_traced_code, shared_constants_saved, source_records
+from .capture import (
+    once_logging,
+    recording_traced_code,
+    restored_attributes_allowed,
+    shared_constants_saved,
+    source_records,
+)
 from .describe import changed_source, code_record
 from .entries import (
     ProgramParts,
@@ -45,8 +51,17 @@ PROGRAM_LOOKUPS = "program_lookups"  # program (or negative program) entries fou
 
 
 # Programs kept per input layout before the layout goes to torch.compile
-# (Dynamo's recompile limit plays this part there).
+# (Dynamo's recompile limit plays this part there), and stored per layout.
 _MAX_PROGRAMS = 8
+
+
+def _slot_key(key: CacheKey, slot: int) -> CacheKey:
+    """The key of a layout's program in ``slot``: the layout's own key for
+    the first, a key derived from it for the others. One layout may need
+    several programs in turn (a guard on state the first call changes:
+    transformers' ``config.problem_type``), and each process meets them in
+    the order its calls come (fact 59 in docs/design.md)."""
+    return key if slot == 0 else derived_key(key, program_slot=str(slot))
 
 
 class Programs:
@@ -80,6 +95,12 @@ class Programs:
         # capture it).
         self._frames_ran: set[Any] = set()
         self._frames_first = threading.RLock()
+        # The slots (:func:`_slot_key`) of each layout whose programs this
+        # process holds.
+        self._slots: dict[Any, set[int]] = {}
+        # Programs of each layout loaded for a call they did not fit, by
+        # slot: tried again (not loaded again) for the layout's next calls.
+        self._tried: dict[Any, dict[int, LoadedProgram]] = {}
 
     @property
     def cache(self) -> GraphCache:
@@ -175,31 +196,62 @@ class Programs:
             return None
         # Programs from the shared tier only where the fleet shares a key.
         local_only = cache.config.secret is None
-        entry = cache.lookup_entry(key, local_only=local_only)
-        if entry is not None:  # a cache hit; counted apart from the LTC graphs' too
-            counters.bump(PROGRAM_LOOKUPS)
-        program = None
-        if entry is not None and entry.kind == "negative":
-            changed = changed_source(entry.payload.get("program_sources") or [])
-            if changed is None:
-                self._to_torch_compile(layout, f"{entry.payload.get('reason')} (remembered in "
-                                       f"entry {key.digest[:12]})")
-                return None
-            logger.info("%s: %s; trying to capture a program again", self._name, changed)
-        elif entry is not None:
-            program = self._load(entry, key, secret, cache, full, kwargs, local_only)
-        if program is self._frames and program is not None:
-            self._frames_keys[layout] = (key, local_only)
+        held = self._slots.setdefault(layout, set())
+        tried = self._tried.setdefault(layout, {})
+        # The layout's stored programs, one a slot (fact 59 in docs/design.md):
+        # the first that fits this call is loaded; a capture goes into the
+        # first slot that is empty, stale or broken, never over a program
+        # that serves other calls of this layout.
+        target: tuple[int, CacheKey] | None = None  # where a capture is stored
+        empty = _MAX_PROGRAMS - 1  # every slot serves other calls: the last is replaced
+        for slot in range(_MAX_PROGRAMS):
+            if slot in held:  # loaded or captured by this process already
+                continue
+            slot_key = _slot_key(key, slot)
+            program = tried.pop(slot, None)  # loaded for an earlier call it did not fit
+            if program is not None:
+                if not self._fits(program, slot_key, full, kwargs):
+                    tried[slot] = program
+                    continue
+            else:
+                entry = cache.lookup_entry(slot_key, local_only=local_only)
+                if entry is None:  # slots fill in order: none after it
+                    empty = slot
+                    break
+                counters.bump(PROGRAM_LOOKUPS)  # a cache hit, apart from the LTC graphs'
+                if entry.kind == "negative":
+                    changed = changed_source(entry.payload.get("program_sources") or [])
+                    if changed is None:
+                        self._to_torch_compile(layout, f"{entry.payload.get('reason')} "
+                                               f"(remembered in entry {slot_key.digest[:12]})")
+                        return None
+                    logger.info("%s: %s; trying to capture a program again", self._name,
+                                changed)
+                    target = target or (slot, slot_key)
+                    break
+                program = self._load(entry, slot_key, secret, cache, local_only)
+                if program is None:  # stale or broken: a capture replaces it
+                    target = target or (slot, slot_key)
+                    continue
+                if isinstance(program, LoadedProgram) \
+                        and not self._fits(program, slot_key, full, kwargs):
+                    tried[slot] = program  # another call of this layout may need it
+                    continue
+            held.add(slot)
+            if program is self._frames:
+                self._frames_keys[layout] = (slot_key, local_only)
             counters.bump(PROGRAM_HITS)
-            programs.append(program)
+            programs.insert(0, program)
             return program
+        slot, slot_key = target or (empty, _slot_key(key, empty))
+        tried.pop(slot, None)  # (the program this capture replaces)
+        program = self._capture(slot_key, secret, cache, layout, full, kwargs, local_only)
         if program is None:
-            program = self._capture(key, secret, cache, layout, full, kwargs, local_only)
-            if program is None:
-                return None
-        else:
-            counters.bump(PROGRAM_HITS)
-        programs.append(program)
+            return None
+        held.add(slot)
+        # The newest first: a layout's later programs are usually made for
+        # state its first call changed, which the calls after it keep.
+        programs.insert(0, program)
         return program
 
     def _key(self, layout: Any, args: tuple[Any, ...],
@@ -215,8 +267,10 @@ class Programs:
 
     @holding_off()  # fact 46 in docs/design.md
     def _load(self, entry: Any, key: CacheKey, secret: bytes, cache: GraphCache,
-              full: tuple[Any, ...], kwargs: dict[str, Any],
-              local_only: bool) -> LoadedProgram | None:
+              local_only: bool) -> LoadedProgram | FramesProgram | None:
+        """The program of ``entry`` (:meth:`_fits` tells whether it fits
+        this call); None where it is stale or does not load (a capture
+        replaces it)."""
         try:
             parts = program_parts(entry, secret)
         except EntryError as exc:
@@ -237,13 +291,20 @@ class Programs:
             logger.info("%s: program %s does not load (%s: %s); capturing again", self._name,
                         key.digest[:12], type(exc).__name__, first_line(exc))
             return None
-        why = program.resolve(program.bind(full, kwargs))
-        if why is not None:
-            logger.info("%s: program %s does not fit this call: %s; capturing again",
-                        self._name, key.digest[:12], why)
-            return None
-        logger.info("%s: loaded program %s", self._name, key.digest[:12])
         return program
+
+    @holding_off()  # (resolving compiles the checks: part of the load)
+    def _fits(self, program: LoadedProgram, key: CacheKey, full: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> bool:
+        """Whether a loaded program's guards and checks hold for this call;
+        one made for other calls of the layout is logged, and kept."""
+        why = program.resolve(program.bind(full, kwargs))
+        if why is None:
+            logger.info("%s: loaded program %s", self._name, key.digest[:12])
+            return True
+        logger.info("%s: program %s does not fit this call: %s; trying the layout's next "
+                    "program", self._name, key.digest[:12], why)
+        return False
 
     def _materialise(self, artifact: bytes, checks: Sequence[Any],
                      direct_globals: Sequence[str],
@@ -267,7 +328,8 @@ class Programs:
         codes: list[types.CodeType] = []
         own_sources = self._own_sources()
         try:
-            with recording_traced_code(codes), once_logging(), shared_constants_saved():
+            with recording_traced_code(codes), once_logging(), shared_constants_saved(), \
+                    restored_attributes_allowed():
                 compiled = torch.compile(self._fn, fullgraph=True, dynamic=False,
                                          backend=program_backend(self._name),
                                          options={"guard_filter_fn": guard_filter})
