@@ -33,7 +33,6 @@ import copy
 import faulthandler
 import hashlib
 import json
-import logging
 import os
 import sys
 import time
@@ -180,18 +179,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from warm_children import AOT, count_aot_traces
+    from warm_children import AOT, count_aot_traces, program_logs
 
     import ltc_cache
 
     count_aot_traces()
     visited = _count_visits()
-    logs: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
-    for name in ("ltc_cache.precompile", "ltc_cache.program"):
-        logging.getLogger(name).setLevel(logging.INFO)
-        logging.getLogger(name).addHandler(handler)
+    logs = program_logs()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -73,17 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     import torch
-    from warm_children import AOT, count_aot_traces
+    from warm_children import AOT, count_aot_traces, program_logs
 
     import ltc_cache
 
     torch.set_num_threads(1)
-    logs: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
-    for name in ("ltc_cache.precompile", "ltc_cache.program"):
-        logging.getLogger(name).setLevel(logging.INFO)
-        logging.getLogger(name).addHandler(handler)
+    logs = program_logs()
     count_aot_traces()
     net = model()
     eager = copy.deepcopy(net)

@@ -26,6 +26,7 @@ import argparse
 import copy
 import hashlib
 import json
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -51,6 +52,19 @@ def count_aot_traces() -> None:
             return _original(*args, **kwargs)
 
         setattr(graph_compile, name, counted)
+
+
+def program_logs() -> list[str]:
+    """The messages ltc_cache logs about programs (INFO and up) from now on,
+    in a list that grows as they come: why a program was captured again,
+    fell back, or was loaded."""
+    logs: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
+    for name in ("ltc_cache.precompile", "ltc_cache.program"):
+        logging.getLogger(name).setLevel(logging.INFO)
+        logging.getLogger(name).addHandler(handler)
+    return logs
 
 
 def digest(values: list[float]) -> str:
