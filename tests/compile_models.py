@@ -1,8 +1,11 @@
 """Small models for the torch.compile backend tests, and a child process that
-runs one of them through ``backend="ltc_cache"`` against eager.
+runs them through ``backend="ltc_cache"`` against eager, one after the other.
 
-``python tests/compile_models.py MODEL [--train STEPS]`` prints one JSON line:
-the largest difference from eager, the losses of both, and the counters.
+``python tests/compile_models.py MODEL [MODEL ...] [--train STEPS]
+[--trained MODEL,...]`` prints one JSON line, for each model: the largest
+difference from eager, the losses of both (the models of ``--trained``, by
+default all, train ``STEPS`` steps), and its counters (this process's, reset
+before each model: as a process of its own would count them).
 Random weights from a fixed seed, tiny configs, no downloads.
 """
 
@@ -54,21 +57,23 @@ def llama():
 
 
 def llama_gqa():
-    """Grouped-query attention: fewer key-value heads than query heads."""
+    """Grouped-query attention: fewer key-value heads than query heads (one
+    layer: the tests that train it start many processes)."""
     import transformers
 
     config = transformers.LlamaConfig(
-        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=64)
     return transformers.LlamaForCausalLM(config), (_ids(),)
 
 
 def gpt2_dropout():
-    """GPT-2 with its dropouts on (0.1), as it trains by default."""
+    """GPT-2 with its dropouts on (0.1), as it trains by default (one layer:
+    the tests that train it start many processes)."""
     import transformers
 
     config = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
+        n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=64, bos_token_id=0,
         eos_token_id=0)
     return transformers.GPT2LMHeadModel(config), (_ids(),)
 
@@ -162,9 +167,15 @@ def train_steps(model, args, steps: int, optimizer) -> list[float]:
     return losses
 
 
+# Ops the backend probed for the models run before (its count is the process's).
+_PROBED = [0]
+
+
 def run(name: str, train_steps: int) -> dict:
     import ltc_cache
+    from ltc_cache.diagnostics import counters
 
+    counters.reset()
     torch.manual_seed(0)
     model, args = MODELS[name]()
     model.eval()
@@ -190,23 +201,28 @@ def run(name: str, train_steps: int) -> dict:
         result["eager_losses"] = train(reference, args, train_steps)
         result["losses"] = train(compiled, args, train_steps)
     result["stats"] = ltc_cache.stats()
-    backend = ltc_cache.backend
-    result["probes"] = backend.op_support().probes
+    probes = ltc_cache.backend.op_support().probes
+    result["probes"], _PROBED[0] = probes - _PROBED[0], probes
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("models", nargs="+", choices=sorted(MODELS), metavar="MODEL")
     parser.add_argument("--train", type=int, default=0, metavar="STEPS")
+    parser.add_argument("--trained", help="the models that train (default: all)")
     options = parser.parse_args(argv)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = run(options.model, options.train)
-    # What ltc_cache warned about (a region run eagerly, a graph that does
-    # not replay), so that a failing test says why.
-    result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
-    print(json.dumps(result))
+    trained = options.trained.split(",") if options.trained else options.models
+    results = {}
+    for name in options.models:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = run(name, options.train if name in trained else 0)
+        # What ltc_cache warned about (a region run eagerly, a graph that does
+        # not replay), so that a failing test says why.
+        result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
+        results[name] = result
+    print(json.dumps(results))
     return 0
 
 

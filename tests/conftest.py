@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     worker fills those gaps (the whole suite on 2 cores: 17 minutes with
     2 workers, 7 to 9 with 3)."""
     return len(os.sched_getaffinity(0)) + 1
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow first, in their order (a stable sort): the
+    workers share them out as they free, and the run does not end waiting
+    on a long test that began last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +97,63 @@ def cache_dir(tmp_path, monkeypatch) -> Path:
                  "LTC_CACHE_SECRET", "LTC_CACHE_MAX_SIZE"):
         monkeypatch.delenv(name, raising=False)
     return directory
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 make: Callable[[Path], dict]) -> tuple[Path, dict]:
+    """``make(directory)`` run once for the whole test run, whichever
+    pytest-xdist worker needs it first (the others wait for it and read what
+    it returned): a cold child process several tests start from, say. The
+    directory and ``make``'s JSON-able result; what is in the directory is
+    for reading or copying, not changing."""
+    import filelock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this run
+    directory = root / f"once-{name}"
+    done = root / f"once-{name}.json"
+    with filelock.FileLock(str(root / f"once-{name}.lock")):
+        if not done.exists():
+            if directory.exists():  # a worker that failed half-way
+                shutil.rmtree(directory)
+            directory.mkdir()
+            done.write_text(json.dumps(make(directory)))
+    return directory, json.loads(done.read_text())
+
+
+def captured_models(tmp_path_factory: pytest.TempPathFactory, name: str,
+                    files: dict[str, str], cold: Callable[[Path, dict], dict]) -> dict:
+    """Once for the whole run: ``files`` written into a models directory and
+    ``cold(models, env)`` run over them, in a cache and under a signing key of
+    its own. Its report, the models directory (read only: stored programs
+    name its files), the cache (each test copies it: ``stored``) and
+    the key's config directory."""
+
+    def capture(root: Path) -> dict:
+        models = root / "models"
+        models.mkdir()
+        for file, text in files.items():
+            (models / file).write_text(text)
+        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
+        env.update(LTC_CACHE_DIR=str(root / "ltc"), XDG_CONFIG_HOME=str(root / "config"),
+                   LTC_CACHE_FUSE="off")
+        return cold(models, env)
+
+    root, report = once_per_run(tmp_path_factory, name, capture)
+    return {"report": report, "models": root / "models", "cache": root / "ltc",
+            "config": root / "config"}
+
+
+@pytest.fixture
+def stored(captured: dict, cache_dir: Path,
+           monkeypatch: pytest.MonkeyPatch) -> tuple[Path, dict]:
+    """This test's cache: a copy of the test module's ``captured``
+    (``captured_models``), under its signing key. The shared models
+    directory, and the cold process's report."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(captured["config"]))
+    shutil.copytree(captured["cache"], cache_dir)
+    return captured["models"], captured["report"]
 
 
 def child_env(**extra: str) -> dict[str, str]:

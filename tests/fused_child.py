@@ -1,15 +1,26 @@
-"""A separate process for the fused tier's tests: three AdamW steps of a
-small MLP through ``ltc_cache.compile`` (a forward and a backward region)
-in the cache configured by LTC_CACHE_* (LTC_CACHE_FUSE among them), against
-the same steps in eager. Prints one JSON object: this process's stats and
-the largest relative difference of the losses."""
+"""A separate process for the fused tier's tests, in the cache configured by
+LTC_CACHE_* (LTC_CACHE_FUSE among them): first each corner case named on
+the command line (tests/corner_models.py) through
+``ltc_cache.extract_compiled_graph``, checked against eager; then three
+AdamW steps of a small MLP through ``ltc_cache.compile`` (a forward and a
+backward region), against the same steps in eager.
+
+``python tests/fused_child.py [CASE ...]`` prints one JSON object: this
+process's stats after the corner cases (``graphs``) and at the end
+(``stats``), each case's failure, and the largest relative difference of
+the losses."""
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
+from corner_models import build, check_against_eager, random_inputs
 from torch import nn
 
 import ltc_cache
@@ -36,6 +47,22 @@ def run_train() -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(*losses, strict=True))
 
 
+def run_cases(names: list[str]) -> dict[str, str]:
+    """Extract each corner case and check it against eager; name -> failure."""
+    failures = {}
+    for name in names:
+        gm, shapes = build(name)
+        try:
+            compiled = ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1))
+            check_against_eager(gm, compiled, shapes)
+        except Exception as exc:
+            failures[name] = f"{type(exc).__name__}: {exc}"
+    return failures
+
+
 if __name__ == "__main__":
+    failures = run_cases(sys.argv[1:])
+    graphs = ltc_cache.stats()
     error = run_train()
-    print(json.dumps({"stats": ltc_cache.stats(), "error": error}))
+    print(json.dumps({"graphs": graphs, "stats": ltc_cache.stats(), "failures": failures,
+                      "error": error}))

@@ -10,6 +10,10 @@ the largest errors, and what ltc_cache.program.precompile logged.
 --set SCALE=3.0 rebinds the models module's global ``SCALE`` before the
 last call (a guard that must be seen after a program was loaded).
 
+--also="OPTIONS" runs again in the same process with those options (say
+``--also="--model broken"``), counted from a fresh start; the line is then the list
+of the runs' results.
+
 --watch-loads records each step of a start that rebuilds what was stored
 (the program, a plan's graphs, an LTC graph's IR, a program's Dynamo graph
 unpickled, its checks compiled), as whether Python's cyclic garbage collector was on at it
@@ -22,6 +26,7 @@ import argparse
 import copy
 import json
 import logging
+import shlex
 import sys
 import warnings
 
@@ -35,7 +40,7 @@ class _Collect(logging.Handler):
         self.lines.append(f"{record.name}: {record.getMessage()}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("models_dir")
     parser.add_argument("--model", default="build")
@@ -46,10 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decorator", action="store_true",
                         help="compile the module's function `fn` with @ltc_cache.compile")
     parser.add_argument("--watch-loads", action="store_true")
+    parser.add_argument("--also", action="append", default=[], metavar="OPTIONS",
+                        help="another run after the first, in this process, with these "
+                        "options (one string; repeatable)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     options = parser.parse_args(argv)
+    runs = [options, *(parser.parse_args([options.models_dir, *shlex.split(more)])
+                       for more in options.also)]
     sys.path.insert(0, options.models_dir)
     loads: dict[str, list[bool]] = {}
-    if options.watch_loads:
+    if any(run.watch_loads for run in runs):
         _watch_loads(loads)
 
     collect = _Collect()
@@ -58,11 +73,25 @@ def main(argv: list[str] | None = None) -> int:
         logger.setLevel(logging.INFO)
         logger.addHandler(collect)
 
+    results = [_run(run, collect, loads) for run in runs]
+    print(json.dumps(results[0] if len(results) == 1 else results))
+    return 0
+
+
+def _run(options: argparse.Namespace, collect: _Collect, loads: dict[str, list[bool]]) -> dict:
+    """One run of ``options``, counted from a fresh start (ltc_cache's
+    counters, Dynamo's frames, the logs, the loads watched): its result."""
     import progmodels
     import torch
 
     import ltc_cache
+    from ltc_cache.diagnostics import counters
 
+    counters.reset()
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.utils.counters.clear()
+    collect.lines = []
+    loads.clear()
     result: dict = {"max_error": 0.0, "grad_error": 0.0, "outputs": []}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -116,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     result["frames_ok"] = int(torch._dynamo.utils.counters["frames"]["ok"])
     result["logs"] = collect.lines
     result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
-    print(json.dumps(result))
-    return 0
+    return result
 
 
 def _watch_loads(seen: dict[str, list[bool]]) -> None:

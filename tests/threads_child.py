@@ -1,14 +1,16 @@
 """A child process whose threads call one compiled callable at once, as a
 threaded server does (README, "Threads").
 
-``python tests/threads_child.py ROUTE MODEL [--threads 4] [--calls 48]``
-builds a tiny model (random weights from a fixed seed, no downloads),
-compiles it the way ROUTE says, releases the threads together from a
+``python tests/threads_child.py ROUTE MODEL [--threads 4] [--calls 48]
+[--also ROUTE:MODEL ...]`` builds a tiny model (random weights from a fixed
+seed, no downloads), compiles it the way ROUTE says, releases the threads together from a
 ``threading.Barrier`` and has them make ``--calls`` calls in all, each
 compared with eager's result. It prints one JSON line: the exceptions the
 threads raised, the calls whose result differed from eager's, this
 process's counters, the LTC graph keys traced (each should be traced once),
-Dynamo's captured frames and ltc_cache's warnings.
+Dynamo's captured frames and ltc_cache's warnings. With ``--also``, more
+trials follow in the same process, each counted from a fresh start, and
+the line is the list of their reports.
 
 Routes: ``module`` (``ltc_cache.compile(model)``), ``function`` (a function
 compiled with ``@ltc_cache.compile``), ``torch`` (``torch.compile(model,
@@ -154,23 +156,20 @@ def traced_keys() -> list[str]:
     return keys
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("route", choices=ROUTES)
-    parser.add_argument("model", choices=MODELS)
-    parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--calls", type=int, default=48, help="calls in all, split evenly")
-    parser.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True)")
-    options = parser.parse_args(argv)
-    warnings.simplefilter("ignore", UserWarning)  # transformers' config notes
-
+def trial(route: str, name: str, options: argparse.Namespace, keys: list[str]) -> dict:
+    """``name``'s model served through ``route`` on ``options.threads``
+    threads at once; the report, counted from a fresh start (ltc_cache's
+    counters, Dynamo's frames, the LTC graphs traced)."""
     import ltc_cache
+    from ltc_cache.diagnostics import counters
 
-    model, inputs = build(options.model)
-    keys = traced_keys()
+    counters.reset()
+    keys.clear()
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.utils.counters.clear()
+    model, inputs = build(name)
     with torch.no_grad():
-        calls, eager = callables(options.route, model, inputs, options.threads,
-                                 options.dynamic)
+        calls, eager = callables(route, model, inputs, options.threads, options.dynamic)
         want = main_output(eager())
     barrier = threading.Barrier(options.threads)
     errors: list[str] = []
@@ -195,14 +194,32 @@ def main(argv: list[str] | None = None) -> int:
         for worker in workers:
             worker.join()
     report = {
-        "errors": errors, "wrong": wrong, "stats": ltc_cache.stats(), "traced": keys,
+        "errors": errors, "wrong": wrong, "stats": ltc_cache.stats(), "traced": list(keys),
         "frames_ok": int(torch._dynamo.utils.counters["frames"]["ok"])
         if "torch._dynamo" in sys.modules else 0,
         "warnings": [str(w.message) for w in caught if "ltc_cache" in str(w.message)],
     }
-    if options.route == "generate":  # generate() puts the module's own forward back
+    if route == "generate":  # generate() puts the module's own forward back
         report["forward_restored"] = "forward" not in model.__dict__
-    print(json.dumps(report))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("route", choices=ROUTES)
+    parser.add_argument("model", choices=MODELS)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--calls", type=int, default=48, help="calls in all, split evenly")
+    parser.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True)")
+    parser.add_argument("--also", action="append", default=[], metavar="ROUTE:MODEL",
+                        help="another trial after the first, in this process (repeatable)")
+    options = parser.parse_args(argv)
+    warnings.simplefilter("ignore", UserWarning)  # transformers' config notes
+
+    keys = traced_keys()
+    trials = [(options.route, options.model)] + [tuple(t.split(":")) for t in options.also]
+    reports = [trial(route, name, options, keys) for route, name in trials]
+    print(json.dumps(reports[0] if len(reports) == 1 else reports))
     return 0
 
 

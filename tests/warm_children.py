@@ -1,10 +1,12 @@
 """A child process that counts AOTAutograd's traces on its own, without
 ltc_cache's counters, while a model runs through ``backend="ltc_cache"``.
 
-``python tests/warm_children.py SCENARIO MODEL [--lengths 16,24]`` prints one
-JSON line: ``aot`` (calls of AOTAutograd's graph capture, wrapped here before
-torch.compile runs), the losses or outputs of the compiled model and of eager
-in this process, ltc_cache's counters and warnings.
+``python tests/warm_children.py SCENARIO MODEL [MODEL ...] [--lengths 16,24]``
+prints one JSON line, for each model (run one after the other, the counts
+reset before each, as a process of its own would count them): ``aot`` (calls
+of AOTAutograd's graph capture, wrapped here before torch.compile runs), the
+losses or outputs of the compiled model and of eager in this process,
+ltc_cache's counters and warnings.
 
 Scenarios:
 
@@ -41,16 +43,20 @@ AOT = {"traces": 0}
 
 def count_aot_traces() -> None:
     """Wrap the two functions that capture AOTAutograd's graphs (training
-    and inference): each call is one trace."""
+    and inference): each call is one trace. (Called again: they stay
+    wrapped once.)"""
     from torch._functorch._aot_autograd import graph_compile
 
     for name in ("aot_dispatch_autograd_graph", "aot_dispatch_base_graph"):
         original = getattr(graph_compile, name)
+        if getattr(original, "counts_aot_traces", False):
+            continue
 
         def counted(*args, _original=original, **kwargs):
             AOT["traces"] += 1
             return _original(*args, **kwargs)
 
+        counted.counts_aot_traces = True
         setattr(graph_compile, name, counted)
 
 
@@ -107,7 +113,10 @@ def ids(length: int) -> torch.Tensor:
 
 def run(scenario: str, model_name: str, lengths: list[int]) -> dict:
     import ltc_cache
+    from ltc_cache.diagnostics import counters
 
+    AOT["traces"] = 0
+    counters.reset()
     torch.manual_seed(0)
     model, args = MODELS[model_name]()
     reference = copy.deepcopy(model)
@@ -140,16 +149,18 @@ def run(scenario: str, model_name: str, lengths: list[int]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario", choices=["train", "infer", "dynamic", "automatic"])
-    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("models", nargs="+", choices=sorted(MODELS), metavar="MODEL")
     parser.add_argument("--lengths", default="8")
     options = parser.parse_args(argv)
     count_aot_traces()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = run(options.scenario, options.model,
-                     [int(n) for n in options.lengths.split(",")])
-    result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
-    print(json.dumps(result))
+    results = {}
+    for name in options.models:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = run(options.scenario, name, [int(n) for n in options.lengths.split(",")])
+        result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
+        results[name] = result
+    print(json.dumps(results))
     return 0
 
 

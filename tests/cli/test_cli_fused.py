@@ -577,7 +577,6 @@ def test_export_and_import_carry_fused_entries(cache, capsys, tmp_path):
 # -- one real compile -----------------------------------------------------------------------
 
 
-@pytest.mark.slow  # g++: 20-40 s for one tiny graph
 def _compiler_running(pid: int) -> bool:
     """Whether process ``pid`` has a child process (the C++ compiler)."""
     try:
@@ -587,7 +586,8 @@ def _compiler_running(pid: int) -> bool:
         return False
 
 
-def test_fuse_compiles_a_real_library_and_ctrl_c_stops_it(tmp_path, env):
+@pytest.mark.slow  # g++: 20-40 s for one tiny graph
+def test_fuse_compiles_a_real_library_and_ctrl_c_stops_it(tmp_path, env, capsys):
     directory = tmp_path / "ltc"
     keys = extract(directory, ("mlp", Mlp()))
     environ = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
@@ -624,6 +624,5 @@ def test_fuse_compiles_a_real_library_and_ctrl_c_stops_it(tmp_path, env):
     if compiled:
         library = library_of(entry, program_secret(None, directory), keys["mlp"])
         assert library.data.startswith(b"\x7fELF") and library.isa == machine_isa()
-    again = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, env=environ,
-                           timeout=300)
-    assert "already" in again.stdout and "0 of 1 graph to compile" in again.stdout
+    code, out, _ = cli(capsys, directory, "fuse", "--dry-run")
+    assert code == 0 and "already" in out and "0 of 1 graph to compile" in out

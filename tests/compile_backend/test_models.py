@@ -1,8 +1,9 @@
 """Real models end to end through ``torch.compile(backend="ltc_cache")``.
 
-Each model runs in two real subprocesses over one cache directory: the first
-traces (cold), the second must hit without tracing or probing (warm). Both
-compare against eager in their own process. GPT-2, BERT, Llama, T5 come from
+The models run in two real subprocesses over one cache directory, one model
+after the other in each (its counters reset before it): the first traces
+(cold), the second must hit without tracing or probing (warm). Both compare
+against eager in their own process. GPT-2, BERT, Llama, T5 come from
 ``transformers`` with tiny configs and random weights (no downloads).
 """
 
@@ -11,9 +12,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import TESTS, child_env, relative_error
+from conftest import TESTS, child_env, once_per_run, relative_error
 
 # End to end: real models compiled in fresh processes (`pytest -m "not slow"` skips them).
 pytestmark = pytest.mark.slow
@@ -25,20 +27,34 @@ STEPS = 5
 MODELS = ["gpt2", "bert", "t5", "transformer_encoder", "cnn"]
 
 
-def run_model(model: str, steps: int) -> dict:
-    args = [sys.executable, str(TESTS / "compile_models.py"), model]
-    if steps:
-        args += ["--train", str(steps)]
-    proc = subprocess.run(args, capture_output=True, text=True, env=child_env(), timeout=600)
+def run_models(env: dict[str, str]) -> dict:
+    """One process running every model of MODELS (those of TRAINED trained);
+    model -> its report."""
+    args = [sys.executable, str(TESTS / "compile_models.py"), *MODELS,
+            "--train", str(STEPS), "--trained", ",".join(TRAINED)]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> dict:
+    """Once for the whole run: the cold process, then the warm one, over a
+    new cache directory."""
+
+    def cold_then_warm(directory: Path) -> dict:
+        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
+        env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off")
+        cold = run_models(env)
+        return {"cold": cold, "warm": run_models(env)}
+
+    return once_per_run(tmp_path_factory, "test_models", cold_then_warm)[1]
+
+
 @pytest.mark.parametrize("model", MODELS)
-def test_model_cold_then_warm(model, cache_dir, record_property):
+def test_model_cold_then_warm(model, runs, record_property):
     steps = STEPS if model in TRAINED else 0
-    cold = run_model(model, steps)
-    warm = run_model(model, steps)
+    cold, warm = runs["cold"][model], runs["warm"][model]
 
     for run in (cold, warm):
         assert run["inference_max_error"] <= 1e-4, run

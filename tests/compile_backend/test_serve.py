@@ -29,17 +29,17 @@ def run_serve(*args: str, env: dict[str, str] | None = None, model: str = "mlp",
 
 
 def test_cold_fleet_traces_each_graph_once_then_starts_warm(cache_dir):
-    cold = run_serve("--workers", "3", "--requests", "9", "--check")
+    cold = run_serve("--workers", "2", "--requests", "6", "--check")
     graphs = cold["graphs"]
     assert graphs == 2  # the model's graph break: Dynamo hands over two graphs
-    # Each graph missed in one worker, which traced it; the other two waited
-    # on its lock and loaded the entry it stored.
+    # Each graph missed in one worker, which traced it; the other waited on
+    # its lock and loaded the entry it stored.
     assert cold["misses"] == graphs and cold["traces"] == graphs
-    assert sum(w["stats"]["hits"] for w in cold["workers"]) == 2 * graphs
+    assert sum(w["stats"]["hits"] for w in cold["workers"]) == graphs
     for worker in cold["workers"]:
         stats = worker["stats"]
         assert stats["hits"] + stats["misses"] == graphs and stats["errors"] == 0
-    assert cold["requests"] == 9 and sum(w["served"] for w in cold["workers"]) == 9
+    assert cold["requests"] == 6 and sum(w["served"] for w in cold["workers"]) == 6
     assert cold["max_abs_error"] < 1e-4
     assert len(set(DiskStore(cache_dir).keys())) >= graphs
 

@@ -1,7 +1,8 @@
 """The first warm process of a training start captures nothing, runs no
 AOTAutograd and traces nothing, for one model of each family of PyTorch's
 benchmark suites (built by tools/suite_models.py from tiny configs), cold
-then warm in fresh child processes (tools/bench_suite.py --child), each
+then warm in child processes (tools/bench_suite.py's child, one model after
+the other in each process, counted on its own: tests/suite_child.py), each
 checked against eager in its own process: loss and every gradient within
 1e-4 of the largest gradient. The whole suite is the benchmark's
 (BENCHMARKS.md), not the test run's.
@@ -9,34 +10,36 @@ checked against eager in its own process: loss and every gradient within
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env
-
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
+from conftest import child_env, json_child, once_per_run
 
 # Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
 # vision transformer, CNN with BatchNorm (its running statistics as eager's, in few regions).
 FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2", "T5Small", "ViT", "ResNet"]
 
 
-def child(model: str) -> dict:
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", model,
-                           "train"], capture_output=True, text=True, env=child_env(),
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="session")
+def starts(tmp_path_factory) -> dict:
+    """Once for the whole run: a cold process over a new cache directory,
+    then a warm one, each starting every model of FAMILIES."""
+
+    def cold_then_warm(directory: Path) -> dict:
+        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
+        env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off",
+                   XDG_CONFIG_HOME=str(directory / "config"))
+        cold = json_child("suite_child.py", *FAMILIES, env=env, timeout=900)
+        return {"cold": cold, "warm": json_child("suite_child.py", *FAMILIES, env=env,
+                                                 timeout=900)}
+
+    return once_per_run(tmp_path_factory, "test_suite_warm", cold_then_warm)[1]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", FAMILIES)
-def test_first_warm_training_start_captures_and_traces_nothing(model, cache_dir):
-    cold = child(model)
-    warm = child(model)
+def test_first_warm_training_start_captures_and_traces_nothing(model, starts):
+    cold, warm = starts["cold"][model], starts["warm"][model]
     for run in (cold, warm):
         assert run["error"] <= 1e-4 and not run["missing_grads"], run
         assert not run["warnings"] and run["stats"]["errors"] == 0, run

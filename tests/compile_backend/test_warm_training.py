@@ -1,7 +1,9 @@
 """A warm start runs no AOTAutograd trace: training (forward and backward)
 and partitioned inference, cold then warm in real subprocesses that count
 AOTAutograd's graph captures themselves (tests/warm_children.py wraps
-``aot_dispatch_autograd_graph`` and ``aot_dispatch_base_graph``).
+``aot_dispatch_autograd_graph`` and ``aot_dispatch_base_graph``). The
+training models share a cold and a warm process (one model after the
+other, each counted on its own).
 """
 
 from __future__ import annotations
@@ -12,32 +14,50 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env, json_child, relative_error
+from conftest import child_env, json_child, once_per_run, relative_error
+
+# (GPT-2 without dropout: its graphs are gpt2_dropout's but for the RNG.)
+TRAINED = ["llama_gqa", "gpt2_dropout", "token_mlp"]
 
 
-def child(*args: str) -> dict:
-    return json_child("warm_children.py", *args, timeout=900)
+def child(scenario: str, model: str, *args: str) -> dict:
+    """One process running ``scenario`` for ``model``: its report."""
+    return json_child("warm_children.py", scenario, model, *args, timeout=900)[model]
 
 
-def cli_stats() -> dict:
+def cli_stats(env: dict[str, str]) -> dict:
     script = Path(sys.executable).with_name("ltc-cache")  # the installed console script
     proc = subprocess.run([str(script), "stats", "--json"],
-                          capture_output=True, text=True, env=child_env(), timeout=120)
+                          capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory) -> dict:
+    """Once for the whole run: the models of TRAINED trained in a cold
+    process, then in a warm one, over a new cache directory; the store's
+    counters after both (``ltc-cache stats``)."""
+
+    def cold_then_warm(directory: Path) -> dict:
+        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
+        env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off")
+        cold = json_child("warm_children.py", "train", *TRAINED, env=env, timeout=900)
+        warm = json_child("warm_children.py", "train", *TRAINED, env=env, timeout=900)
+        return {"cold": cold, "warm": warm, "counters": cli_stats(env)["counters"]}
+
+    return once_per_run(tmp_path_factory, "test_warm_training", cold_then_warm)[1]
+
+
 @pytest.mark.slow
-# (GPT-2 without dropout: its graphs are gpt2_dropout's but for the RNG.)
-@pytest.mark.parametrize("model", ["llama_gqa", "gpt2_dropout", "token_mlp"])
-def test_training_warm_start_runs_no_aotautograd(model, cache_dir):
+@pytest.mark.parametrize("model", TRAINED)
+def test_training_warm_start_runs_no_aotautograd(model, trained):
     """AdamW steps, an output changed in place, an eval() pass, a frozen
     parameter, load_state_dict (token_mlp's logits view an intermediate):
     three Dynamo graphs (training, inference, training with one input that
     needs no gradient), each through AOTAutograd in the cold process and
     from its plan in the warm one."""
-    cold = child("train", model)
-    warm = child("train", model)
+    cold, warm = trained["cold"][model], trained["warm"][model]
 
     # The training graph twice (the frozen parameter), and the inference
     # graph where it needs partitioning (token_mlp's lowers whole).
@@ -54,10 +74,15 @@ def test_training_warm_start_runs_no_aotautograd(model, cache_dir):
         assert not run["warnings"] and run["stats"]["errors"] == 0, run
     assert warm["got"] == cold["got"]  # bit for bit
 
-    # Across processes: the store counted both.
-    counters = cli_stats()["counters"]
-    assert counters["aot_traces"] == cold["aot"]
-    assert counters["plan_hits"] == cold["aot"]
+
+@pytest.mark.slow
+def test_the_store_counts_the_traces_and_plan_hits_of_every_process(trained):
+    """Across processes (the cold one traced, the warm one used the plans):
+    ``ltc-cache stats`` counted both."""
+    aot = sum(trained["cold"][model]["aot"] for model in TRAINED)
+    assert aot > 0
+    assert trained["counters"]["aot_traces"] == aot
+    assert trained["counters"]["plan_hits"] == aot
 
 
 @pytest.mark.slow

@@ -10,10 +10,11 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, child_env, json_child
+from conftest import TESTS, child_env, json_child, once_per_run
 from torch import fx, nn
 
 from ltc_cache import CacheConfig, GraphCache
@@ -38,19 +39,17 @@ def fused_env(cache_dir, mode: str, tmp_path) -> dict[str, str]:
 def test_cold_compiles_warm_loads_and_both_match_eager(cache_dir, tmp_path):
     """A graph that updates an argument in place and returns another as it
     is (tests/corner_models.py); a training step's forward and backward
-    regions."""
+    regions. One process compiles them (LTC_CACHE_FUSE=sync), the next
+    loads the three libraries, tracing nothing."""
     env = fused_env(cache_dir, "sync", tmp_path)
-    cases = ("inplace_update",)
     for _ in ("cold", "warm"):
-        graphs = json_child("child_extract.py", *cases, env=env, timeout=600)
-        assert not graphs["failures"], graphs["failures"]
-    assert graphs["stats"]["traces"] == 0 and graphs["stats"]["fused_loads"] == 1, graphs
-    for _ in ("cold", "warm"):
-        train = json_child("fused_child.py", env=env, timeout=600)
-        assert train["error"] < 1e-5, train
-    assert train["stats"]["traces"] == 0 and train["stats"]["fused_loads"] == 2, train
-    for stats in (graphs["stats"], train["stats"]):
-        assert "fused_refused" not in stats and "fused_queued" not in stats
+        run = json_child("fused_child.py", "inplace_update", env=env, timeout=600)
+        assert not run["failures"], run["failures"]
+        assert run["error"] < 1e-5, run
+    graphs, stats = run["graphs"], run["stats"]
+    assert graphs["traces"] == 0 and graphs["fused_loads"] == 1, run
+    assert stats["traces"] == 0 and stats["fused_loads"] - graphs["fused_loads"] == 2, run
+    assert "fused_refused" not in stats and "fused_queued" not in stats
 
 
 class Act(nn.Module):
@@ -65,29 +64,98 @@ class Act(nn.Module):
         return self.fn(x * 1.5) + 1
 
 
-def test_a_library_of_another_graph_is_caught_on_its_first_call(tmp_path, monkeypatch):
+@pytest.fixture(scope="session")
+def background(tmp_path_factory) -> dict:
+    """Once for the whole run: a cache whose library of ``Act()`` a
+    background worker compiled (its own session, idle priority) while the
+    caller kept calling, on TorchScript. What the caller saw, the next
+    process's stats, and the cache and signing key's config directories."""
+
+    def compile_in_the_background(root: Path) -> dict:
+        directory = root / "ltc"
+        seen: dict = {}
+        with pytest.MonkeyPatch.context() as mp:
+            for name in [n for n in os.environ if n.startswith("LTC_CACHE_")]:
+                mp.delenv(name)
+            mp.setenv("LTC_CACHE_DIR", str(directory))
+            mp.setenv("XDG_CONFIG_HOME", str(root / "config"))
+            mp.setenv("LTC_CACHE_FUSE", "background")
+            cache = GraphCache(CacheConfig.from_env())
+            model, x = Act(), torch.randn(4, 8)
+            started = time.monotonic()
+            compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+            seen["extract_seconds"] = time.monotonic() - started
+            key = fused_key(compiled.entry.key)
+            calls, deadline = 0, time.monotonic() + 300
+            log = directory / "fuse-queue" / "worker.log"
+            while cache.lookup_entry(key, count=False) is None:
+                assert time.monotonic() < deadline, log.read_text()
+                torch.testing.assert_close(compiled(x)[0], model(x))
+                calls += 1
+            seen["calls"] = calls
+            seen["caller_fused"] = isinstance(compiled._fn, FusedFunction)
+            seen["stored_library"] = "library" in cache.lookup_entry(key, count=False).payload
+            queue = tier.FuseQueue(directory)
+            deadline = time.monotonic() + 60
+            while queue.pending():  # the worker takes the key off once stored
+                assert time.monotonic() < deadline
+            cache.store.close()
+
+            code = ("import torch, ltc_cache, json; from torch import fx; "
+                    "from graph.test_fused_build import Act; m = Act(); x = torch.randn(4, 8); "
+                    "c = ltc_cache.extract_compiled_graph(fx.symbolic_trace(m), [x]); "
+                    "assert torch.allclose(c(x)[0], m(x)) and torch.allclose(c(x)[0], m(x)); "
+                    "print(json.dumps(ltc_cache.stats()))")
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  env=dict(os.environ, PYTHONPATH=str(TESTS)), timeout=300)
+        seen["next_process"] = {"returncode": proc.returncode, "stdout": proc.stdout,
+                                "stderr": proc.stderr[-3000:]}
+        return seen
+
+    root, seen = once_per_run(tmp_path_factory, "fused_background", compile_in_the_background)
+    return {**seen, "directory": root / "ltc", "config": root / "config"}
+
+
+def test_a_background_worker_compiles_while_the_caller_keeps_calling(background):
+    """The caller never waits: its calls run on TorchScript while the worker
+    (its own session, idle priority) compiles; the next process loads."""
+    assert background["extract_seconds"] < 10  # a trace, no compile
+    assert background["calls"] > 10 and not background["caller_fused"]
+    assert background["stored_library"]
+    proc = background["next_process"]
+    assert proc["returncode"] == 0, proc["stderr"]
+    assert '"fused_loads": 1' in proc["stdout"] and '"fused_queued"' not in proc["stdout"]
+
+
+def test_a_library_of_another_graph_is_caught_on_its_first_call(background, tmp_path,
+                                                                monkeypatch):
     """Signed anew for another graph (by someone holding the key), a
     library loads, and its first call gives it away: one warning, a
     refusal stored, TorchScript's results. (Moved under another graph's key
-    unsigned anew, it is refused before loading: tests/graph/test_fused.py.)"""
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    cache = GraphCache(CacheConfig(directory=tmp_path / "ltc", fuse="sync"))
+    unsigned anew, it is refused before loading: tests/graph/test_fused.py.)
+    The library is the background worker's, of ``Act()`` (tanh); the graph
+    ``Act(torch.sigmoid)``."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(background["config"]))
+    directory = tmp_path / "ltc"
+    shutil.copytree(background["directory"], directory)
     x = torch.randn(4, 8)
-    a, b = Act(torch.tanh), Act(torch.sigmoid)
-    compiled_a = cache.extract_compiled_graph(fx.symbolic_trace(a), [x])
+    a, b = Act(torch.sigmoid), Act(torch.tanh)
+    compiled_a = GraphCache(CacheConfig(directory=directory, fuse="off")).extract_compiled_graph(
+        fx.symbolic_trace(a), [x])
+    cache = GraphCache(CacheConfig(directory=directory, fuse="sync"))
     compiled_b = cache.extract_compiled_graph(fx.symbolic_trace(b), [x])
-    assert isinstance(compiled_a._fn, FusedFunction) and isinstance(compiled_b._fn, FusedFunction)
+    assert isinstance(compiled_b._fn, FusedFunction)  # the worker's library, loaded
     key_a, key_b = fused_key(compiled_a.entry.key), fused_key(compiled_b.entry.key)
     library_b = cache.lookup_entry(key_b, count=False)
 
     from ltc_cache.signing import program_secret
 
-    secret = program_secret(None, tmp_path / "ltc")
+    secret = program_secret(None, directory)
     parts = library_of(library_b, secret, compiled_b.entry.key)
     forged = fused_entry(key_a, compiled_a.entry, library=parts.data, isa=parts.isa,
                          aliases=parts.aliases, restride=parts.restride, secret=secret, stats={})
     cache.store_entry(forged, key_a)
-    fresh = GraphCache(CacheConfig(directory=tmp_path / "ltc", fuse="sync"))
+    fresh = GraphCache(CacheConfig(directory=directory, fuse="sync"))
     compiled = fresh.extract_compiled_graph(fx.symbolic_trace(a), [x])
     with pytest.warns(RuntimeWarning, match="is not used: output 0: differs"):
         first = compiled(x)
@@ -95,38 +163,3 @@ def test_a_library_of_another_graph_is_caught_on_its_first_call(tmp_path, monkey
     torch.testing.assert_close(compiled(x)[0], a(x))
     refusal = cache.lookup_entry(key_a, count=False)
     assert "library" not in refusal.payload and "on first use" in refusal.payload["reason"]
-
-
-def test_a_background_worker_compiles_while_the_caller_keeps_calling(cache_dir, tmp_path,
-                                                                     monkeypatch):
-    """The caller never waits: its calls run on TorchScript while the worker
-    (its own session, idle priority) compiles; the next process loads."""
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("LTC_CACHE_FUSE", "background")
-    cache = GraphCache(CacheConfig.from_env())
-    model, x = Act(), torch.randn(4, 8)
-    started = time.monotonic()
-    compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
-    assert time.monotonic() - started < 10  # a trace, no compile
-    key = fused_key(compiled.entry.key)
-    calls, deadline = 0, time.monotonic() + 300
-    while cache.lookup_entry(key, count=False) is None:
-        assert time.monotonic() < deadline, (cache_dir / "fuse-queue" / "worker.log").read_text()
-        torch.testing.assert_close(compiled(x)[0], model(x))
-        calls += 1
-    assert calls > 10 and not isinstance(compiled._fn, FusedFunction)
-    assert "library" in cache.lookup_entry(key, count=False).payload
-    queue = tier.FuseQueue(cache_dir)
-    deadline = time.monotonic() + 60
-    while queue.pending():  # the worker takes the key off once stored
-        assert time.monotonic() < deadline
-
-    code = ("import torch, ltc_cache, json; from torch import fx; "
-            "from graph.test_fused_build import Act; m = Act(); x = torch.randn(4, 8); "
-            "c = ltc_cache.extract_compiled_graph(fx.symbolic_trace(m), [x]); "
-            "assert torch.allclose(c(x)[0], m(x)) and torch.allclose(c(x)[0], m(x)); "
-            "print(json.dumps(ltc_cache.stats()))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(TESTS)), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert '"fused_loads": 1' in proc.stdout and '"fused_queued"' not in proc.stdout

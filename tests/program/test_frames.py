@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, child_env, free_port
+from conftest import TESTS, captured_models, child_env, free_port
 
 from ltc_cache.graph.entry import decode, encode
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
@@ -100,11 +100,31 @@ def models(tmp_path, cache_dir, monkeypatch) -> Path:
     return directory
 
 
-def run(model: str, models: Path | None = None, *args: str) -> dict:
+@pytest.fixture(scope="session")
+def captured(tmp_path_factory) -> dict:
+    """One cold process of ``branchy`` for the whole run, shared by the
+    tests that start from its stored program: its report, its models
+    directory (read only: the program names its files), its cache (each
+    test copies it: ``stored``) and its signing key's config directory.
+    ``other_shift`` is added to the models after the capture: a function
+    added to a module leaves its program fresh."""
+
+    def cold(models: Path, env: dict) -> dict:
+        report = run("branchy", models, env=env)
+        assert_correct(report)
+        (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
+        return report
+
+    return captured_models(tmp_path_factory, "test_frames",
+                           {"framemodels.py": MODELS, "after.py": AFTER}, cold)
+
+
+def run(model: str, models: Path | None = None, *args: str,
+        env: dict[str, str] | None = None) -> dict:
     command = [sys.executable, str(TESTS / "frames_child.py"), model, *args]
     if models is not None:
         command += ["--models", str(models)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
+    proc = subprocess.run(command, capture_output=True, text=True, env=env or child_env(),
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -137,10 +157,9 @@ def frame_programs(directory: Path) -> list:
         store.close()
 
 
-@pytest.mark.slow  # three child processes
-def test_a_data_dependent_break_is_stored_and_loaded_warm(models, cache_dir):
-    cold = run("branchy", models)
-    assert_correct(cold)
+@pytest.mark.slow  # child processes
+def test_a_data_dependent_break_is_stored_and_loaded_warm(stored, cache_dir):
+    models, cold = stored
     assert cold["stats"]["program_captures"] == 1, cold
     assert cold["frames_ok"] > 0, cold
     # One INFO line for the function, with Dynamo's reason.
@@ -222,12 +241,12 @@ def test_an_edited_function_after_the_break_never_runs_stale(models, cache_dir):
 
 
 @pytest.mark.slow
-def test_a_rebound_global_after_the_break_captures_that_frame_alone(models, cache_dir):
-    assert_correct(run("branchy", models))
+def test_a_rebound_global_after_the_break_captures_that_frame_alone(stored):
+    models, _ = stored
     # shift (reached only on the else branch, after the break) is another
-    # function in this process: the frame that inlined it fails its portable
-    # check, and Dynamo captures that frame again; the others load.
-    (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
+    # function in this process (other_shift, added to the module after the
+    # capture): the frame that inlined it fails its portable check, and
+    # Dynamo captures that frame again; the others load.
     result = run("branchy", models, "--set", "shift=other_shift")
     assert_correct(result)
     assert result["stats"].get("program_hits", 0) == 1, result
@@ -246,12 +265,14 @@ class Payload:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("process", ["cold", "warm"])
-def test_a_global_rebound_between_steps_is_seen(models, cache_dir, process):
+def test_a_global_rebound_between_steps_is_seen(request, process):
     """The frame that inlined ``shift`` carries its portable check in the
     capturing process too (its live entry), and after a load."""
-    (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
     if process == "warm":
-        assert_correct(run("branchy", models, "--steps", "4"))
+        models, _ = request.getfixturevalue("stored")
+    else:
+        models = request.getfixturevalue("models")
+        (models / "framemodels.py").write_text(MODELS + OTHER_SHIFT)
     # Steps 0 and 2 take the SCALE branch, 1 and 3 shift's: rebound at 3.
     result = run("branchy", models, "--steps", "4", "--set", "shift=other_shift",
                  "--set-at", "3")
@@ -260,13 +281,13 @@ def test_a_global_rebound_between_steps_is_seen(models, cache_dir, process):
         assert result["stats"].get("program_hits", 0) == 1, result
 
 
-@pytest.mark.slow  # four child processes
-def test_a_poisoned_frame_never_runs(models, cache_dir, tmp_path):
+@pytest.mark.slow  # child processes
+def test_a_poisoned_frame_never_runs(stored, cache_dir, tmp_path):
     """A frames program poisoned in turn in its artifact (the frames'
     bytecode and graphs swapped for a payload) and in its checks (one
     dropped, so a frame would run unchecked): each next process refuses it
     with one warning, captures and stores a good one, which the last loads."""
-    assert_correct(run("branchy", models))
+    models, _ = stored
     marker = tmp_path / "PAYLOAD_RAN"
     for part in ("artifact", "checks"):
         (program,) = frame_programs(cache_dir)

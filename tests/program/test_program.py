@@ -13,6 +13,8 @@ import marshal
 import os
 import pickle
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import TESTS, child_env
+from conftest import TESTS, captured_models, child_env
 
 import ltc_cache
 from ltc_cache.graph.entry import decode, encode
@@ -75,6 +77,66 @@ def act(x):
     return torch.relu(x)
 '''
 
+# More models, each a test's: appended to MODELS in the models of ``variants``.
+TYPE_CHECKED = '''
+
+class TypeChecked(Net):
+    def forward(self, x):
+        if type(x) is torch.Tensor:
+            x = x * 3.0
+        return super().forward(x)
+
+
+def type_checked():
+    torch.manual_seed(0)
+    return TypeChecked()
+'''
+
+COPIES = '''
+
+import copy
+
+
+class Config:
+    kind = "plain"  # read through the instance: absent from its __dict__
+
+    def __init__(self, scale=3.0):
+        self.scale = scale
+        self.labels = {0: "a", 1: "b"}
+
+
+class Copies(Net):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
+    def forward(self, x):
+        config = copy.deepcopy(self.config)
+        if config.kind == "plain":
+            x = x * config.scale
+        return super().forward(x)
+
+
+def copies():
+    torch.manual_seed(0)
+    return Copies(Config())
+
+
+def copies_scaled():
+    torch.manual_seed(0)
+    return Copies(Config(scale=5.0))
+'''
+
+DECORATED = '''
+
+import ltc_cache
+
+
+@ltc_cache.compile
+def fn(x):
+    return helper.act(x) * SCALE
+'''
+
 SCRIPT = Path(sys.executable).with_name("ltc-cache")
 # A payload that, unpickled, leaves a file behind.
 MARKER = "PAYLOAD_RAN"
@@ -98,6 +160,56 @@ def models(tmp_path, cache_dir, monkeypatch) -> Path:
     (directory / "progmodels.py").write_text(MODELS)
     (directory / "helper.py").write_text(HELPER)
     return directory
+
+
+@pytest.fixture(scope="session")
+def captured(tmp_path_factory) -> dict:
+    """One cold process over ``MODELS`` (Net, one call) for the whole run,
+    shared by the tests that start from a stored program: its report, its
+    models directory (read only: the program names its files), its cache
+    (each test copies it: ``stored``) and its signing key's config
+    directory."""
+
+    def cold(models: Path, env: dict) -> dict:
+        report = run(models, env=env)
+        assert_captured(report)
+        return report
+
+    return captured_models(tmp_path_factory, "test_program",
+                           {"progmodels.py": MODELS, "helper.py": HELPER}, cold)
+
+
+# Runs of program_child.py that share a cold and a warm process, one after
+# the other in each, counted on their own: what each compiles is its own
+# code (Net.forward is compiled whole by "train" alone). name -> options.
+VARIANTS = {
+    "train": ["--train", "--call", "4x16:float32", "--call", "4x16:float32"],
+    "type_checked": ["--model", "type_checked"],
+    "copies": ["--model", "copies"],
+    "decorated": ["--decorator"],
+    "broken": ["--model", "broken"],
+}
+
+
+@pytest.fixture(scope="session")
+def variants(tmp_path_factory) -> dict:
+    """Once for the whole run, over models of their own (MODELS with
+    TYPE_CHECKED, COPIES and DECORATED): the runs of VARIANTS in a cold
+    process, then in a warm one (where "train" watches its loads).
+    ``"cold"`` and ``"warm"``: name -> result; the models directory, the
+    cache and the signing key's config directory, as ``captured``'s."""
+
+    def cold_then_warm(models: Path, env: dict) -> dict:
+        first, *more = VARIANTS.values()
+        results = {}
+        for process, watch in (("cold", []), ("warm", ["--watch-loads"])):
+            argv = [*first, *watch, *(f"--also={shlex.join(options)}" for options in more)]
+            results[process] = dict(zip(VARIANTS, run(models, *argv, env=env), strict=True))
+        return results
+
+    files = {"progmodels.py": MODELS + TYPE_CHECKED + COPIES + DECORATED, "helper.py": HELPER}
+    captured = captured_models(tmp_path_factory, "test_program_variants", files, cold_then_warm)
+    return {**captured.pop("report"), **captured}
 
 
 def run(models: Path, *args: str, env: dict[str, str] | None = None) -> dict:
@@ -140,20 +252,21 @@ def program_keys(directory: Path) -> list[str]:
         store.close()
 
 
-def stored_checks(directory: Path) -> list:
-    """The portable checks of the one program stored in ``directory``."""
-    (key,) = program_keys(directory)
+def stored_checks(directory: Path, graph_name: str) -> list:
+    """The portable checks of the one program named ``graph_name`` stored in
+    ``directory``."""
     store = ReadOnlyDiskStore(directory)
     try:
-        return decode(store.peek(key)).payload["checks"]
+        (checks,) = [entry.payload["checks"] for entry in map(decode, map(
+            store.peek, program_keys(directory))) if entry.graph_name == graph_name]
+        return checks
     finally:
         store.close()
 
 
-@pytest.mark.slow  # two child processes
-def test_cold_then_warm(models, cache_dir):
-    cold = run(models)
-    assert_captured(cold)
+@pytest.mark.slow  # child processes
+def test_cold_then_warm(stored, cache_dir):
+    models, cold = stored
     assert any("captured and stored program" in line for line in cold["logs"]), cold["logs"]
     assert cold["same_state"] and cold["same_parameters"]
 
@@ -164,12 +277,10 @@ def test_cold_then_warm(models, cache_dir):
     assert len(program_keys(cache_dir)) == 1
 
 
-@pytest.mark.slow  # two child processes
-def test_training_cold_then_warm(models, cache_dir):
-    cold = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32")
+@pytest.mark.slow  # the shared child processes
+def test_training_cold_then_warm(variants):
+    cold, warm = variants["cold"]["train"], variants["warm"]["train"]
     assert_captured(cold)
-    warm = run(models, "--train", "--call", "4x16:float32", "--call", "4x16:float32",
-               "--watch-loads")
     assert_warm(warm)
     assert warm["outputs"] == cold["outputs"]
     # What the warm start rebuilt (the program, both graphs of the training
@@ -194,33 +305,19 @@ def test_training_cold_then_warm(models, cache_dir):
     assert warm["stats"].get("aot_traces", 0) == 0 and warm["stats"].get("plan_hits", 0) > 0, warm
 
 
-@pytest.mark.slow  # two child processes
-def test_a_guard_through_a_global_named_after_an_object_id_loads_warm(models, cache_dir):
+@pytest.mark.slow  # the shared child processes
+def test_a_guard_through_a_global_named_after_an_object_id_loads_warm(variants):
     """``type(x) is torch.Tensor`` makes Dynamo install ``torch`` as a global
     named after its object id (``_<id>_c0``) and guard ``torch.Tensor``
     through it (DeBERTa-v2, FNet and LayoutLM do this): such a check never
     held in the next process, which captured again on every start. It is
     stored through the module's name instead, so the warm process loads."""
-    (models / "progmodels.py").write_text(MODELS + '''
-
-class TypeChecked(Net):
-    def forward(self, x):
-        if type(x) is torch.Tensor:
-            x = x * 3.0
-        return super().forward(x)
-
-
-def type_checked():
-    torch.manual_seed(0)
-    return TypeChecked()
-''')
-    cold = run(models, "--model", "type_checked")
+    cold, warm = variants["cold"]["type_checked"], variants["warm"]["type_checked"]
     assert_captured(cold)
-    checks = stored_checks(cache_dir)
+    checks = stored_checks(variants["cache"], "TypeChecked.program")
     exprs = [expr for expr, _, _ in checks]
     assert any("__import__('torch'" in expr and expr.endswith(".Tensor") for expr in exprs), exprs
     assert not any(re.search(r"_\d{6,}_c\d", expr) for expr in exprs), exprs
-    warm = run(models, "--model", "type_checked")
     assert_warm(warm)
     assert warm["outputs"] == cold["outputs"]
 
@@ -245,8 +342,9 @@ def test_a_global_named_after_an_object_id_is_never_checked_by_that_name():
         portable_expression(f"G['__weakref_{id(expr)}_c1']()", {f"__weakref_{id(expr)}_c1": 1})
 
 
-@pytest.mark.slow  # three child processes
-def test_a_config_deep_copied_in_forward_loads_warm_and_a_changed_one_misses(models, cache_dir):
+@pytest.mark.slow  # the shared child processes, and one more
+def test_a_config_deep_copied_in_forward_loads_warm_and_a_changed_one_misses(
+        variants, cache_dir, monkeypatch):
     """Encoder-decoder models deep-copy their config in ``forward``, and
     ``copy.deepcopy`` reads ``id(config)``: Dynamo guards the config's
     identity (and that of each value it copies), which no process but the
@@ -255,51 +353,19 @@ def test_a_config_deep_copied_in_forward_loads_warm_and_a_changed_one_misses(mod
     check names an address or id), so the warm process loads; a config
     that holds another value than the one the program was traced with
     still misses."""
-    (models / "progmodels.py").write_text(MODELS + '''
-
-import copy
-
-
-class Config:
-    kind = "plain"  # read through the instance: absent from its __dict__
-
-    def __init__(self, scale=3.0):
-        self.scale = scale
-        self.labels = {0: "a", 1: "b"}
-
-
-class Copies(Net):
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-
-    def forward(self, x):
-        config = copy.deepcopy(self.config)
-        if config.kind == "plain":
-            x = x * config.scale
-        return super().forward(x)
-
-
-def copies():
-    torch.manual_seed(0)
-    return Copies(Config())
-
-
-def copies_scaled():
-    torch.manual_seed(0)
-    return Copies(Config(scale=5.0))
-''')
-    cold = run(models, "--model", "copies")
+    cold, warm = variants["cold"]["copies"], variants["warm"]["copies"]
     assert_captured(cold)
-    checks = stored_checks(cache_dir)
+    checks = stored_checks(variants["cache"], "Copies.program")
     assert any(kind == "object" for _, kind, _ in checks), checks
     # Nothing process-specific: no global named after an id, no id or address as a value.
     assert not any(re.search(r"_\d{6,}_c\d|0x[0-9a-f]{6,}", expr) for expr, _, _ in checks)
     assert not any(isinstance(v, int) and v > 2**20 for _, _, v in checks), checks
-    warm = run(models, "--model", "copies")
     assert_warm(warm)
     assert warm["outputs"] == cold["outputs"]
-    other = run(models, "--model", "copies_scaled")
+    # (In a copy of the shared cache, under its signing key.)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(variants["config"]))
+    shutil.copytree(variants["cache"], cache_dir)
+    other = run(variants["models"], "--model", "copies_scaled")
     assert_correct(other)
     assert other["stats"].get("program_hits", 0) == 0, other
     assert any("does not fit this call" in line for line in other["logs"]), other["logs"]
@@ -334,22 +400,12 @@ def test_object_checks_compare_class_and_aliasing():
         identity_check("L['a']", "ID_MATCH", ("ID_MATCH",), True, object(), [])
 
 
-@pytest.mark.slow  # child processes
-def test_decorated_function(models, cache_dir):
-    (models / "progmodels.py").write_text(MODELS + '''
-
-import ltc_cache
-
-
-@ltc_cache.compile
-def fn(x):
-    return helper.act(x) * SCALE
-''')
-    # The decorated function compiles itself; the child calls it again
-    # through ltc_cache.compile, which must not nest a second program.
-    cold = run(models, "--decorator")
+@pytest.mark.slow  # the shared child processes
+def test_decorated_function(variants):
+    # The decorated function (DECORATED) compiles itself; the child calls it
+    # again through ltc_cache.compile, which must not nest a second program.
+    cold, warm = variants["cold"]["decorated"], variants["warm"]["decorated"]
     assert cold["max_error"] == 0.0, cold
-    warm = run(models, "--decorator")
     assert warm["max_error"] == 0.0 and warm["frames_ok"] == 0, warm
     assert warm["stats"].get("program_hits", 0) >= 1, warm
 
@@ -375,8 +431,8 @@ def test_edited_sources_are_never_run_stale(models, cache_dir):
 
 
 @pytest.mark.slow  # child processes
-def test_a_global_rebound_after_loading_is_seen(models, cache_dir):
-    assert_captured(run(models))
+def test_a_global_rebound_after_loading_is_seen(stored):
+    models, _ = stored
     warm = run(models, "--call", "2x16:float32", "--call", "2x16:float32", "--set", "SCALE=5.0")
     # The first call loads; after SCALE changes the guard fails and the
     # program is captured again, with the right result.
@@ -422,11 +478,11 @@ def _poison(cache_dir: Path, how: str, marker: Path) -> None:
 
 
 @pytest.mark.slow  # five child processes
-def test_poisoned_program_entries_are_never_unpickled(models, cache_dir, tmp_path):
+def test_poisoned_program_entries_are_never_unpickled(stored, cache_dir, tmp_path):
     """An entry poisoned each way in turn (its signature left, dropped, or
     made with another key): each next process refuses it with a warning,
     captures and stores a good one, which the last process loads."""
-    assert_captured(run(models))
+    models, _ = stored
     marker = tmp_path / MARKER
     # Sanity: the payload does run when unpickled.
     probe = tmp_path / "probe"
@@ -444,22 +500,21 @@ def test_poisoned_program_entries_are_never_unpickled(models, cache_dir, tmp_pat
     assert not marker.exists()
 
 
-@pytest.mark.slow  # child processes
-def test_a_graph_break_is_a_program_of_several_frames(models, cache_dir):
+@pytest.mark.slow  # the shared child processes
+def test_a_graph_break_is_a_program_of_several_frames(variants):
     # (More in tests/program/test_frames.py.)
-    cold = run(models, "--model", "broken")
+    cold, warm = variants["cold"]["broken"], variants["warm"]["broken"]
     assert_captured(cold)
     lines = [line for line in cold["logs"] if "frames" in line]
     assert len(lines) == 1 and "graph_break()" in lines[0], cold["logs"]
 
-    warm = run(models, "--model", "broken")
     assert_warm(warm)
     assert warm["outputs"] == cold["outputs"]
 
 
 @pytest.mark.slow
-def test_export_and_import_carry_programs(models, cache_dir, tmp_path):
-    assert_captured(run(models))
+def test_export_and_import_carry_programs(stored, cache_dir, tmp_path):
+    models, _ = stored
     bundle = tmp_path / "warm.ltcb"
     cli = [str(SCRIPT)]
     subprocess.run([*cli, "--dir", str(cache_dir), "export", str(bundle)], check=True,
@@ -471,28 +526,27 @@ def test_export_and_import_carry_programs(models, cache_dir, tmp_path):
     assert_warm(warm)
 
 
-@pytest.mark.slow  # a child process and CLI processes that import torch
-def test_cli_lists_shows_counts_and_prunes_programs(models, cache_dir):
-    assert_captured(run(models))
-    cli = [str(SCRIPT), "--dir", str(cache_dir)]
-    listing = json.loads(subprocess.run([*cli, "ls", "--json", "--filter", "kind=program"],
-                                        check=True, capture_output=True, text=True).stdout)
+@pytest.mark.slow  # the shared cold process
+def test_cli_lists_shows_counts_and_prunes_programs(stored, cache_dir, capsys):
+    from ltc_cache.cli import main
+
+    def cli(*args: str) -> str:
+        """``ltc-cache --dir cache_dir args`` in this process: its output."""
+        assert main(["--dir", str(cache_dir), *args]) == 0, capsys.readouterr()
+        return capsys.readouterr().out
+
+    listing = json.loads(cli("ls", "--json", "--filter", "kind=program"))
     (row,) = listing["entries"]
     assert row["graph_name"] == "Net.program" and row["node_count"] > 0
-    shown = subprocess.run([*cli, "show", row["key"][:12]], check=True, capture_output=True,
-                           text=True).stdout
+    shown = cli("show", row["key"][:12])
     assert "portable checks" in shown and "Kind" in shown
-    shown_json = json.loads(subprocess.run([*cli, "show", row["key"][:12], "--json"],
-                                           check=True, capture_output=True, text=True).stdout)
+    shown_json = json.loads(cli("show", row["key"][:12], "--json"))
     assert "artifact" not in shown_json["payload"]
     assert shown_json["payload"]["artifact_size"] > 0
-    stats = json.loads(subprocess.run([*cli, "stats", "--json"], check=True,
-                                      capture_output=True, text=True).stdout)
+    stats = json.loads(cli("stats", "--json"))
     assert stats["entries"] >= 2
-    verify = subprocess.run([*cli, "verify"], capture_output=True, text=True)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    subprocess.run([*cli, "prune", "--older-than", "0s", "--yes"], check=True,
-                   capture_output=True)
+    cli("verify")
+    cli("prune", "--older-than", "0s", "--yes")
     assert program_keys(cache_dir) == []
 
 
@@ -550,10 +604,9 @@ def test_compile_takes_torch_compile_arguments_only():
     assert list(compiled.state_dict()) == ["weight", "bias"]
 
 
-@pytest.mark.slow  # a child process
-def test_program_entries_are_plain_msgpack_entries(models, cache_dir):
+@pytest.mark.slow  # the shared cold process
+def test_program_entries_are_plain_msgpack_entries(stored, cache_dir):
     """Everything but the artifact is data a listing reads without torch."""
-    assert_captured(run(models))
     (key,) = program_keys(cache_dir)
     store = ReadOnlyDiskStore(cache_dir)
     try:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_env, json_child
+from conftest import child_env, json_child, once_per_run
 
 import ltc_cache
 from ltc_cache.compile_backend.first_call import Guarded
@@ -28,8 +29,13 @@ def serve(route: str, model: str, *options: str, env: dict[str, str] | None = No
     """One child process serving ``model`` through ``route`` on THREADS
     threads at once: checked for errors, wrong results, warnings and LTC
     graphs traced twice, and its report returned."""
-    report = json_child("threads_child.py", route, model, "--threads", str(THREADS), *options,
-                        env=env or child_env(), timeout=900)
+    return checked(json_child("threads_child.py", route, model, "--threads", str(THREADS),
+                              *options, env=env or child_env(), timeout=900))
+
+
+def checked(report: dict) -> dict:
+    """``report`` (of one trial), checked for errors, wrong results, warnings
+    and LTC graphs traced twice."""
     assert report["errors"] == [], report["errors"][0]
     assert report["wrong"] == [], report["wrong"]  # every call equal to eager's
     assert report["warnings"] == [], report["warnings"]
@@ -50,36 +56,60 @@ def assert_warm(report: dict) -> None:
 
 # -- ltc_cache.compile: a module, a function, generate() -----------------------------
 
+# Trials that share a cold and a warm process, one after the other in each,
+# counted on their own (their graphs are not each other's).
+COMPILED = ("module:mlp", "function:mlp", "module:branchy", "extract:mlp")
 
-def test_threads_share_one_program_of_a_module_cold_then_warm(cache_dir):
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory) -> dict[str, dict[str, dict]]:
+    """Once for the whole run: the trials of COMPILED in a cold process
+    over a new cache directory, then in a warm one. ``"cold"`` and
+    ``"warm"``: trial -> its report."""
+
+    def cold_then_warm(directory: Path) -> dict:
+        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
+        env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off",
+                   XDG_CONFIG_HOME=str(directory / "config"))
+        first, *more = COMPILED
+        argv = [*first.split(":"), "--threads", str(THREADS),
+                *(arg for trial in more for arg in ("--also", trial))]
+        return {process: dict(zip(COMPILED, json_child("threads_child.py", *argv, env=env,
+                                                       timeout=900), strict=True))
+                for process in ("cold", "warm")}
+
+    return once_per_run(tmp_path_factory, "test_threads", cold_then_warm)[1]
+
+
+def test_threads_share_one_program_of_a_module_cold_then_warm(compiled):
     """The issue saw each thread capture (cold) or load (warm) the program
     of its own: 4 captures, 4 loads. One thread does it, the others wait
     and run what it made."""
-    cold = serve("module", "mlp")["stats"]
+    cold = checked(compiled["cold"]["module:mlp"])["stats"]
     assert cold["program_captures"] == 1 and cold.get("program_hits", 0) == 0, cold
     assert cold["traces"] == 1, cold
-    warm = serve("module", "mlp")
+    warm = checked(compiled["warm"]["module:mlp"])
     assert_warm(warm)
     assert warm["stats"]["program_hits"] == 1, warm["stats"]  # loaded once
     assert warm["frames_ok"] == 0  # no Dynamo capture
 
 
-def test_threads_share_one_program_of_a_function_cold_then_warm(cache_dir):
-    cold = serve("function", "mlp")["stats"]
+def test_threads_share_one_program_of_a_function_cold_then_warm(compiled):
+    cold = checked(compiled["cold"]["function:mlp"])["stats"]
     assert cold["program_captures"] == 1 and cold.get("program_fallbacks", 0) == 0, cold
-    warm = serve("function", "mlp")
+    warm = checked(compiled["warm"]["function:mlp"])
     assert_warm(warm)
     assert warm["stats"]["program_hits"] == 1, warm["stats"]
 
 
-def test_threads_share_one_program_of_frames_cold_then_warm(cache_dir):
+def test_threads_share_one_program_of_frames_cold_then_warm(compiled):
     """A model Dynamo breaks into two frames (a branch on a tensor's value):
     the first call of a layout is made by one thread while the others wait,
     so the frames are captured once (each thread captured its own: 7
     frames), and a warm process loads the program once."""
-    cold = serve("module", "branchy")
+    cold = checked(compiled["cold"]["module:branchy"])
     assert cold["frames_ok"] == 2 and cold["stats"]["dynamo_graphs"] == 2, cold["stats"]
-    warm = serve("module", "branchy")
+    warm = checked(compiled["warm"]["module:branchy"])
     assert_warm(warm)
     assert warm["stats"]["program_hits"] == 1 and warm["frames_ok"] == 0, warm["stats"]
 
@@ -127,12 +157,12 @@ def test_threads_through_torch_compile_cold_then_warm(cache_dir):
     assert_warm(warm)
 
 
-def test_threads_extract_compiled_graph_cold_then_warm(cache_dir):
+def test_threads_extract_compiled_graph_cold_then_warm(compiled):
     """Every thread extracts the same graph, then calls what it got: one
     trace, the other threads' lookups hits."""
-    cold = serve("extract", "mlp")["stats"]
+    cold = checked(compiled["cold"]["extract:mlp"])["stats"]
     assert (cold["misses"], cold["traces"], cold["hits"]) == (1, 1, THREADS - 1), cold
-    warm = serve("extract", "mlp")
+    warm = checked(compiled["warm"]["extract:mlp"])
     assert_warm(warm)
     assert warm["stats"]["hits"] == THREADS
 
