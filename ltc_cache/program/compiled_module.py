@@ -104,6 +104,10 @@ class CompiledModule(OptimizedModule):
             # The programs compute with the module they were made for.
             raise AttributeError("ltc_cache.compile(module): its module cannot be replaced; "
                                  "compile the new module instead")
+        if name == "__class__":  # fully_shard(stand-in) sets FSDP's class last
+            from .fully_sharded import refuse_sharding_the_stand_in
+
+            refuse_sharding_the_stand_in(value)
         super().__setattr__(name, value)
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -45,6 +45,7 @@ import torch
 from .buckets import Buckets, pad_forward, resolve
 from .compiled_module import CompiledModule, stand_in
 from .data_parallel import compiled_data_parallel, is_data_parallel
+from .fully_sharded import compiled_fully_sharded, is_fully_sharded
 from .programs import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS, Programs
 
 __all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "PROGRAM_LOOKUPS",
@@ -107,6 +108,14 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
         # docs/design.md): as DDP(ltc_cache.compile(model)).
         compiled = compiled_data_parallel(model, functools.partial(compile, buckets=buckets,
                                                                    **kwargs))
+        if compiled is not None:
+            return compiled
+    if is_fully_sharded(model):
+        # FSDP2's hooks and the model's loop over its blocks stay eager,
+        # each block (and other weight-holding leaf) is a program (fact 74
+        # in docs/design.md).
+        compiled = compiled_fully_sharded(
+            model, functools.partial(compile, buckets=None, **kwargs), padding)
         if compiled is not None:
             return compiled
     if isinstance(model, torch.nn.Module):
