@@ -191,6 +191,75 @@ HF: dict[str, Callable] = {
     "Mistral": _make("MistralConfig", "MistralForCausalLM", _text(), **_LLAMA),
 }
 
+def _ghostnet():
+    """GhostNet-style (not in transformers): ghost modules (a primary 1x1
+    convolution and a cheap depthwise one over its output, concatenated),
+    squeeze-excite with a hard-sigmoid gate, ReLU and hard-swish, BatchNorm,
+    from plain torch modules."""
+    from torch import nn
+
+    def conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1,
+                act: type[nn.Module] | None = nn.ReLU) -> nn.Sequential:
+        layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+                  nn.BatchNorm2d(cout)]
+        return nn.Sequential(*layers, act()) if act else nn.Sequential(*layers)
+
+    class Ghost(nn.Module):
+        def __init__(self, cin: int, cout: int, relu: bool) -> None:
+            super().__init__()
+            self.out = cout
+            init = (cout + 1) // 2
+            act = nn.ReLU if relu else None
+            self.primary = conv_bn(cin, init, 1, act=act)
+            self.cheap = conv_bn(init, init, 3, groups=init, act=act)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.primary(x)
+            return torch.cat([x, self.cheap(x)], dim=1)[:, :self.out]
+
+    class SqueezeExcite(nn.Module):
+        def __init__(self, channels: int) -> None:
+            super().__init__()
+            self.reduce = nn.Conv2d(channels, max(channels // 4, 4), 1)
+            self.expand = nn.Conv2d(max(channels // 4, 4), channels, 1)
+            self.gate = nn.Hardsigmoid()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            scale = self.expand(torch.relu(self.reduce(x.mean((2, 3), keepdim=True))))
+            return x * self.gate(scale)
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin: int, mid: int, cout: int, stride: int, se: bool) -> None:
+            super().__init__()
+            self.ghost1 = Ghost(cin, mid, relu=True)
+            self.down = conv_bn(mid, mid, 3, stride, groups=mid, act=None) if stride > 1 \
+                else nn.Identity()
+            self.se = SqueezeExcite(mid) if se else nn.Identity()
+            self.ghost2 = Ghost(mid, cout, relu=False)
+            self.shortcut = nn.Identity() if cin == cout and stride == 1 else nn.Sequential(
+                conv_bn(cin, cin, 3, stride, groups=cin, act=None), conv_bn(cin, cout, 1,
+                                                                             act=None))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.ghost2(self.se(self.down(self.ghost1(x)))) + self.shortcut(x)
+
+    class GhostNet(nn.Module):
+        def __init__(self, classes: int = 4) -> None:
+            super().__init__()
+            self.stem = conv_bn(3, 8, 3, 2)
+            self.blocks = nn.Sequential(Bottleneck(8, 8, 8, 1, se=False),
+                                        Bottleneck(8, 24, 12, 2, se=True),
+                                        Bottleneck(12, 36, 12, 1, se=True))
+            self.head = conv_bn(12, 32, 1, act=nn.Hardswish)
+            self.classifier = nn.Linear(32, classes)
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            x = self.head(self.blocks(self.stem(pixel_values)))
+            return self.classifier(torch.flatten(x.mean((2, 3)), 1))
+
+    return GhostNet(), _image()()
+
+
 VISION: dict[str, Callable] = {
     "ResNet": _make("ResNetConfig", "ResNetForImageClassification", _image(),
                     embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=4),
@@ -219,6 +288,7 @@ VISION: dict[str, Callable] = {
     "MobileViT": _make("MobileViTConfig", "MobileViTForImageClassification", _image(),
                        image_size=IMAGE, hidden_sizes=[16, 24, 32],
                        neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48], num_labels=4),
+    "GhostNet": _ghostnet,
 }
 
 # Not in the suite's list, for the tests: BERT at hidden 128, where its

@@ -172,7 +172,9 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     matrix it cost Llama 1.39x eager and GPT-2 1.18x at hidden 256, sequence
     128 (1.00x and 1.03x fused), and it was no faster at the tests' tiny
     sizes; the fused kernel skips the masked half of causal attention
-    (``tools/bench_steady.py``, BENCHMARKS.md)."""
+    (``tools/bench_steady.py``, BENCHMARKS.md). Not causal either: a ViT
+    training step at 197 tokens was 11-24% slower decomposed (fact 80 in
+    docs/design.md)."""
     from torch._decomp import get_decompositions
 
     table = get_decompositions([

@@ -5,7 +5,9 @@ MobileNetV3's ``hardswish`` and its backward, and advanced indexing
 (LeViT's attention biases, bilinear upsampling's ``_unsafe_index``) with
 the ``index_put`` that accumulates its gradient. Each of them left eagerly
 split a CNN's graph into one LTC region per block. And BatchNorm in
-training, as eager computes it (:func:`_batch_norm_training`).
+training, as eager computes it (:func:`_batch_norm_training`); Swin's
+``roll`` and the functional ``copy`` of its pooler's gradient, and
+GhostNet's ``hardsigmoid_backward`` (facts 78 and 79).
 
 Kept apart from :mod:`ltc_cache.decompose` (which merges this table into
 its own), so that each can change without the other; the plan key hashes
@@ -53,6 +55,45 @@ def _hardswish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     middle = aten.mul.Tensor(grad, aten.add.Scalar(aten.div.Scalar(x, 3), 0.5))
     upper = _where(aten.ge.Scalar(x, 3), grad, middle)
     return aten.masked_fill.Scalar(upper, aten.le.Scalar(x, -3), 0)
+
+
+def _hardsigmoid_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # The CPU kernel: grad / 6 as grad * (1 / 6) where -3 < x < 3, else 0
+    # (NaN in x too). GhostNet's squeeze-excite gate.
+    inside = aten.bitwise_and.Tensor(aten.gt.Scalar(x, -3), aten.lt.Scalar(x, 3))
+    return aten.masked_fill.Scalar(aten.mul.Scalar(grad, 1.0 / 6.0), aten.eq.Scalar(inside, 0), 0)
+
+
+def _roll(x: torch.Tensor, shifts: Sequence[int], dims: Sequence[int] = ()) -> torch.Tensor:
+    # Swin's shifted windows and their gradient: each shift as the two
+    # slices of the dimension, concatenated the other way round (the same
+    # elements moved, no arithmetic).
+    if not dims:  # over the flattened tensor
+        return aten.view.default(_roll(aten.reshape.default(x, [-1]), shifts, [0]),
+                                 list(x.shape))
+    if len(shifts) != len(dims):
+        return NotImplemented
+    moved = False
+    for shift, dim in zip(shifts, dims, strict=True):
+        length = x.shape[dim]
+        start = length - shift % length if length else 0
+        if start in (0, length):
+            continue
+        x = aten.cat.default([aten.slice.Tensor(x, dim, start, length),
+                              aten.slice.Tensor(x, dim, 0, start)], dim)
+        moved = True
+    return x if moved else aten.clone.default(x)  # a new tensor, as roll's
+
+
+def _copy(x: torch.Tensor, source: torch.Tensor, non_blocking: bool = False) -> Any:
+    # The functional copy (x's values replaced by source's, broadcast, in
+    # x's dtype): what AOTAutograd writes for a gradient into a new
+    # tensor's view (Swin's pooler backward). Eager's result has x's
+    # strides, which an as_strided after it may read by: x contiguous only.
+    if source.device != x.device or not x.is_contiguous():
+        return NotImplemented
+    values = aten._to_copy.default(source, dtype=x.dtype)
+    return aten.clone.default(aten.expand.default(values, list(x.shape)))
 
 
 def _linear_index(x: torch.Tensor, indices: Sequence[torch.Tensor | None]
@@ -165,6 +206,9 @@ def vision_decompositions() -> dict[Any, Callable[..., Any]]:
         aten.hardtanh_backward.default: _hardtanh_backward,
         aten.hardswish.default: _hardswish,
         aten.hardswish_backward.default: _hardswish_backward,
+        aten.hardsigmoid_backward.default: _hardsigmoid_backward,
+        aten.roll.default: _roll,
+        aten.copy.default: _copy,
         aten.index.Tensor: _index,
         aten._unsafe_index.Tensor: _index,
         aten.index_put.default: _index_put,
