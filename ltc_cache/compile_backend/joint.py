@@ -28,6 +28,7 @@ from torch import fx
 
 from ..errors import EntryError
 from ..graph.entry import Entry
+from .boxed import boxed
 from .partition import Partitioned
 from .plan import PlanError, partitioned_from_wire, runs_bare
 
@@ -274,21 +275,26 @@ class _Joint(torch.autograd.Function):
                 grad = torch.empty_strided(grad.shape, stride, dtype=grad.dtype,
                                            device=grad.device).copy_(grad)
             tangents.append(grad)
-        saved, unchecked = ctx.saved_tensors, ctx.unchecked
-        del ctx.unchecked
-        return (None, *joint.backward(*saved, *unchecked, *tangents))
+        inputs = [*ctx.saved_tensors, *ctx.unchecked, *tangents]
+        # The list is the only holder of what the forward saved (unless the
+        # graph is kept for another backward): the boxed backward frees
+        # each input after its last use, as eager's autograd frees a node's.
+        del ctx.unchecked, tangents
+        ctx.maybe_clear_saved_tensors()
+        return (None, *joint.boxed_backward(inputs))
 
 
 class JointFunction:
     """AOTAutograd's training wrapper, rebuilt from a plan: ``forward`` and
     ``backward`` are the (partitioned) graphs, called on flat tensors."""
 
-    __slots__ = ("backward", "forward", "layout")
+    __slots__ = ("backward", "boxed_backward", "forward", "layout")
 
     def __init__(self, forward: Callable[..., Any], backward: Callable[..., Any],
                  layout: JointLayout) -> None:
         self.forward = forward
         self.backward = backward
+        self.boxed_backward = boxed(backward)
         self.layout = layout
 
     def __call__(self, *args: Any) -> tuple[Any, ...]:
