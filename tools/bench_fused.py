@@ -45,7 +45,8 @@ fused variant under ``LTC_CACHE_FUSE=--prepare`` (``sync``, the default:
 each region compiled by AOTInductor before its first call; ``off``: the
 graphs only), then a fusing child compiles any region left without a fused
 entry with ``fuse_graph``, as the background worker does (after ``sync``,
-usually none). Later runs reuse the directory (``--reprepare`` starts it
+usually none), then each stored plan's whole-graph libraries (README,
+"Fused libraries": whole plans). Later runs reuse the directory (``--reprepare`` starts it
 again). Then, in fresh processes over it: the measuring process (it checks
 ``fused_loads`` > 0: a row whose fused variant loaded no library says so),
 and, unless ``--no-first-call``, the warm first call of the fused tier, of
@@ -106,7 +107,8 @@ TITLES = {"eager": "eager", "ts": "TorchScript tier", "fused": "fused", "inducto
 # libraries are stored, so nothing is queued (``fused_queued`` says otherwise).
 FUSE_MODES = {"ts": "off", "fused": "background"}
 WARMUP = 3  # calls after the checked one, before timing
-COUNTS = ("fused_loads", "fused_refused", "fused_queued", "traces", "aot_traces",
+COUNTS = ("fused_loads", "fused_refused", "fused_queued", "fused_plan_loads",
+          "fused_plan_refused", "fused_plan_queued", "traces", "aot_traces",
           "program_hits", "program_captures", "program_fallbacks", "errors")
 CHILD_TIMEOUT = 3600
 
@@ -391,18 +393,24 @@ def stored(kind: str) -> Iterator[Any]:
 
 def inventory() -> dict[str, Any]:
     """The cache directory's regions (graph entries) and their fused
-    entries: libraries, refusals with their reasons, the compiles' seconds."""
+    entries: libraries, refusals with their reasons, the compiles' seconds;
+    and the plans' graphs (whole-plan libraries: ``plan`` in their items)."""
+    from ltc_cache.compile_backend.plan_library import plan_parts
+
     libraries, refusals = [], []
+    plans = {entry.key: len(plan_parts(entry)) for entry in stored("plan")}
     for entry in stored("fused"):
         p = entry.payload
         item = {"graph": entry.graph_name, "graph_key": str(p.get("graph_key", ""))[:12],
                 "compile_seconds": float(p.get("compile_seconds") or 0.0),
-                "script_ms": p.get("script_ms"), "fused_ms": p.get("fused_ms")}
+                "script_ms": p.get("script_ms"), "fused_ms": p.get("fused_ms"),
+                "plan": p.get("graph_key") in plans}
         if "library" in p:
             libraries.append(item)
         else:
             refusals.append({**item, "reason": str(p.get("reason", ""))})
-    return {"regions": sum(1 for _ in stored("graph")), "libraries": libraries,
+    return {"regions": sum(1 for _ in stored("graph")), "plan_graphs": sum(plans.values()),
+            "libraries": libraries,
             "refusals": refusals,
             "fuse_seconds": sum(i["compile_seconds"] for i in libraries + refusals)}
 
@@ -466,6 +474,7 @@ def child_fuse(row: Row, options: dict[str, Any]) -> dict[str, Any]:
     import logging
 
     import ltc_cache
+    from ltc_cache.compile_backend.plan_library import fuse_stored
     from ltc_cache.graph.fused.tier import fuse_graph
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -473,6 +482,9 @@ def child_fuse(row: Row, options: dict[str, Any]) -> dict[str, Any]:
     cache = ltc_cache.default_cache()
     for graph in list(stored("graph")):
         fuse_graph(cache, graph.key, graph=graph, timeout=cache.config.fuse_timeout)
+    # Then the plans' whole-graph libraries, timed against their regions' libraries.
+    for plan in list(stored("plan")):
+        fuse_stored(cache, plan.key, timeout=cache.config.fuse_timeout)
     return {"inventory": inventory()}
 
 
@@ -599,9 +611,15 @@ def ratio(a: float | None, b: float | None) -> str:
 def libraries_cell(result: dict[str, Any]) -> str:
     measured = result.get("measure", {})
     inv = measured.get("inventory") or result["prepare"].get("inventory") or {}
-    loads = measured.get("counts", {}).get("fused", {}).get("fused_loads")
-    cell = f"{len(inv.get('libraries', []))} of {inv.get('regions', '?')}"
-    if loads == 0:
+    fused = measured.get("counts", {}).get("fused", {})
+    loads, plan_loads = fused.get("fused_loads"), fused.get("fused_plan_loads", 0)
+    libraries = inv.get("libraries", [])
+    regions = sum(1 for i in libraries if not i.get("plan"))
+    cell = f"{regions} of {inv.get('regions', '?')}"
+    if inv.get("plan_graphs"):
+        whole = len(libraries) - regions
+        cell += f"; whole plans {whole} of {inv['plan_graphs']}, {plan_loads} loaded"
+    if loads == 0 and not plan_loads:
         return cell + ", **none loaded**"
     return cell + (f", {loads} loaded" if loads is not None else "")
 
@@ -685,6 +703,9 @@ def notes(results: list[dict[str, Any]]) -> list[str]:
         for refusal in (measured.get("inventory") or {}).get("refusals", []):
             lines.append(f"- {name}: refused {refusal['graph']} ({refusal['graph_key']}, "
                          f"{refusal['compile_seconds']:.1f} s): {refusal['reason']}")
+        if fused.get("fused_plan_refused"):
+            lines.append(f"- {name}: {fused['fused_plan_refused']} plan library(ies) refused "
+                         "on first use")
         if fused.get("fused_refused"):
             lines.append(f"- {name}: {fused['fused_refused']} library(ies) refused on first use")
         lines += [f"- {name}: warning: {w}" for w in measured.get("warnings", [])]

@@ -233,7 +233,7 @@ class LtcBackend:
             return self._aot(gm, example_inputs, name, cache, plan=key)
         logger.info("%s: running the stored plan %s", name, key.digest[:12])
         cache.record(PLAN_HITS)
-        module = self._with_regions(parted, f"{name}.inference", cache)
+        module = self._with_regions(parted, f"{name}.inference", cache, plan=(key, "inference"))
         return Guarded(module.forward, gm.forward, f"{name}.plan", cache, as_tuple=False, ops=0)
 
     def _training(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
@@ -266,8 +266,10 @@ class LtcBackend:
         logger.info("%s: running the stored training plan %s", name, key.digest[:12])
         cache.record(PLAN_HITS)
         forward, backward, layout = graphs
-        joint = JointFunction(self._with_regions(forward, f"{name}.forward", cache),
-                              self._with_regions(backward, f"{name}.backward", cache), layout)
+        joint = JointFunction(
+            self._with_regions(forward, f"{name}.forward", cache, plan=(key, "forward")),
+            self._with_regions(backward, f"{name}.backward", cache, plan=(key, "backward")),
+            layout)
         return Guarded(joint, eager, f"{name}.plan", cache, as_tuple=False, ops=0)
 
     def stored_training(self, graph: Mapping[str, str], example_inputs: Sequence[Any],
@@ -318,11 +320,12 @@ class LtcBackend:
                 counters.bump(AOT_GRAPHS)
                 if kind != "backward":  # one AOTAutograd trace made it (and its backward)
                     cache.record(AOT_TRACES)
-                parted = self._partition(graph, cache)
+                parted = made = self._partition(graph, cache)
                 if plan is not None:
-                    parted = self._planned(parted, kind, example_inputs, f"{name}.{kind}", cache,
+                    parted = self._planned(made, kind, example_inputs, f"{name}.{kind}", cache,
                                            plan, pending)
-                module = self._with_regions(parted, f"{name}.{kind}", cache)
+                module = self._with_regions(parted, f"{name}.{kind}", cache,
+                                            plan=(plan, kind) if parted is not made else None)
                 # AOTAutograd's own graph, run eagerly, is what the
                 # partitioned one computes: where the latter fails on its
                 # first call (forward or backward), the former runs instead.
@@ -396,9 +399,11 @@ class LtcBackend:
                     layout = joint_layout(forward_parted.module, rebuilt.module, metadata)
                     entry = plan_entry(forward_wire, key,
                                        f"{name.rsplit('.', 1)[0]}.training.plan",
-                                       backward=wire, joint=layout.to_wire())
+                                       backward=wire, joint=layout.to_wire(),
+                                       input_kinds=_input_kinds(example_inputs))
                 else:
-                    entry = plan_entry(wire, key, f"{name}.plan")
+                    entry = plan_entry(wire, key, f"{name}.plan",
+                                       input_kinds=_input_kinds(example_inputs))
         except (PlanError, EntryError) as exc:
             logger.info("%s: no plan stored (%s)", name, exc)
             return parted
@@ -425,10 +430,13 @@ class LtcBackend:
 
         return partition(gm, self.op_support(cache))
 
-    def _with_regions(self, parted: Partitioned, name: str, cache: GraphCache
-                      ) -> fx.GraphModule:
+    def _with_regions(self, parted: Partitioned, name: str, cache: GraphCache,
+                      plan: tuple[CacheKey, str] | None = None) -> fx.GraphModule:
         """``parted``'s module, each region replaced by a :class:`Region`
-        that extracts it through the cache on its first call."""
+        that extracts it through the cache on its first call; with
+        ``plan`` (the plan's key, and which of its graphs ``parted`` is),
+        run by the plan's whole-graph library where it has one
+        (:mod:`ltc_cache.compile_backend.plan_library`)."""
         counters.bump(ATEN_OPS, parted.total_ops)
         for index, region in enumerate(parted.regions):
             submodule = parted.module.get_submodule(region)
@@ -442,6 +450,10 @@ class LtcBackend:
         if not parted.regions and parted.total_ops:
             warn_once(f"eager-graph:{name}",
                       f"{name}: LTC lowers none of this graph's ops; it runs eagerly ({eager})")
+        if plan is not None and parted.regions:
+            from .plan_library import bind_plan
+
+            bind_plan(parted.module, cache, *plan, name)
         return parted.module
 
 
@@ -524,6 +536,14 @@ def static_graph_parts(gm: fx.GraphModule) -> dict[str, str] | None:
     with contextlib.suppress(Unspecializable):  # keyed as Dynamo made it, as __call__ does
         gm = canonical(gm, [node_value(n) for n in gm.graph.find_nodes(op="placeholder")])
     return graph_parts(gm)
+
+
+def _input_kinds(example_inputs: Sequence[Any]) -> list[list[bool]]:
+    """Whether each input is a parameter, and whether it requires grad:
+    part of their regions' keys, so that a plan's library is built against
+    the regions a run binds (:mod:`ltc_cache.compile_backend.plan_library`)."""
+    return [[isinstance(x, torch.nn.Parameter), bool(getattr(x, "requires_grad", False))]
+            for x in example_inputs]
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:

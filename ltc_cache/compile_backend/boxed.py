@@ -40,7 +40,7 @@ def boxed(graph: Callable[..., Any]) -> Callable[[list[Any]], Any]:
             # are extracted once, whichever of the two calls them.
             boxed_graph = fx.GraphModule(graph, copy)
             # A plan's graph run by its whole-graph library where it has one
-            # (ltc_cache/graph/fused/plan_library.py): the library decides.
+            # (ltc_cache/compile_backend/plan_library.py): the library decides.
             plan = vars(graph).get("forward")
             return plan.boxed(boxed_graph) if hasattr(plan, "boxed") else boxed_graph
 

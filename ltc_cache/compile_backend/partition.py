@@ -22,7 +22,7 @@ from .nodes import node_value
 if TYPE_CHECKING:  # FX's partitioner and the probes: only when partitioning
     from .support import OpSupport
 
-__all__ = ["REGION_PREFIX", "Partitioned", "partition"]
+__all__ = ["REGION_PREFIX", "Partitioned", "buffer_writes_as_one", "partition"]
 
 # Submodule names of the regions: ltc_region_0, ltc_region_1, ...
 REGION_PREFIX = "ltc_region_"
@@ -183,7 +183,7 @@ def _views_apart_at_edges(graph: fx.Graph, nodes: dict[fx.Node, Any]) -> None:
             user.replace_input_with(node, twin)
 
 
-def _buffer_writes_as_one(graph: fx.Graph) -> bool:
+def buffer_writes_as_one(graph: fx.Graph) -> bool:
     """Make the ``copy_`` ops that end the graph, each writing one of its
     inputs (BatchNorm's running statistics, three a layer: fact 34 in
     docs/design.md), one ``_foreach_copy_``, in place.
@@ -355,7 +355,7 @@ def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
 
     from .support import op_signature, strided_otherwise
 
-    if _buffer_writes_as_one(gm.graph):
+    if buffer_writes_as_one(gm.graph):
         gm.recompile()  # the parent graph runs as it is where no region is made
     support.learn(gm.graph.nodes)
     _return_input_views_apart(gm.graph)

@@ -186,7 +186,7 @@ class FuseTarget:
 
 def plan_fuse(selected: Sequence[EntryInfo], every: Sequence[EntryInfo]
               ) -> tuple[FuseTarget, ...]:
-    """The graph entries among ``selected``, each with the fused entry
+    """The graph and plan entries among ``selected``, each with the fused entry
     ``every`` (the whole listing) holds under its fused key on this
     machine; from the listing alone, nothing decoded."""
     from ..graph.fused.platform import fused_key
@@ -194,7 +194,7 @@ def plan_fuse(selected: Sequence[EntryInfo], every: Sequence[EntryInfo]
     fused = {e.key: e.fused or "library" for e in every if e.kind == "fused"}
     targets = []
     for graph in selected:
-        if graph.kind != "graph" or graph.problem:
+        if graph.kind not in ("graph", "plan") or graph.problem:  # a plan: its whole graphs
             continue
         key = fused_key(graph.key).digest
         targets.append(FuseTarget(graph, key, fused.get(key)))
@@ -244,12 +244,13 @@ class FuseOutcome:
 def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool = False,
              timeout: float | None = None) -> FuseOutcome:
     """Compile and store the fused library of the graph entry
-    ``graph_key`` with :func:`~ltc_cache.graph.fused.tier.fuse_graph`,
+    ``graph_key`` (or the plan's libraries) with
+    :func:`~ltc_cache.compile_backend.plan_library.fuse_stored`,
     unless one is stored already (``retry``: a refusal is compiled again).
     A stored library whose signature does not hold here is deleted and
     compiled again: no process here would ever load it."""
+    from ..compile_backend.plan_library import fuse_stored
     from ..graph.fused.platform import fused_key
-    from ..graph.fused.tier import fuse_graph
 
     store = cache.store
     if not isinstance(store, DiskStore):
@@ -266,7 +267,7 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
                                time.monotonic() - started)
         if replaced is not None:
             store.discard([key.digest])
-    entry = fuse_graph(cache, graph_key, retry=retry, timeout=timeout)
+    entry = fuse_stored(cache, graph_key, retry=retry, timeout=timeout)
     seconds = time.monotonic() - started
     if entry is None:
         return FuseOutcome(graph_key, graph_name, GONE, None, seconds, replaced)

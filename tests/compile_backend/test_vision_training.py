@@ -16,7 +16,7 @@ from torch import fx
 
 import ltc_cache
 from ltc_cache.compile_backend.decompose_vision import vision_decompositions
-from ltc_cache.compile_backend.partition import _buffer_writes_as_one
+from ltc_cache.compile_backend.partition import buffer_writes_as_one
 
 aten = torch.ops.aten
 
@@ -65,7 +65,7 @@ def _writes_graph(destinations: list[int]) -> fx.GraphModule:
 
 def test_trailing_buffer_writes_become_one_call():
     gm = _writes_graph([0, 2, 1])
-    assert _buffer_writes_as_one(gm.graph)
+    assert buffer_writes_as_one(gm.graph)
     gm.recompile()
     ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert ops == [aten.add.Tensor, aten._foreach_copy_.default]
@@ -76,7 +76,7 @@ def test_trailing_buffer_writes_become_one_call():
 
 def test_a_buffer_written_twice_keeps_its_writes():
     gm = _writes_graph([0, 0])
-    assert not _buffer_writes_as_one(gm.graph)
+    assert not buffer_writes_as_one(gm.graph)
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"].count(
         aten.copy_.default) == 2
 

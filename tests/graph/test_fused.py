@@ -1,10 +1,14 @@
 """The fused tier without a compiler: its key, its signed entries, the
-checks a library passes before and on its first use, and what a process
-does where none can be had. Compiling for real: tests/graph/test_fused_build.py."""
+checks a library passes before and on its first use (and the verdict kept
+once it passed), a library picked up by the process that queued it, and
+what a process does where none can be had. Compiling for real:
+tests/graph/test_fused_build.py."""
 
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 import warnings
 
 import pytest
@@ -13,13 +17,17 @@ from torch import fx, nn
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
+from ltc_cache.diagnostics import counters
 from ltc_cache.errors import EntryError
-from ltc_cache.graph.fused import platform, runner, tier
+from ltc_cache.graph.fused import pickup, platform, runner, tier, verdicts
 from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
+from ltc_cache.graph.fused.pickup import PendingFunction
 from ltc_cache.graph.fused.platform import fused_key, isa_runs_here
 from ltc_cache.graph.fused.runner import FusedFunction, mismatch
 from ltc_cache.graph.keys import CacheKey
+from ltc_cache.graph.replay import build_function
 from ltc_cache.store import MemoryStore
+from ltc_cache.wire import read_record, write_record
 
 SECRET = b"s" * 32
 
@@ -301,3 +309,218 @@ def test_a_bad_fuse_setting_warns_and_keeps_the_default():
         config = CacheConfig.from_env({"LTC_CACHE_FUSE": "always", "LTC_CACHE_DIR": "/tmp/x"})
     assert config.fuse == "background" and "LTC_CACHE_FUSE" in str(caught[0].message)
     assert CacheConfig.from_env({"LTC_CACHE_FUSE": "OFF", "LTC_CACHE_DIR": "/x"}).fuse == "off"
+
+
+# -- a library picked up by the process that queued its graph ---------------------------------
+
+
+def _fake_library(monkeypatch, graph, compute=None) -> list:
+    """Loading a stored library gives a FakeRunner computing what the
+    graph's TorchScript function does (or ``compute`` of its results); the
+    runners made, in order."""
+    script_fn = build_function(graph.ir)
+    made = []
+
+    def load(data):
+        assert data == b"\x7fELF library"
+        fake = FakeRunner(lambda *inputs: (compute or (lambda out: out))(script_fn(*inputs)))
+        made.append(fake)
+        return fake
+
+    monkeypatch.setattr(tier, "load_runner", load)
+    return made
+
+
+def test_a_queued_graph_switches_to_its_library_once_the_worker_is_done(tmp_path, monkeypatch):
+    """The replay runs TorchScript while the graph's file is in the queue,
+    and the library (loaded and compared on its first call) from the first
+    look after the worker took it off, in the same process."""
+    monkeypatch.setattr(tier, "start_worker", lambda directory: None)
+    monkeypatch.setattr(pickup, "LOOK_SECONDS", 0.05)
+    (tmp_path / "ltc").mkdir()
+    store = MemoryStore()
+    cache = cache_over(store, tmp_path, "background")
+    graph, model, x = stored_graph(cache)
+    compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    pending = compiled._fn
+    assert isinstance(pending, PendingFunction) and pending.waiting
+    made = _fake_library(monkeypatch, graph)
+    queue = tier.FuseQueue(tmp_path / "ltc")
+    with torch.no_grad():
+        _store(cache, _library(graph, fused_key(graph.key), isa=""))  # stored, still queued
+        time.sleep(0.06)
+        compiled(x)
+        assert not made and pending.waiting  # the worker has not taken it off yet
+        queue.done(graph.key)  # as the worker does, once the entry is stored
+        time.sleep(0.06)
+        torch.testing.assert_close(compiled(x)[0], model(x))
+        assert isinstance(pending.function, FusedFunction) and not pending.waiting
+        assert made[0].calls == 1  # the first call: library and TorchScript, compared
+        torch.testing.assert_close(compiled(x)[0], model(x))
+        assert made[0].calls == 2
+    stats = ltc_cache.stats()
+    assert stats["fused_pickups"] == 1 and stats["fused_loads"] == 1
+    assert stats["fused_checks"] == 1
+    # A later binding of the graph in this process gets the library itself.
+    again = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    assert again._fn is pending.function
+
+
+def test_a_graph_refused_by_the_worker_stays_on_torchscript(tmp_path, monkeypatch):
+    monkeypatch.setattr(tier, "start_worker", lambda directory: None)
+    monkeypatch.setattr(pickup, "LOOK_SECONDS", 0.0)
+    (tmp_path / "ltc").mkdir()
+    cache = cache_over(MemoryStore(), tmp_path, "background")
+    graph, model, x = stored_graph(cache)
+    compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    _store(cache, refusal_entry(fused_key(graph.key), graph, "not faster: 2 ms against 1"))
+    tier.FuseQueue(tmp_path / "ltc").done(graph.key)
+    monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded a refusal"))
+    torch.testing.assert_close(compiled(x)[0], model(x))
+    assert not compiled._fn.waiting and not isinstance(compiled._fn.function, FusedFunction)
+    assert "fused_pickups" not in ltc_cache.stats()
+
+
+@pytest.mark.parametrize("setting", ["readonly", "off"])
+def test_no_pickup_in_a_read_only_cache_or_without_the_tier(tmp_path, monkeypatch, setting):
+    monkeypatch.setattr(tier, "start_worker", lambda directory: pytest.fail("started a worker"))
+    store = MemoryStore()
+    _, model, x = stored_graph(cache_over(store, tmp_path, "off"))
+    config = CacheConfig(directory=tmp_path / "ltc", secret=SECRET,
+                         fuse="off" if setting == "off" else "background",
+                         readonly=setting == "readonly")
+    compiled = GraphCache(config, store=store).extract_compiled_graph(
+        fx.symbolic_trace(model), [x])
+    assert not isinstance(compiled._fn, PendingFunction | FusedFunction)
+    assert not (tmp_path / "ltc" / "fuse-queue").exists()
+
+
+def test_many_threads_on_a_pending_graph_load_its_library_once(tmp_path):
+    """Eight threads calling while the file goes: one looks and resolves,
+    every call returns what the graph computes."""
+    queued = tmp_path / "queued"
+    queued.touch()
+    resolved, results = [], []
+    gate = threading.Event()
+
+    def resolve():
+        resolved.append(threading.get_ident())
+        gate.wait(1)  # a slow load: the other threads run on TorchScript meanwhile
+        return lambda n: ("library", n)
+
+    pending = PendingFunction(lambda n: ("script", n), str(queued), resolve, every=0.0)
+
+    def caller(n: int) -> None:
+        for i in range(200):
+            results.append(pending(n * 1000 + i))
+            if n == 0 and i == 50:
+                queued.unlink()
+            if i == 150:
+                gate.set()
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(resolved) == 1 and len(results) == 1600
+    assert {kind for kind, _ in results} == {"script", "library"}
+    assert pending(7) == ("library", 7) and not pending.waiting
+
+
+# -- checked once: a verdict kept for later processes -------------------------------------------
+
+
+def _library_process(store, tmp_path, monkeypatch, graph, model, x, *, compute=None):
+    """A process that finds the stored library: its compiled graph after
+    one call (no grad) and the fake runner it loaded."""
+    made = _fake_library(monkeypatch, graph, compute)
+    compiled = cache_over(store, tmp_path, "background").extract_compiled_graph(
+        fx.symbolic_trace(model), [x])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x)[0], model(x))
+    return compiled, made[0]
+
+
+def _verdict_ready(tmp_path, monkeypatch):
+    """A stored graph and its (fake) library, whose first call matched in
+    one process: the store, the graph, its model and input."""
+    store = MemoryStore()
+    graph, model, x = stored_graph(cache_over(store, tmp_path, "off"))
+    _store(cache_over(store, tmp_path, "off"), _library(graph, fused_key(graph.key), isa=""))
+    _, fake = _library_process(store, tmp_path, monkeypatch, graph, model, x)
+    assert fake.calls == 1 and ltc_cache.stats()["fused_checks"] == 1
+    return store, graph, model, x
+
+
+def test_a_library_checked_once_runs_alone_in_the_next_process(tmp_path, monkeypatch):
+    store, graph, model, x = _verdict_ready(tmp_path, monkeypatch)
+    record = store.get(verdicts.verdict_key(fused_key(graph.key).digest))
+    assert record is not None and len(record) < 1000  # a small record, not a library's copy
+    counters.reset()  # the next process
+    compiled, fake = _library_process(store, tmp_path, monkeypatch, graph, model, x)
+    assert compiled._fn.checked and fake.calls == 1  # the library ran the first call
+    assert "fused_checks" not in ltc_cache.stats() and ltc_cache.stats()["fused_loads"] == 1
+
+
+def _replace_record(store, graph, **changes) -> None:
+    key = verdicts.verdict_key(fused_key(graph.key).digest)
+    record = read_record(store.get(key), verdicts.CHECKED_FORMAT)
+    store.put(key, write_record(verdicts.CHECKED_FORMAT, {**record, **changes}))
+
+
+@pytest.mark.parametrize("forgery", ["other key", "tampered", "another library", "garbage"])
+def test_a_forged_or_foreign_verdict_is_ignored_and_the_check_runs(tmp_path, monkeypatch,
+                                                                   forgery):
+    store, graph, model, x = _verdict_ready(tmp_path, monkeypatch)
+    fused = fused_key(graph.key).digest
+    if forgery == "other key":  # a verdict signed by someone without the program key
+        verdicts.store_verdict(store, fused, graph.key,
+                               _library(graph, fused_key(graph.key)).payload["hmac"], b"o" * 32)
+    elif forgery == "tampered":
+        record = read_record(store.get(verdicts.verdict_key(fused)),
+                                            verdicts.CHECKED_FORMAT)
+        _replace_record(store, graph, hmac=bytes(b ^ 1 for b in record["hmac"]))
+    elif forgery == "another library":  # signed with the key, for another library
+        verdicts.store_verdict(store, fused, graph.key, _library(
+            graph, fused_key(graph.key), library=b"\x7fELF other").payload["hmac"], SECRET)
+    else:
+        store.put(verdicts.verdict_key(fused), b"\xc1 not msgpack")
+    counters.reset()
+    compiled, fake = _library_process(store, tmp_path, monkeypatch, graph, model, x)
+    assert ltc_cache.stats()["fused_checks"] == 1 and compiled._fn.in_use and fake.calls == 1
+    # ... and a good verdict is stored over it.
+    counters.reset()
+    compiled, _ = _library_process(store, tmp_path, monkeypatch, graph, model, x)
+    assert compiled._fn.checked and "fused_checks" not in ltc_cache.stats()
+
+
+def test_a_library_that_differs_is_refused_and_no_verdict_kept(tmp_path, monkeypatch):
+    store = MemoryStore()
+    graph, model, x = stored_graph(cache_over(store, tmp_path, "off"))
+    _store(cache_over(store, tmp_path, "off"), _library(graph, fused_key(graph.key), isa=""))
+    with pytest.warns(RuntimeWarning, match="is not used: output 0: differs"):
+        compiled, fake = _library_process(store, tmp_path, monkeypatch, graph, model, x,
+                                          compute=lambda out: tuple(t + 1e-3 for t in out))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x)[0], model(x))
+    assert not compiled._fn.in_use and fake.calls == 1
+    assert ltc_cache.stats()["fused_refused"] == 1
+    assert store.get(verdicts.verdict_key(fused_key(graph.key).digest)) is None
+    refusal = store.get(fused_key(graph.key).digest)
+    assert b"on first use" in refusal
+
+
+def test_a_read_only_cache_checks_and_keeps_no_verdict(tmp_path, monkeypatch):
+    store = MemoryStore()
+    graph, model, x = stored_graph(cache_over(store, tmp_path, "off"))
+    _store(cache_over(store, tmp_path, "off"), _library(graph, fused_key(graph.key), isa=""))
+    _fake_library(monkeypatch, graph)
+    config = CacheConfig(directory=tmp_path / "ltc", secret=SECRET, readonly=True,
+                         fuse="background")
+    compiled = GraphCache(config, store=store).extract_compiled_graph(
+        fx.symbolic_trace(model), [x])
+    with torch.no_grad():
+        compiled(x)
+    assert compiled._fn.checked and ltc_cache.stats()["fused_checks"] == 1
+    assert store.get(verdicts.verdict_key(fused_key(graph.key).digest)) is None

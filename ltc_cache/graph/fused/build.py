@@ -15,6 +15,10 @@ Before it is stored, the library is checked against the TorchScript
 function on those inputs and both are timed, interleaved: a library that
 differs, or is not faster, is stored as a refusal instead.
 
+:func:`build_library` does the compile, the check and the timing for any
+function of tensors that ``make_fx`` can trace: a plan's whole graph
+against its per-region path too (:mod:`ltc_cache.compile_backend.plan_library`).
+
 Private torch APIs used here: ``make_fx``, ``torch.export`` of its graph,
 ``aoti_compile_and_package`` and the layout of its package (one
 ``*.wrapper.so`` with its ``*.wrapper_metadata.json``); pinned by
@@ -30,20 +34,21 @@ import statistics
 import tempfile
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..entry import Entry
 from ..keys import CacheKey
-from ..replay import GraphFunction, build_function
+from ..replay import build_function
 from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
 from .runner import FusedFunction, load_runner, mismatch
 
-__all__ = ["FuseFailed", "build_entry", "example_inputs"]
+__all__ = ["Built", "FuseFailed", "build_entry", "build_library", "example_inputs",
+           "laid_out_input", "refusal_reason"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
@@ -66,12 +71,8 @@ def build_entry(graph: Entry, key: CacheKey, secret: bytes) -> Entry:
     started = time.monotonic()
     try:
         return _build(graph, key, secret, started)
-    except FuseFailed as exc:
-        reason = str(exc)
     except Exception as exc:  # Inductor, export, g++: whatever they raise
-        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:_REASON_CHARS]}"
-        if "SymInt" in reason:  # a value read as a number, symbolic on fake inputs
-            reason = f"{DATA_DEPENDENT}: the graph reads a tensor's value as a number ({reason})"
+        reason = refusal_reason(exc)
     logger.info("no library for %s: %s", graph.key[:12], reason)
     return refusal_entry(key, graph, reason,
                          {"compile_seconds": round(time.monotonic() - started, 2)})
@@ -85,28 +86,68 @@ def _build(graph: Entry, key: CacheKey, secret: bytes, started: float) -> Entry:
     inputs = example_inputs(graph)
     script = build_function(graph.ir)
     assert script is not None
+    built = build_library(script, inputs, started=started, versus="TorchScript")
+    if built.slower is not None:
+        return refusal_entry(key, graph, built.slower, built.stats)
+    return fused_entry(key, graph, library=built.library, isa=built.isa, aliases=built.aliases,
+                       restride=built.restride, secret=secret, stats=built.stats)
+
+
+class Built(NamedTuple):
+    """A library compiled and checked against the function it stands in
+    for: ``slower`` says why it is not kept where it is not faster."""
+
+    library: bytes
+    isa: str
+    aliases: list[list[Any]]
+    restride: list[list[Any]]
+    stats: dict[str, Any]
+    slower: str | None
+
+
+def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, started: float,
+                  versus: str, traced: Callable[..., Any] | None = None) -> Built:
+    """Compile what ``reference`` (``fn(*inputs) -> tuple`` of tensors, run
+    under no grad: a TorchScript function, a plan's per-region path)
+    computes on ``inputs`` into a library with those inputs and outputs,
+    check it against ``reference`` and time both, interleaved (``versus``
+    names the reference in the reason and the stats). ``traced``: what
+    ``make_fx`` traces for the library, where ``reference`` cannot be
+    traced on fake tensors (it computes the same). Raises FuseFailed
+    where the library's outputs differ, and whatever the compile raises."""
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
-        expected = _as_tuple(script(*inputs))
+        expected = _as_tuple(reference(*inputs))
     aliases = _aliases(expected, inputs)
-    library, isa = _compile(script, inputs)
+    library, isa = _compile(traced or reference, inputs)
     compile_seconds = round(time.monotonic() - started, 2)
     runner = load_runner(library)
     with torch.no_grad():
         restride = _restride(expected, runner.run(list(inputs)), aliases)
-    fused = FusedFunction(runner, script, aliases=aliases, restride=restride,
+    fused = FusedFunction(runner, reference, aliases=aliases, restride=restride,
                           check=lambda expected, got, error: True)
     with torch.no_grad(), torch.jit.optimized_execution(False):
         problem = mismatch(expected, fused._fused(inputs))
         if problem:
-            raise FuseFailed(f"the library's outputs differ from TorchScript's: {problem}")
-        script_ms, fused_ms = _time_both(script, fused._fused, inputs)
+            raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
+        script_ms, fused_ms = _time_both(reference, fused._fused, inputs)
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
+    slower = None
     if fused_ms > _KEEP * script_ms:
-        return refusal_entry(key, graph, f"{NOT_FASTER}: {fused_ms:.3f} ms a call against "
-                             f"TorchScript's {script_ms:.3f} ms (CPU time)", stats)
-    return fused_entry(key, graph, library=library, isa=isa, aliases=aliases, restride=restride,
-                       secret=secret, stats=stats)
+        slower = (f"{NOT_FASTER}: {fused_ms:.3f} ms a call against {versus}'s "
+                  f"{script_ms:.3f} ms (CPU time)")
+    return Built(library, isa, aliases, restride, stats, slower)
+
+
+def refusal_reason(exc: Exception) -> str:
+    """The reason a refusal stores for a build that raised ``exc``."""
+    if isinstance(exc, FuseFailed):
+        return str(exc)
+    reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:_REASON_CHARS]}"
+    if "SymInt" in reason or "data-dependent" in reason.lower():
+        # A value read as a number: symbolic on fake inputs.
+        reason = f"{DATA_DEPENDENT}: the graph reads a tensor's value as a number ({reason})"
+    return reason
 
 
 def example_inputs(graph: Entry) -> list[torch.Tensor]:
@@ -123,18 +164,24 @@ def example_inputs(graph: Entry) -> list[torch.Tensor]:
         if source.kind == "const":
             inputs.append(source.ref)
             continue
-        dtype_name, shape, stride = spec
-        dtype = getattr(torch, dtype_name, None)
-        if not isinstance(dtype, torch.dtype):
-            raise FuseFailed(f"input of unknown dtype {dtype_name!r}")
-        extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) \
-            if all(n > 0 for n in shape) else 0
-        if dtype.is_floating_point or dtype.is_complex:
-            base = torch.randn(extent, dtype=dtype, generator=generator)
-        else:
-            base = torch.zeros(extent, dtype=dtype)
-        inputs.append(base.as_strided(shape, stride))
+        inputs.append(laid_out_input(*spec, generator=generator))
     return inputs
+
+
+def laid_out_input(dtype_name: str, shape: Sequence[int], stride: Sequence[int], *,
+                   generator: torch.Generator) -> torch.Tensor:
+    """An input of this layout: random floating values, zeros elsewhere
+    (valid indices)."""
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise FuseFailed(f"input of unknown dtype {dtype_name!r}")
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) \
+        if all(n > 0 for n in shape) else 0
+    if dtype.is_floating_point or dtype.is_complex:
+        base = torch.randn(extent, dtype=dtype, generator=generator)
+    else:
+        base = torch.zeros(extent, dtype=dtype)
+    return base.as_strided(shape, stride)
 
 
 def _as_tuple(results: Any) -> tuple[Any, ...]:
@@ -223,7 +270,7 @@ def _view_copies() -> dict[Any, Any]:
     return table
 
 
-def _compile(script: GraphFunction, inputs: list[torch.Tensor]) -> tuple[bytes, str]:
+def _compile(script: Callable[..., Any], inputs: list[torch.Tensor]) -> tuple[bytes, str]:
     """The library's bytes and the vector ISA Inductor compiled it for."""
     import torch._inductor
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -249,7 +296,7 @@ def _compile(script: GraphFunction, inputs: list[torch.Tensor]) -> tuple[bytes, 
     return library, str(meta.get("AOTI_CPU_ISA", ""))
 
 
-def _time_both(script: GraphFunction, fused: Any, inputs: list[torch.Tensor]
+def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor]
                ) -> tuple[float, float]:
     """Milliseconds a call of each, medians of interleaved rounds, in the
     process's CPU time: the background worker runs at idle priority, where

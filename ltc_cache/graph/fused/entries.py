@@ -95,12 +95,13 @@ def _meta(key: CacheKey, graph: Entry) -> dict[str, Any]:
                     graph_hash=str(graph.meta.get("graph_hash", "")), key_parts=key.parts)
 
 
-def stored_library(entry: Entry, graph_key: str) -> Library | None:
+def stored_library(entry: Entry, graph_key: str, *, check_sha256: bool = True
+                   ) -> Library | None:
     """The library a fused entry holds, checked for form but not for its
     signature (what ``ltc-cache verify`` can check without a key); None for
     a refusal. Raises EntryError for another format, a library of another
-    graph, a malformed one, or one whose bytes differ from their recorded
-    sha256."""
+    graph, a malformed one, or (``check_sha256``) one whose bytes differ
+    from their recorded sha256."""
     p = entry.payload
     if entry.kind != "fused" or p.get("format") != FUSED_FORMAT \
             or p.get("version") != FUSED_VERSION:
@@ -117,24 +118,35 @@ def stored_library(entry: Entry, graph_key: str) -> Library | None:
     if not isinstance(library, bytes) or not isinstance(isa, str) \
             or not isinstance(aliases, list) or not isinstance(restride, list):
         raise EntryError("fused library: malformed", entry.key)
+    if check_sha256:
+        _check_sha256(entry, library)
+    return Library(library, isa, aliases, restride)
+
+
+def _check_sha256(entry: Entry, library: bytes) -> None:
     # Not signed, but shown by `ltc-cache show`: one that differs was changed since.
-    if p.get("library_sha256") != hashlib.sha256(library).hexdigest():
+    if entry.payload.get("library_sha256") != hashlib.sha256(library).hexdigest():
         raise EntryError("fused library: its bytes do not match its recorded sha256",
                          entry.key)
-    return Library(library, isa, aliases, restride)
 
 
 def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
     """The library of a fused entry whose signature holds under ``secret``;
     None for a refusal. Raises EntryError for anything else: what
     :func:`stored_library` refuses, unsigned, tampered with."""
-    library = stored_library(entry, graph_key)
+    # The signature covers the bytes: their sha256 is hashed only to say
+    # what a signature that fails to hold was failed by (a library's
+    # bytes are hashed three times on a warm load already, fact 72 in
+    # docs/design.md).
+    library = stored_library(entry, graph_key, check_sha256=False)
     if library is None:
         return None
     signature = entry.payload.get("hmac")
     if not isinstance(signature, bytes):
+        _check_sha256(entry, library.data)
         raise EntryError("fused library: unsigned", entry.key)
     if not hmac.compare_digest(signature, _sign(secret, entry.key, graph_key, *library)):
+        _check_sha256(entry, library.data)
         raise EntryError("fused library: signature mismatch (tampered with, or signed with "
                          "another key)", entry.key)
     return library

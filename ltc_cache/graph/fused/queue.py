@@ -4,6 +4,8 @@ compiles them.
 A process that meets a stored graph with no library (and no refusal) puts
 its key in the queue, a folder of empty files named by graph key inside
 the cache directory, and starts the worker once in its life. The worker
+removes a graph's file once it has stored the graph's fused entry: a
+process waiting for the library watches for that (:mod:`.pickup`). The worker
 holds a file lock, so one compiles at a time however many processes start
 one; it drains the queue, lets the lock go, and looks once more before it
 leaves, so a key queued while it was leaving is not stranded.
@@ -36,11 +38,15 @@ class FuseQueue:
     def __init__(self, cache_dir: Path) -> None:
         self.path = Path(cache_dir) / QUEUE_DIR
 
-    def put(self, graph_key: str) -> None:
-        """Queue ``graph_key``; raises OSError where the directory cannot be written."""
+    def put(self, graph_key: str) -> Path:
+        """Queue ``graph_key`` (queued already: left as it is); its file in
+        the queue, which the worker removes once it has stored the graph's
+        fused entry. Raises OSError where the directory cannot be written."""
         self.path.mkdir(mode=0o700, exist_ok=True)
+        queued = self.path / graph_key
         with contextlib.suppress(FileExistsError):
-            os.close(os.open(self.path / graph_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.close(os.open(queued, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return queued
 
     def pending(self) -> list[str]:
         """Queued keys, oldest first."""
@@ -74,7 +80,7 @@ class FuseQueue:
 
 
 def start_worker(cache_dir: Path) -> None:
-    """Start the background worker (``python -m ltc_cache.graph.fused.worker``)
+    """Start the background worker (``python -m ltc_cache.cli.fuse_worker``)
     as a process of its own session, writing to the queue's log, with this
     process's settings. Raises OSError where it cannot be started."""
     queue = FuseQueue(cache_dir)
@@ -88,6 +94,6 @@ def start_worker(cache_dir: Path) -> None:
     command = 'exec "$@" </dev/null >>"$LTC_CACHE_FUSE_LOG" 2>&1 &'
     env["LTC_CACHE_FUSE_LOG"] = str(queue.path / WORKER_LOG)
     subprocess.run(["/bin/sh", "-c", command, "sh", sys.executable, "-m",
-                    "ltc_cache.graph.fused.worker"], env=env, check=True,
+                    "ltc_cache.cli.fuse_worker"], env=env, check=True,
                    stdin=subprocess.DEVNULL, start_new_session=True)
     logger.info("started the fuse worker for %s", cache_dir)

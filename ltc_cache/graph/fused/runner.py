@@ -72,24 +72,34 @@ class FusedFunction:
     views are taken as views again, and the outputs in ``restride`` are
     copied into its layout. The first call runs both and hands both results
     to ``check(expected, got, error)``, whose verdict says whether the
-    library stays in use; a library that raises later is handed to it too,
-    and TorchScript runs the call.
+    library stays in use, unless ``checked`` (a verdict stored by an
+    earlier process: the library runs alone from its first call); a
+    library that raises later is handed to it too, and TorchScript runs the
+    call. One thread makes the first call's comparison; the others wait
+    for its verdict.
     """
 
-    __slots__ = ("_aliases", "_check", "_checked", "_restride", "_run", "_script", "_used")
+    __slots__ = ("_aliases", "_check", "_checked", "_first_lock", "_restride", "_run",
+                 "_script", "_used")
 
     def __init__(self, runner: Any, script: GraphFunction, *, aliases: Sequence[Sequence[Any]],
                  restride: Sequence[Sequence[Any]],
-                 check: Callable[[Sequence[Any], Sequence[Any] | None, Exception | None], bool]
-                 ) -> None:
+                 check: Callable[[Sequence[Any], Sequence[Any] | None, Exception | None], bool],
+                 checked: bool = False) -> None:
         self._run = runner.run
         self._script = script
         self._aliases = [(int(o), kind, int(i), list(size), list(stride), int(offset))
                          for o, kind, i, size, stride, offset in aliases]
         self._restride = [(int(i), list(size), list(stride)) for i, size, stride in restride]
         self._check = check
-        self._checked = False
+        self._checked = checked
+        self._first_lock = threading.Lock()
         self._used = True  # False once the check failed
+
+    @property
+    def checked(self) -> bool:
+        """Whether the library's first-call verdict is in (stored or made here)."""
+        return self._checked
 
     @property
     def in_use(self) -> bool:
@@ -119,16 +129,19 @@ class FusedFunction:
         return tuple(out)
 
     def _first_call(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
-        expected = self._script(*inputs)
-        expected = expected if isinstance(expected, tuple) else (expected,)
-        try:
-            got = self._fused(inputs)
-        except Exception as exc:
-            self._used = self._check(expected, None, exc)
-        else:
-            self._used = self._check(expected, got, None)
-        self._checked = True
-        return expected
+        with self._first_lock:
+            if not self._checked:
+                expected = self._script(*inputs)
+                expected = expected if isinstance(expected, tuple) else (expected,)
+                try:
+                    got = self._fused(inputs)
+                except Exception as exc:
+                    self._used = self._check(expected, None, exc)
+                else:
+                    self._used = self._check(expected, got, None)
+                self._checked = True
+                return expected
+        return self(*inputs)  # another thread's first call gave the verdict
 
 
 def mismatch(expected: Sequence[Any], got: Sequence[Any] | None, *,

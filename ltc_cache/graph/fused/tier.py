@@ -7,11 +7,17 @@ loadable on this CPU, else the TorchScript function itself. Where none is
 stored, what happens is ``LTC_CACHE_FUSE``'s:
 
 - ``background`` (the default): the graph is queued and a worker compiles
-  it out of band (:mod:`.queue`, :mod:`.worker`); the next process to load
-  the graph uses the library. The calling process never waits for g++.
+  it out of band (:mod:`.queue`, :mod:`ltc_cache.cli.fuse_worker`); the graph replays with
+  TorchScript meanwhile, and switches to the library once the worker has
+  stored it (:mod:`.pickup`). The calling process never waits for g++.
 - ``sync``: compiled in the calling process before its first call (tests,
   and a build step that wants its libraries in one go).
 - ``off``: no fused tier at all.
+
+A library's first call in a process is compared with the TorchScript
+function's, once per library rather than once per process: a match is
+stored as a signed verdict (:mod:`.verdicts`), and a process that finds it
+runs the library alone from its first call.
 
 ``ltc-cache fuse`` compiles stored graphs' libraries ahead, with
 :func:`fuse_graph` as the worker does.
@@ -35,9 +41,11 @@ from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
 from .entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry, usable_library
+from .pickup import PendingFunction
 from .platform import fused_key
 from .queue import FuseQueue, start_worker
 from .runner import FusedFunction, load_runner, mismatch, runner_available
+from .verdicts import RTOL, holds_verdict, store_verdict
 
 if TYPE_CHECKING:
     from ..cache import GraphCache
@@ -48,8 +56,12 @@ logger = logging.getLogger("ltc_cache.fused")
 
 _T = TypeVar("_T")
 
-# This process's counts (ltc_cache.stats()).
+# This process's counts (ltc_cache.stats()): libraries loaded, refused,
+# graphs queued, libraries picked up from the worker while running, and
+# comparisons of a library with TorchScript (a first call without a stored
+# verdict, or a call where the library raised).
 LOADS, REFUSED, QUEUED = "fused_loads", "fused_refused", "fused_queued"
+PICKUPS, CHECKS = "fused_pickups", "fused_checks"
 
 
 class FusedTier:
@@ -69,14 +81,18 @@ class FusedTier:
             return script
         with self._lock:  # one lookup and load per graph and process, whatever the threads
             if entry.key not in self._functions:
-                try:
-                    self._functions[entry.key] = self._obtain(entry, script)
-                except Exception as exc:  # a store, a loader: never the user's failure
-                    self._cache.record("errors")
-                    warn_once("fused", f"fused library of {entry.graph_name}: {exc}; "
-                              "replaying with TorchScript")
-                    self._functions[entry.key] = script
+                self._functions[entry.key] = self._guarded(self._obtain, entry, script)
             return self._functions[entry.key]
+
+    def _guarded(self, obtain: Callable[[Entry, GraphFunction], GraphFunction], entry: Entry,
+                 script: GraphFunction) -> GraphFunction:
+        try:
+            return obtain(entry, script)
+        except Exception as exc:  # a store, a loader: never the user's failure
+            self._cache.record("errors")
+            warn_once("fused", f"fused library of {entry.graph_name}: {exc}; "
+                      "replaying with TorchScript")
+            return script
 
     def _obtain(self, entry: Entry, script: GraphFunction) -> GraphFunction:
         config = self._cache.config
@@ -86,10 +102,38 @@ class FusedTier:
         stored = self._cache.lookup_entry(key, count=False)
         if stored is None and config.fuse == "sync" and not self._cache.readonly:
             stored = _in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
-        if stored is None:
-            self._queue(entry)
+        if stored is not None:
+            return self._loaded(entry, key, stored, script)
+        queued = self._queue(entry)
+        if queued is None:
             return script
-        secret = program_secret(config.secret, config.directory)
+        return PendingFunction(script, queued, lambda: self._picked_up(entry, key, script))
+
+    def _picked_up(self, entry: Entry, key: CacheKey, script: GraphFunction) -> GraphFunction:
+        """What replays a queued graph once the worker is done with it: its
+        library, loaded as any other, and from then on for every binding
+        of the graph in this process."""
+        def obtain(entry: Entry, script: GraphFunction) -> GraphFunction:
+            stored = self._cache.lookup_entry(key, count=False)
+            if stored is None:  # taken off the queue uncompiled (a cleared queue)
+                return script
+            function = self._loaded(entry, key, stored, script)
+            if function is not script:
+                count_event(PICKUPS)
+                logger.info("picked up the fused library of %s (%s)", entry.graph_name,
+                            entry.key[:12])
+            return function
+
+        function = self._guarded(obtain, entry, script)
+        with self._lock:
+            self._functions[entry.key] = function
+        return function
+
+    def _loaded(self, entry: Entry, key: CacheKey, stored: Entry,
+                script: GraphFunction) -> GraphFunction:
+        """The library of the fused entry ``stored``, loaded, or ``script``
+        where it has none to be used."""
+        secret = program_secret(self._cache.config.secret, self._cache.config.directory)
         try:
             library = usable_library(stored, secret, entry.key)
         except EntryError as exc:
@@ -102,18 +146,27 @@ class FusedTier:
                           f"({entry.key[:12]}): {reason[:300]}; replaying with TorchScript "
                           "(`ltc-cache show` and `ltc-cache fuse --retry`)")
             return script
+        # Verified by usable_library, and covering the bytes: what a verdict is given for.
+        signature = bytes(stored.payload["hmac"])
+        store = self._cache.store
+        checked = store is not None and holds_verdict(store, key.digest, entry.key, signature,
+                                                      secret)
         runner = load_runner(library.data)
         count_event(LOADS)
         return FusedFunction(runner, script, aliases=library.aliases, restride=library.restride,
+                             checked=checked,
                              check=lambda expected, got, error: self._checked(
-                                 entry, key, expected, got, error))
+                                 entry, key, signature, expected, got, error))
 
-    def _checked(self, entry: Entry, key: CacheKey, expected: Sequence[Any],
+    def _checked(self, entry: Entry, key: CacheKey, signature: bytes, expected: Sequence[Any],
                  got: Sequence[Any] | None, error: Exception | None) -> bool:
-        """The verdict on a library's first call: refused for good where its
-        outputs differ from TorchScript's (or it raised)."""
-        problem = mismatch(expected, got, error=error)
+        """The verdict on a library's first call (or a call where it
+        raised): kept where its outputs match TorchScript's, refused for
+        good where they differ or it raised."""
+        count_event(CHECKS)
+        problem = mismatch(expected, got, rtol=RTOL, error=error)
         if problem is None:
+            self._keep_verdict(key, entry, signature)
             return True
         count_event(REFUSED)
         warn_once(f"fused:{key.digest}", f"the fused library of {entry.graph_name} "
@@ -121,12 +174,23 @@ class FusedTier:
         self._cache.store_entry(refusal_entry(key, entry, f"on first use: {problem}"), key)
         return False
 
-    def _queue(self, entry: Entry) -> None:
+    def _keep_verdict(self, key: CacheKey, entry: Entry, signature: bytes) -> None:
+        store = self._cache.store
+        if store is None or self._cache.readonly:
+            return
+        config = self._cache.config
+        store_verdict(store, key.digest, entry.key, signature,
+                      program_secret(config.secret, config.directory))
+
+    def _queue(self, entry: Entry) -> str | None:
+        """Queue the graph for the background worker (started once a
+        process); the path of its file in the queue, None where it is not
+        queued."""
         config = self._cache.config
         if config.fuse != "background" or self._cache.readonly:
-            return
+            return None
         try:
-            FuseQueue(config.directory).put(entry.key)
+            queued = FuseQueue(config.directory).put(entry.key)
             count_event(QUEUED)
             if not self._worker_started:
                 self._worker_started = True
@@ -134,6 +198,8 @@ class FusedTier:
         except (OSError, subprocess.SubprocessError) as exc:
             warn_once("fuse-worker", f"cannot queue graphs for fusing ({exc}); they replay "
                       "with TorchScript (`ltc-cache fuse` compiles them ahead)")
+            return None
+        return str(queued)
 
 
 def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,

@@ -1,6 +1,7 @@
-"""The background worker: ``python -m ltc_cache.graph.fused.worker``.
+"""The background worker: ``python -m ltc_cache.cli.fuse_worker``.
 
-Started by a process that queued graphs (:mod:`.queue`); compiles them one
+Started by a process that queued graphs or plans
+(:mod:`ltc_cache.graph.fused.queue`); compiles their libraries one
 at a time at the lowest CPU priority the system has (``SCHED_IDLE`` on
 Linux: it runs only on a core nothing else wants), so a training job
 beside it loses as little as can be. Its log is ``fuse-queue/worker.log``
@@ -30,10 +31,10 @@ def main() -> int:
     lower_priority()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fuse worker %(process)d: "
                         "%(message)s")
-    from ...config import CacheConfig
-    from ..cache import GraphCache
-    from .queue import FuseQueue
-    from .tier import fuse_graph
+    from ..compile_backend.plan_library import fuse_stored
+    from ..config import CacheConfig
+    from ..graph.cache import GraphCache
+    from ..graph.fused.queue import FuseQueue
 
     config = CacheConfig.from_env()
     cache = GraphCache(config)
@@ -44,7 +45,7 @@ def main() -> int:
                 return 0  # another worker drains the queue
             while keys := queue.pending():
                 for key in keys:
-                    fuse_graph(cache, key, timeout=config.fuse_timeout)
+                    fuse_stored(cache, key, timeout=config.fuse_timeout)
                     queue.done(key)
         if not queue.pending():
             return 0

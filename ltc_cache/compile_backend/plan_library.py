@@ -1,0 +1,522 @@
+"""Whole-plan libraries: a stored plan's graph compiled by AOTInductor into
+one library, called in place of its regions and the eager ops between them.
+
+A plan (:mod:`ltc_cache.compile_backend.plan`) holds AOTAutograd's graph
+partitioned into LTC regions and an eager rest; its per-region path runs
+each region's replay (or region library) and each eager op on its own, so
+nothing fuses across a region's edge. The parent graph with its regions
+inlined is AOTAutograd's whole graph again: traced by ``make_fx`` (the
+regions' FX graphs run eagerly on fake tensors) and compiled as a graph
+entry's library is (:func:`~.build.build_library`), with the parent
+graph's inputs as the library's and its tensor outputs as its outputs (a
+backward's ``None`` gradients are put back around them).
+
+A plan has one library per graph: ``inference``, or ``forward`` and
+``backward`` for a training plan. The first is stored under
+:func:`~.platform.fused_key` of the plan's key (what ``ltc-cache fuse``
+and the worker's queue know the plan by), the backward's under a key
+derived from it; each is signed, verified and refused as a graph's
+library is (:mod:`.entries`). A library is kept only where it is faster
+than the per-region path of the same plan on inputs laid out as the
+plan's, and its first call in a process is compared with that path.
+
+Refused, with a stored refusal: a graph that writes its inputs (a static
+key/value cache's ``copy_``, BatchNorm's running statistics: the first
+call's comparison would write them twice), a graph that reads a tensor's
+value as a number (data-dependent), and whatever fails to compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..diagnostics import count_event, warn_once
+from ..errors import EntryError
+from ..graph.entry import Entry, new_meta
+from ..graph.fused.entries import (
+    DATA_DEPENDENT,
+    NOT_FASTER,
+    fused_entry,
+    refusal_entry,
+    usable_library,
+)
+from ..graph.fused.platform import compiler_id, fused_key
+from ..graph.fused.runner import FusedFunction, load_runner, mismatch, runner_available
+from ..graph.keys import CacheKey, derived_key
+from ..signing import program_secret
+
+if TYPE_CHECKING:
+    from torch import fx
+
+    from ..graph.cache import GraphCache
+    from .partition import Partitioned
+
+__all__ = [
+    "PLAN_LOADS",
+    "PLAN_QUEUED",
+    "PLAN_REFUSED",
+    "WRITES_INPUTS",
+    "PlanFunction",
+    "bind_plan",
+    "fuse_plan",
+    "fuse_stored",
+    "part_key",
+    "plan_parts",
+]
+
+logger = logging.getLogger("ltc_cache.fused")
+
+# This process's counts (ltc_cache.stats()).
+PLAN_LOADS, PLAN_REFUSED, PLAN_QUEUED = ("fused_plan_loads", "fused_plan_refused",
+                                         "fused_plan_queued")
+# How a refusal's reason starts where the plan's graph writes its inputs:
+# no failure, so no warning.
+WRITES_INPUTS = "writes its inputs"
+_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_INPUTS)
+
+_workers_started: set[Path] = set()
+_workers_lock = threading.Lock()
+
+
+def plan_parts(plan: Entry) -> tuple[str, ...]:
+    """The graphs of a plan entry, each of which gets a library."""
+    return ("forward", "backward") if "backward" in plan.payload else ("inference",)
+
+
+def part_key(plan_key: str, part: str) -> CacheKey:
+    """The key of the library of ``part`` of the plan ``plan_key`` on this
+    machine: the plan's :func:`fused_key` for its first graph, a key
+    derived from it for a backward."""
+    key = fused_key(plan_key)
+    return derived_key(key, plan_part=part) if part == "backward" else key
+
+
+# --- building -----------------------------------------------------------------
+
+
+def fuse_stored(cache: GraphCache, key: str, *, retry: bool = False,
+                timeout: float | None = None) -> Entry | None:
+    """The libraries of the graph or the plan stored under ``key``, as
+    the background worker and ``ltc-cache fuse`` compile them: a graph's
+    with :func:`~ltc_cache.graph.fused.tier.fuse_graph`, a plan's with
+    :func:`fuse_plan`. None where neither is stored."""
+    from ..graph.fused.tier import fuse_graph
+
+    stored = cache.lookup_entry(CacheKey(key, {}), count=False)
+    if stored is not None and stored.kind == "plan":
+        return fuse_plan(cache, stored, retry=retry, timeout=timeout)
+    return fuse_graph(cache, key, retry=retry, timeout=timeout)
+
+
+def fuse_plan(cache: GraphCache, plan: Entry, *, retry: bool = False,
+              timeout: float | None = None) -> Entry:
+    """Compile and store the libraries of each graph of ``plan`` not
+    stored yet (``retry``: refused ones again); the backward first, so that
+    the entry returned, its first graph's (under the plan's fused key),
+    says the plan is done."""
+    from ..graph.fused.tier import _deadline, _Timeout
+
+    secret = program_secret(cache.config.secret, cache.config.directory)
+    entry: Entry | None = None
+    for part in reversed(plan_parts(plan)):
+        key = part_key(plan.key, part)
+        stored = cache.lookup_entry(key, count=False)
+        if stored is not None and (not retry or "library" in stored.payload):
+            entry = stored
+            continue
+        try:
+            with _deadline(timeout):
+                entry = build_part(cache, plan, part, key, secret)
+        except _Timeout:
+            entry = refusal_entry(key, plan, f"the compile took over {timeout:g} s "
+                                  "(LTC_CACHE_FUSE_TIMEOUT)")
+        cache.store_entry(entry, key)
+    assert entry is not None
+    return entry
+
+
+def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
+               secret: bytes) -> Entry:
+    """The fused entry of graph ``part`` of ``plan``: its library, or a
+    refusal saying why it has none."""
+    from ..graph.fused.build import build_library, refusal_reason
+
+    started = time.monotonic()
+    try:
+        if compiler_id() == "none":
+            raise _Refused("no C++ compiler ($CXX, else g++) on PATH")
+        traced = _partitioned(plan, part).module
+        written = _written_input(traced)
+        if written is not None:
+            raise _Refused(f"{WRITES_INPUTS} ({written}): the library's first call is "
+                           "compared with the per-region path, which would write them twice")
+        inputs = _example_inputs(traced, _input_kinds(plan, part))
+        per_region = _with_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
+        built = build_library(_tensors_of(per_region), inputs, started=started,
+                              versus="the per-region path", traced=_tensors_of(traced))
+    except Exception as exc:  # export, Inductor, g++, a region: whatever they raise
+        reason = str(exc) if isinstance(exc, _Refused) else refusal_reason(exc)
+        logger.info("no library for plan %s (%s): %s", plan.key[:12], part, reason)
+        return refusal_entry(key, plan, reason,
+                             {"compile_seconds": round(time.monotonic() - started, 2)})
+    if built.slower is not None:
+        return refusal_entry(key, plan, built.slower, built.stats)
+    return fused_entry(key, plan, library=built.library, isa=built.isa, aliases=built.aliases,
+                       restride=built.restride, secret=secret, stats=built.stats)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _partitioned(plan: Entry, part: str) -> Partitioned:
+    """A fresh copy of graph ``part`` of ``plan``, its nodes' values made."""
+    from .plan import partitioned_from_wire
+
+    return partitioned_from_wire(plan.payload.get("backward" if part == "backward" else "plan"))
+
+
+def _written_input(graph: fx.GraphModule) -> str | None:
+    """The first op of ``graph`` that writes one of its arguments (a
+    plan's graph writes only its inputs: ``copy_`` into a buffer)."""
+    for node in graph.graph.nodes:
+        target = node.target
+        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
+                and target._schema.is_mutable:
+            return str(target)
+    return None
+
+
+def _input_kinds(plan: Entry, part: str) -> list[tuple[bool, bool]]:
+    """Whether each input of graph ``part`` is a parameter and requires
+    grad, as in a run (the plan stores its forward's, or inference
+    graph's; empty for a plan stored without). A backward's inputs are the
+    forward's saved tensors, then the tangents: a saved input of the
+    forward comes back as itself, anything else detached."""
+    kinds = plan.payload.get("input_kinds")
+    if not isinstance(kinds, list):
+        return []
+    forward = [(k[0] is True, k[1] is True) if isinstance(k, list) and len(k) == 2
+               else (False, False) for k in kinds]
+    if part != "backward":
+        return forward
+    joint, wire = plan.payload.get("joint"), plan.payload.get("plan")
+    try:
+        nodes = wire["graph"]["nodes"]
+        placeholders = [n[1] for n in nodes if n[0] == "placeholder"]
+        outputs = _untupled(_untupled(nodes[-1][3])[0])  # the output node's args: ((a, b),)
+        saved = outputs[int(joint["outputs"]):]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return []
+    result = []
+    for out in saved:
+        name = out.get("node") if isinstance(out, dict) else None
+        index = placeholders.index(name) if name in placeholders else -1
+        result.append(forward[index] if 0 <= index < len(forward) else (False, False))
+    return result
+
+
+def _untupled(wire: Any) -> list[Any]:
+    """A tuple's or a list's items, from their wire form."""
+    items = wire.get("tuple") if isinstance(wire, dict) else wire
+    if not isinstance(items, list):
+        raise TypeError("not a tuple")
+    return items
+
+
+def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]]
+                    ) -> list[torch.Tensor]:
+    """Inputs laid out as the plan recorded, parameters and requiring grad
+    as ``kinds`` say: all three are part of the keys of the regions the
+    per-region path binds, which must be the regions a run binds."""
+    from ..graph.fused.build import FuseFailed, laid_out_input
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = []
+    for index, node in enumerate(graph.graph.find_nodes(op="placeholder")):
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or value.device.type not in ("cpu", "meta"):
+            raise FuseFailed(f"input {node.name} is no CPU tensor of a recorded layout")
+        tensor = laid_out_input(str(value.dtype).removeprefix("torch."), list(value.shape),
+                                list(value.stride()), generator=generator)
+        parameter, grad = kinds[index] if index < len(kinds) else (False, False)
+        grad = grad and tensor.is_floating_point()
+        if parameter:
+            tensor = torch.nn.Parameter(tensor, requires_grad=grad)
+        elif grad:
+            tensor.requires_grad_(True)
+        inputs.append(tensor)
+    return inputs
+
+
+def _with_regions(parted: Partitioned, name: str, cache: GraphCache) -> fx.GraphModule:
+    """``parted``'s graph with each region run as a warm process runs it
+    (its replay, or its region library)."""
+    from .first_call import Region
+
+    for index, region in enumerate(parted.regions):
+        submodule = parted.module.get_submodule(region)
+        delattr(parted.module, region)
+        setattr(parted.module, region, Region(submodule, f"{name}.r{index}",
+                                               parted.region_ops[region], cache))
+    return parted.module
+
+
+def _tensors_of(fn: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
+    """``fn`` returning its tensor outputs alone (a library has no ``None``)."""
+    def tensors(*args: Any) -> tuple[Any, ...]:
+        return tuple(t for t in fn(*args) if t is not None)
+    return tensors
+
+
+# --- running ------------------------------------------------------------------
+
+
+def bind_plan(module: fx.GraphModule, cache: GraphCache, plan_key: CacheKey, part: str,
+              name: str) -> None:
+    """Make ``module`` (graph ``part`` of the plan stored under
+    ``plan_key``, its regions bound) run through :class:`PlanFunction`."""
+    if cache.config.fuse == "off":
+        return
+    module.forward = PlanFunction(module.forward, cache, plan_key, part, name)
+
+
+class PlanFunction:
+    """A plan's graph: its per-region path on the first call, after which
+    the plan's library runs where one is stored, verified and loadable
+    (its own first call compared with the per-region path), and the
+    per-region path otherwise. Where none is stored, the plan is queued for
+    the background worker, or compiled at once under
+    ``LTC_CACHE_FUSE=sync``, after that first call, so that its regions
+    are stored (and queued) before it."""
+
+    __slots__ = ("_cache", "_call", "_lock", "_name", "_part", "_per_region", "_plan_key")
+
+    def __init__(self, per_region: Callable[..., Any], cache: GraphCache, plan_key: CacheKey,
+                 part: str, name: str) -> None:
+        self._per_region = per_region
+        self._cache = cache
+        self._plan_key = plan_key
+        self._part = part
+        self._name = name
+        self._lock = threading.Lock()
+        self._call: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        call = self._call
+        if call is not None:
+            return call(*args)
+        if not _plain(args):  # fake tensors of a trace around the call: no decision yet
+            return self._per_region(*args)
+        with self._lock:
+            if self._call is None:
+                out = self._per_region(*args)
+                self._call = self._decided(args, out)
+                return out
+        return self._call(*args)
+
+    def boxed(self, per_region: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+        """This function called on a list it empties (a backward's saved
+        tensors, :mod:`ltc_cache.compile_backend.boxed`): ``per_region``,
+        the graph's boxed form, frees each input after its last use; a
+        library takes them all at once."""
+        def call(inputs: list[Any]) -> Any:
+            if self._call is self._per_region:
+                return per_region(inputs)
+            args = tuple(inputs)
+            inputs.clear()
+            return self(*args)
+        return call
+
+    def _decided(self, args: Sequence[Any], out: Any) -> Callable[..., Any]:
+        """What runs from the second call on. Never raises."""
+        try:
+            return self._obtain(args, out)
+        except Exception as exc:  # a store, a loader: never the user's failure
+            self._cache.record("errors")
+            warn_once("fused-plan", f"the fused library of {self._name}: {exc}; running its "
+                      "regions")
+            return self._per_region
+
+    def _obtain(self, args: Sequence[Any], out: Any) -> Callable[..., Any]:
+        cache, config = self._cache, self._cache.config
+        if not runner_available() or not isinstance(out, tuple | list) \
+                or not all(t is None or type(t) in _PLAIN for t in out):
+            logger.info("%s: no plan library (inputs or outputs a library cannot take)",
+                        self._name)
+            return self._per_region
+        key = part_key(self._plan_key.digest, self._part)
+        stored = cache.lookup_entry(key, count=False)
+        if stored is None and config.fuse == "sync" and not cache.readonly:
+            from ..graph.fused.tier import _in_a_clean_thread
+
+            _in_a_clean_thread(fuse_stored, cache, self._plan_key.digest)
+            stored = cache.lookup_entry(key, count=False)
+        if stored is None:
+            self._queue()
+            return self._per_region
+        secret = program_secret(config.secret, config.directory)
+        try:
+            library = usable_library(stored, secret, self._plan_key.digest)
+        except EntryError as exc:
+            cache.drop_entry(key, str(exc), remade="compiled")
+            return self._per_region
+        if library is None:
+            reason = str(stored.payload.get("reason", ""))
+            logger.info("%s: plan library refused: %s", self._name, reason[:300])
+            if not reason.startswith(_QUIET):
+                warn_once("fused-plan-refused", f"no fused library for {self._name} "
+                          f"({self._plan_key.digest[:12]}): {reason[:300]}; running its regions "
+                          "(`ltc-cache show` and `ltc-cache fuse --retry`)")
+            return self._per_region
+        plan = cache.lookup_entry(self._plan_key, count=False)
+        strides = _input_strides(plan, self._part) if plan is not None else None
+        if strides is None or len(strides) != len(args):
+            logger.info("%s: no plan library (no recorded input layouts)", self._name)
+            return self._per_region
+        runner = _LaidOutRunner(load_runner(library.data), strides)
+        count_event(PLAN_LOADS)
+        logger.info("%s: running the plan library %s", self._name, key.digest[:12])
+        fused = FusedFunction(runner, _tensors_of(self._per_region), aliases=library.aliases,
+                              restride=library.restride,
+                              check=lambda expected, got, error: self._checked(
+                                  key, expected, got, error))
+        inputs_returned = [(int(o), int(i)) for o, kind, i, *_ in library.aliases
+                           if kind == "in" and any(t is args[int(i)] for t in out)]
+        return _WithNones(fused, [i for i, t in enumerate(out) if t is None], len(out),
+                          type(out), inputs_returned)
+
+    def _checked(self, key: CacheKey, expected: Sequence[Any], got: Sequence[Any] | None,
+                 error: Exception | None) -> bool:
+        """The verdict on the library's first call: refused for good where
+        its outputs differ from the per-region path's (or it raised)."""
+        problem = mismatch(expected, got, error=error)
+        if problem is None:
+            return True
+        count_event(PLAN_REFUSED)
+        warn_once(f"fused:{key.digest}", f"the fused library of {self._name} "
+                  f"({self._plan_key.digest[:12]}) is not used: {problem}; running its regions")
+        plan = Entry(self._plan_key.digest, "", (), (), (),
+                     new_meta(graph_name=self._name, node_count=0, graph_hash="",
+                              key_parts=self._plan_key.parts), kind="plan")
+        self._cache.store_entry(refusal_entry(key, plan, f"on first use: {problem}"), key)
+        return False
+
+    def _queue(self) -> None:
+        from ..graph.fused.queue import FuseQueue, start_worker
+
+        config = self._cache.config
+        if config.fuse != "background" or self._cache.readonly:
+            return
+        try:
+            FuseQueue(config.directory).put(self._plan_key.digest)
+            count_event(PLAN_QUEUED)
+            with _workers_lock:
+                started = Path(config.directory) in _workers_started
+                _workers_started.add(Path(config.directory))
+            if not started:
+                start_worker(config.directory)
+        except (OSError, subprocess.SubprocessError) as exc:
+            warn_once("fuse-worker", f"cannot queue plans for fusing ({exc}); they run their "
+                      "regions (`ltc-cache fuse` compiles them ahead)")
+
+
+def _input_strides(plan: Entry, part: str) -> list[tuple[int, ...] | None] | None:
+    """The stride of each input of graph ``part`` as the plan recorded it
+    (None for an input of no tensor value), read from the wire form; None
+    where the entry is malformed."""
+    graph = plan.payload.get("backward" if part == "backward" else "plan")
+    nodes = graph.get("graph", {}).get("nodes") if isinstance(graph, dict) else None
+    if not isinstance(nodes, list):
+        return None
+    strides: list[tuple[int, ...] | None] = []
+    for node in nodes:
+        if not (isinstance(node, list) and len(node) == 6) or node[0] != "placeholder":
+            continue
+        value = node[5]
+        layout = value.get("tensor") if isinstance(value, dict) else None
+        if isinstance(layout, list) and len(layout) == 3 and isinstance(layout[2], list) \
+                and all(type(d) is int for d in layout[2]):
+            strides.append(tuple(layout[2]))
+        else:
+            strides.append(None)
+    return strides
+
+
+class _LaidOutRunner:
+    """A library's runner handed its inputs in the layout it was compiled
+    for: the plan's recorded one. A backward's saved tensors come from the
+    forward's regions, contiguous where eager's (and the recorded
+    layout) were transposed views, and a library reads its inputs by the
+    strides it was compiled with (fact 66 in docs/design.md)."""
+
+    __slots__ = ("_runner", "_strides")
+
+    def __init__(self, runner: Any, strides: Sequence[tuple[int, ...] | None]) -> None:
+        self._runner = runner
+        self._strides = strides
+
+    def run(self, inputs: list[Any]) -> list[Any]:
+        return self._runner.run([_laid_out(t, stride)
+                                 for t, stride in zip(inputs, self._strides, strict=True)])
+
+
+def _laid_out(value: Any, stride: tuple[int, ...] | None) -> Any:
+    if stride is None or value.stride() == stride or len(stride) != value.dim() \
+            or value.numel() <= 1:
+        return value
+    return torch.empty_strided(value.shape, stride, dtype=value.dtype,
+                               device=value.device).copy_(value)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _plain(args: Sequence[Any]) -> bool:
+    """Real tensors, as a library takes (no fake tensor, no subclass)."""
+    return all(type(t) in _PLAIN for t in args)
+
+
+class _WithNones:
+    """A library's tensor outputs with the graph's ``None`` outputs put
+    back, and the inputs the graph returns as they are (a forward's saved
+    weights) returned as themselves, not as views of themselves: a saved
+    parameter comes back to the backward as itself, whose regions are
+    keyed by it."""
+
+    __slots__ = ("_container", "_fused", "_inputs_returned", "_nones", "_total")
+
+    def __init__(self, fused: FusedFunction, nones: list[int], total: int,
+                 container: type, inputs_returned: list[tuple[int, int]]) -> None:
+        self._fused = fused
+        self._nones = frozenset(nones)
+        self._total = total
+        self._container = container
+        self._inputs_returned = inputs_returned
+
+    @property
+    def in_use(self) -> bool:
+        return self._fused.in_use
+
+    def __call__(self, *args: Any) -> Any:
+        tensors = self._fused(*args)
+        if self._inputs_returned:
+            tensors = list(tensors)
+            for o, i in self._inputs_returned:
+                t, arg = tensors[o], args[i]
+                if t.shape == arg.shape and t.stride() == arg.stride() \
+                        and t.storage_offset() == arg.storage_offset():
+                    tensors[o] = arg
+        if not self._nones:
+            return self._container(tensors)
+        flowing = iter(tensors)
+        return self._container([None if i in self._nones else next(flowing)
+                                for i in range(self._total)])

@@ -1,0 +1,81 @@
+"""A separate process for the tests of whole-plan libraries, in the cache
+configured by LTC_CACHE_* (LTC_CACHE_FUSE among them): a partitioned
+inference graph through ``torch.compile(backend="ltc_cache")`` and three
+SGD steps of the same model through ``ltc_cache.compile`` (a training
+plan: forward and backward), each against eager. ``sign``, which LTC does
+not lower, splits each graph into regions with an eager op between them.
+
+``python tests/fused_plan_child.py`` prints one JSON object: this
+process's stats, and the largest relative difference from eager of the
+inference outputs (``infer_error``, over three calls) and of the training
+losses and weights (``train_error``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+from torch import nn
+
+import ltc_cache
+
+
+class Signed(nn.Module):
+    """Two linear layers around ``sign``: LTC regions, an eager op between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        return self.fc2(h * torch.sign(h) + h * 0.5)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def run_inference() -> float:
+    torch.manual_seed(0)
+    model = Signed().eval()
+    compiled = torch.compile(model, backend="ltc_cache")
+    worst = 0.0
+    with torch.no_grad():
+        for seed in range(3):
+            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+            worst = max(worst, relative(compiled(x), model(x)))
+    return worst
+
+
+def run_train() -> float:
+    torch.manual_seed(1)
+    model = Signed()
+    reference = copy.deepcopy(model)
+    compiled = ltc_cache.compile(model)
+    losses: list[list[float]] = []
+    for m, params in ((compiled, model.parameters()), (reference, reference.parameters())):
+        optimizer = torch.optim.SGD(params, lr=0.1)
+        run = []
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            run.append(loss.detach())
+        losses.append(run)
+    errors = [relative(a, b) for a, b in zip(*losses, strict=True)]
+    errors += [relative(a.detach(), b.detach())
+               for a, b in zip(model.parameters(), reference.parameters(), strict=True)]
+    return max(errors)
+
+
+if __name__ == "__main__":
+    infer_error = run_inference()
+    train_error = run_train()
+    print(json.dumps({"stats": ltc_cache.stats(), "infer_error": infer_error,
+                      "train_error": train_error}))

@@ -1,0 +1,145 @@
+"""Whole-plan libraries (ltc_cache/compile_backend/plan_library.py): a stored
+plan's graph compiled by AOTInductor into one library, called in place of
+its regions and eager ops. The slow tests compile for real (three plan
+libraries and their regions' libraries: minutes); the others refuse
+before any compile."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import child_env, json_child, once_per_run
+
+from ltc_cache import CacheConfig, GraphCache
+from ltc_cache.compile_backend import plan_library
+from ltc_cache.compile_backend.backend import LtcBackend
+from ltc_cache.graph.entry import decode, encode
+from ltc_cache.graph.fused.entries import usable_library
+from ltc_cache.signing import program_secret
+from ltc_cache.wire import is_entry_key
+
+needs_a_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
+                                      reason="no C++ compiler")
+
+
+def stored(directory: Path, kind: str) -> dict[str, object]:
+    """The entries of ``kind`` in the cache ``directory``, by graph name."""
+    store = GraphCache(CacheConfig(directory=directory, fuse="off")).store
+    found = {}
+    for key in store.keys():  # noqa: SIM118 (a store, not a dict)
+        if not is_entry_key(key):
+            continue
+        entry = decode(store.get(key), expected_key=key, secret=None)
+        if entry.kind == kind:
+            found[entry.graph_name] = entry
+    store.close()
+    return found
+
+
+@pytest.fixture(scope="session")
+def cold_then_warm(tmp_path_factory) -> dict:
+    """Once for the run: tests/fused_plan_child.py in a cold process that
+    compiles every library (LTC_CACHE_FUSE=sync), then in a warm one."""
+
+    def run(root: Path) -> dict:
+        env = child_env(LTC_CACHE_DIR=str(root / "ltc"), LTC_CACHE_FUSE="sync",
+                        XDG_CONFIG_HOME=str(root / "config"))
+        cold = json_child("fused_plan_child.py", env=env, timeout=1800)
+        warm = json_child("fused_plan_child.py", env=env, timeout=600)
+        return {"cold": cold, "warm": warm}
+
+    root, runs = once_per_run(tmp_path_factory, "fused_plan", run)
+    return {**runs, "directory": root / "ltc", "config": root / "config"}
+
+
+@pytest.mark.slow
+@needs_a_compiler
+def test_a_warm_process_runs_each_plan_through_its_library(cold_then_warm):
+    """An inference plan and a training plan (forward and backward), each
+    regions around an eager ``sign``: the cold process compiles their
+    libraries, the warm one loads all three, traces nothing, and computes
+    what eager does."""
+    cold, warm = cold_then_warm["cold"], cold_then_warm["warm"]
+    for run in (cold, warm):
+        assert run["infer_error"] < 1e-5 and run["train_error"] < 1e-5, run
+        assert "fused_plan_refused" not in run["stats"], run
+    stats = warm["stats"]
+    assert stats["traces"] == 0 and stats["plan_hits"] == 2, stats
+    assert stats["fused_plan_loads"] == 3, stats
+    plans = stored(cold_then_warm["directory"], "plan")
+    assert sorted(plans) == ["Signed.inference.plan", "Signed.training.plan"], plans
+
+
+@pytest.mark.slow
+@needs_a_compiler
+def test_a_tampered_plan_library_is_refused_and_the_regions_run(cold_then_warm, tmp_path):
+    """A byte of the inference plan's library flipped (its sha256 recorded
+    anew, so only the signature gives it away): the warm process refuses
+    it, runs the plan's regions and still computes what eager does, and
+    loads the training plan's two libraries."""
+    directory = tmp_path / "ltc"
+    shutil.copytree(cold_then_warm["directory"], directory)
+    [plan] = [e for name, e in stored(directory, "plan").items() if "inference" in name]
+    key = plan_library.part_key(plan.key, "inference")
+    cache = GraphCache(CacheConfig(directory=directory, fuse="off"))
+    entry = cache.lookup_entry(key, count=False)
+    library = bytearray(entry.payload["library"])
+    library[len(library) // 2] ^= 0xFF
+    import hashlib
+
+    payload = dict(entry.payload, library=bytes(library),
+                   library_sha256=hashlib.sha256(library).hexdigest())
+    cache.store.put(key.digest, encode(dataclasses.replace(entry, payload=payload)))
+    secret = program_secret(None, directory, environ={
+        "XDG_CONFIG_HOME": str(cold_then_warm["config"])})
+    with pytest.raises(Exception, match="signature mismatch"):
+        usable_library(cache.lookup_entry(key, count=False), secret, plan.key)
+    cache.store.close()
+
+    # Read-only: the library is refused, and nothing queued for a worker.
+    env = child_env(LTC_CACHE_DIR=str(directory), LTC_CACHE_FUSE="background",
+                    LTC_CACHE_READONLY="1", XDG_CONFIG_HOME=str(cold_then_warm["config"]))
+    run = json_child("fused_plan_child.py", env=env, timeout=600)
+    assert run["infer_error"] < 1e-5 and run["train_error"] < 1e-5, run
+    assert run["stats"]["fused_plan_loads"] == 2 and run["stats"]["traces"] == 0, run
+
+
+class WritesItsInput(torch.nn.Module):
+    """A static key/value cache's update (``copy_`` into the input, an
+    eager op of the plan) around ``sign``, which LTC does not lower."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.index_copy_(0, torch.tensor([1]), torch.ones(1, 4))
+        return torch.sign(x) + x.exp()
+
+
+@needs_a_compiler
+@pytest.mark.usefixtures("dynamo_reset")
+def test_a_plan_that_writes_its_inputs_is_refused_before_any_compile(cache_dir):
+    """Its library's first call could not be compared with the regions'
+    without writing the input twice: a refusal is stored, no g++ runs, and
+    the plan keeps its regions."""
+    cache = GraphCache(CacheConfig(directory=cache_dir, fuse="off"))
+    model, x = WritesItsInput(), torch.randn(3, 4)
+    expected = model(x.clone())
+    with torch.no_grad():
+        got = torch.compile(model, backend=LtcBackend(cache))(x)
+    torch.testing.assert_close(got, expected)
+    [plan] = stored(cache_dir, "plan").values()
+    entry = plan_library.fuse_stored(cache, plan.key)
+    assert entry is not None and "library" not in entry.payload
+    assert entry.payload["reason"].startswith(plan_library.WRITES_INPUTS)
+    assert "compile_seconds" in entry.payload and entry.payload["compile_seconds"] < 5
+    assert cache.lookup_entry(plan_library.part_key(plan.key, "inference"),
+                              count=False) is not None
+
+
+def test_a_backward_library_has_a_key_of_its_own():
+    forward = plan_library.part_key("a" * 64, "forward")
+    assert forward == plan_library.part_key("a" * 64, "inference")  # what `fuse` looks up
+    assert plan_library.part_key("a" * 64, "backward") != forward
