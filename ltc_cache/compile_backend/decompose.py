@@ -173,7 +173,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     128 (1.00x and 1.03x fused), and it was no faster at the tests' tiny
     sizes; the fused kernel skips the masked half of causal attention
     (``tools/bench_steady.py``, BENCHMARKS.md). Not causal either: a ViT
-    training step at 197 tokens was 11-24% slower decomposed (fact 80 in
+    training step at 197 tokens was 11-24% slower decomposed (fact 78 in
     docs/design.md)."""
     from torch._decomp import get_decompositions
 

@@ -7,7 +7,7 @@ the ``index_put`` that accumulates its gradient. Each of them left eagerly
 split a CNN's graph into one LTC region per block. And BatchNorm in
 training, as eager computes it (:func:`_batch_norm_training`); Swin's
 ``roll`` and the functional ``copy`` of its pooler's gradient, and
-GhostNet's ``hardsigmoid_backward`` (facts 78 and 79).
+GhostNet's ``hardsigmoid_backward`` (facts 76 and 77).
 
 Kept apart from :mod:`ltc_cache.decompose` (which merges this table into
 its own), so that each can change without the other; the plan key hashes

@@ -190,7 +190,7 @@ def buffer_writes_as_one(graph: fx.Graph) -> bool:
 
     A region writes none of its inputs, so the writes run eagerly after the
     regions whatever is done; one call makes them all, where each ``copy_``
-    is a Python call of the parent graph (51 a step for GhostNet: fact 81
+    is a Python call of the parent graph (51 a step for GhostNet: fact 79
     in docs/design.md).
     Only the run of them just before the output: nothing reads an input
     after it is written there, so writing them together changes nothing."""

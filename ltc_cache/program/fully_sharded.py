@@ -8,7 +8,7 @@ that runs once its gradients are in) and a forward hook (reshard, hook the
 outputs to all-gather again before their backward), both
 ``torch._dynamo.disable``-d: compiled whole through Dynamo, the model broke
 its graph at every hook, and the frames between the breaks walked FSDP's
-bookkeeping (fact 74 in docs/design.md). Here a call runs the model as it
+bookkeeping (fact 72 in docs/design.md). Here a call runs the model as it
 is, hooks and all, with each **unit**'s ``forward`` its program for the
 length of the call: from the model down, the first modules with no sharded
 module below them that hold weights (each block, the embeddings, the final
@@ -18,7 +18,7 @@ program runs after the pre-hook, on the unsharded parameters (plain
 tensors, never the sharded DTensors), and its backward writes their
 gradients, which FSDP's hook reduce-scatters. The code above the units
 (the model's forward looping over its blocks, the loss) runs eagerly:
-Dynamo cannot resume after a graph break inside a loop (fact 75).
+Dynamo cannot resume after a graph break inside a loop (fact 73).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def sharded_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def refuse_sharding_the_stand_in(cls: type) -> None:
     """``fully_shard(ltc_cache.compile(model))`` made the stand-in an FSDP
-    root whose first forward fails inside FSDP's hook (fact 77): refused
+    root whose first forward fails inside FSDP's hook (fact 75): refused
     where ``fully_shard`` sets its class, its last step, with the order
     that works."""
     fsdp = _fsdp_module_class()
@@ -181,7 +181,7 @@ def _unsharded_class(module: torch.nn.Module) -> type[torch.nn.Module]:
 
 class _AsUnsharded:
     """A unit's forward: its program, called while the module is of its
-    own class, not FSDP's (fact 76: a program guards its class's MRO by
+    own class, not FSDP's (fact 74: a program guards its class's MRO by
     index, and saving such a guard failed under FSDP's class). FSDP's
     hooks run around this call, so none of them sees the class changed."""
 

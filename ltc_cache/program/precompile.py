@@ -112,7 +112,7 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
             return compiled
     if is_fully_sharded(model):
         # FSDP2's hooks and the model's loop over its blocks stay eager,
-        # each block (and other weight-holding leaf) is a program (fact 74
+        # each block (and other weight-holding leaf) is a program (fact 72
         # in docs/design.md).
         compiled = compiled_fully_sharded(
             model, functools.partial(compile, buckets=None, **kwargs), padding)

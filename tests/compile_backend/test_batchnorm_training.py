@@ -132,7 +132,7 @@ def test_batchnorm_cnn_trains_in_two_regions_and_warm_from_its_plan(cache_dir):
             torch.testing.assert_close(b, w, rtol=1e-6, atol=1e-7)  # running statistics
         stats = {k: v - before.get(k, 0) for k, v in ltc_cache.stats().items()}
         # Only the buffers' writes stay eager (3 per BatchNorm, made one
-        # _foreach_copy_: fact 81 in docs/design.md), in 2 regions.
+        # _foreach_copy_: fact 79 in docs/design.md), in 2 regions.
         assert stats["aten_ops"] - stats["ltc_ops"] == 1, stats
         regions = stats["hits"] + stats["misses"] - stats.get("plan_hits", 0)
         assert regions == 2 and stats.get("plan_hits", 0) == (start == "warm"), stats

@@ -1,4 +1,4 @@
-"""Vision training inside LTC (facts 78-81 in docs/design.md): Swin's
+"""Vision training inside LTC (facts 76-79 in docs/design.md): Swin's
 ``roll`` and the functional ``copy`` of its pooler's backward, GhostNet's
 hard-sigmoid gradient, decomposed into ops LTC lowers, equal to eager's
 kernels; BatchNorm's running statistics written by one ``_foreach_copy_``;

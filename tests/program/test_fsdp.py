@@ -1,6 +1,6 @@
 """FSDP2 (``fully_shard``) training stored as programs: FSDP's hooks and
 each sharded module's call stay eager around its forward compiled (facts
-74-77 in docs/design.md). Ranks run as child processes on gloo, CPU."""
+72-75 in docs/design.md). Ranks run as child processes on gloo, CPU."""
 
 from __future__ import annotations
 
