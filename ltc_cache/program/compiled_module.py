@@ -41,7 +41,7 @@ from .buckets import Buckets, pad_forward, pad_generate
 if TYPE_CHECKING:
     from .programs import Programs
 
-__all__ = ["CompiledModule", "stand_in"]
+__all__ = ["CompiledModule", "forward_replaced", "stand_in"]
 
 
 class CompiledModule(OptimizedModule):
@@ -168,7 +168,7 @@ class CompiledModule(OptimizedModule):
                     module, programs = self._orig_mod, self.__dict__["_ltc_programs"]
                     forward = compile(types.MethodType(programs._fn, module), buckets=None,
                                       **programs._kwargs)
-                    patch = SharedPatch(lambda: _forward_replaced(module, forward))
+                    patch = SharedPatch(lambda: forward_replaced(module, forward))
                     self.__dict__["_ltc_generating"] = patch
         return patch
 
@@ -180,7 +180,7 @@ class CompiledModule(OptimizedModule):
 _generate_lock = threading.Lock()
 
 
-def _forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]
+def forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]
                       ) -> Callable[[], None]:
     """Make ``module.forward`` ``forward`` (``Module.__call__`` reads the
     instance's attribute first; the programs call the class's function, so

@@ -34,7 +34,7 @@ import torch
 from ..errors import first_line
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward
-from .compiled_module import CompiledModule
+from .compiled_module import CompiledModule, forward_replaced
 
 __all__ = ["CompiledFullyShardedModule", "compiled_fully_sharded", "compiled_units",
            "is_fully_sharded", "refuse_sharding_the_stand_in", "sharded_modules"]
@@ -118,20 +118,12 @@ def compiled_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def _replaced(forwards: dict[torch.nn.Module, Callable[..., Any]]) -> Callable[[], None]:
     """Set each module's forward to its program; returns what puts the
-    old ones back (``Module.__call__`` reads the instance's ``forward``
-    first; the programs call the class's function, so nothing recurses)."""
-    missing = object()
-    before: list[tuple[torch.nn.Module, Any]] = []
-    for module, forward in forwards.items():
-        before.append((module, module.__dict__.get("forward", missing)))
-        module.__dict__["forward"] = forward
+    old ones back."""
+    restores = [forward_replaced(module, forward) for module, forward in forwards.items()]
 
     def restore() -> None:
-        for module, forward in before:
-            if forward is missing:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = forward
+        for put_back in reversed(restores):
+            put_back()
 
     return restore
 
