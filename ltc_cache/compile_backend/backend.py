@@ -44,7 +44,7 @@ from ..errors import EntryError, UncacheableGraph, first_line
 from ..graph.cache import GraphCache, default_cache
 from ..graph.keys import CacheKey, compute_key, graph_parts, key_of
 from ..threads import compile_lock
-from .first_call import LTC_OPS, Guarded, Region
+from .first_call import LTC_OPS, Guarded, bind_regions
 from .model_names import model_name
 from .nodes import node_value
 from .per_shape import PerShape, is_dynamic, run_time_tracing
@@ -438,11 +438,7 @@ class LtcBackend:
         run by the plan's whole-graph library where it has one
         (:mod:`ltc_cache.compile_backend.plan_library`)."""
         counters.bump(ATEN_OPS, parted.total_ops)
-        for index, region in enumerate(parted.regions):
-            submodule = parted.module.get_submodule(region)
-            delattr(parted.module, region)
-            setattr(parted.module, region, Region(submodule, f"{name}.r{index}",
-                                                   parted.region_ops[region], cache))
+        bind_regions(parted, name, cache)
         eager = ", ".join(f"{op} x{n}" for op, n in sorted(parted.eager_ops.items()))
         logger.info("%s: %d of %d aten ops in %d LTC regions; eager: %s", name,
                     sum(parted.region_ops.values()), parted.total_ops, len(parted.regions),

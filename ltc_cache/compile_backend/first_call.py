@@ -21,6 +21,7 @@ from .nodes import is_symbolic
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache
+    from .partition import Partitioned
     from .plan import StoredRegion
 
 logger = logging.getLogger("ltc_cache.dynamo")
@@ -175,3 +176,15 @@ def _laid_out(value: Any, stride: tuple[int, ...] | None) -> Any:
         return value
     return torch.empty_strided(value.shape, stride, dtype=value.dtype,
                                device=value.device).copy_(value)
+
+
+def bind_regions(parted: Partitioned, name: str, cache: GraphCache) -> fx.GraphModule:
+    """``parted``'s module, each region replaced by a :class:`Region` that
+    extracts it through the cache on its first call (or replays it, or runs
+    its library, as a warm process does)."""
+    for index, region in enumerate(parted.regions):
+        submodule = parted.module.get_submodule(region)
+        delattr(parted.module, region)
+        setattr(parted.module, region, Region(submodule, f"{name}.r{index}",
+                                               parted.region_ops[region], cache))
+    return parted.module

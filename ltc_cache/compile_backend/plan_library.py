@@ -148,6 +148,7 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
     """The fused entry of graph ``part`` of ``plan``: its library, or a
     refusal saying why it has none."""
     from ..graph.fused.build import build_library, refusal_reason
+    from .first_call import bind_regions
 
     started = time.monotonic()
     try:
@@ -159,7 +160,7 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
             raise _Refused(f"{WRITES_INPUTS} ({written}): the library's first call is "
                            "compared with the per-region path, which would write them twice")
         inputs = _example_inputs(traced, _input_kinds(plan, part))
-        per_region = _with_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
+        per_region = bind_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
         built = build_library(_tensors_of(per_region), inputs, started=started,
                               versus="the per-region path", traced=_tensors_of(traced))
     except Exception as exc:  # export, Inductor, g++, a region: whatever they raise
@@ -255,19 +256,6 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]]
             tensor.requires_grad_(True)
         inputs.append(tensor)
     return inputs
-
-
-def _with_regions(parted: Partitioned, name: str, cache: GraphCache) -> fx.GraphModule:
-    """``parted``'s graph with each region run as a warm process runs it
-    (its replay, or its region library)."""
-    from .first_call import Region
-
-    for index, region in enumerate(parted.regions):
-        submodule = parted.module.get_submodule(region)
-        delattr(parted.module, region)
-        setattr(parted.module, region, Region(submodule, f"{name}.r{index}",
-                                               parted.region_ops[region], cache))
-    return parted.module
 
 
 def _tensors_of(fn: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
