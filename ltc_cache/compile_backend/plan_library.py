@@ -29,11 +29,9 @@ value as a number (data-dependent), and whatever fails to compile.
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -81,9 +79,6 @@ PLAN_LOADS, PLAN_REFUSED, PLAN_QUEUED = ("fused_plan_loads", "fused_plan_refused
 # no failure, so no warning.
 WRITES_INPUTS = "writes its inputs"
 _QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_INPUTS)
-
-_workers_started: set[Path] = set()
-_workers_lock = threading.Lock()
 
 
 def plan_parts(plan: Entry) -> tuple[str, ...]:
@@ -349,7 +344,7 @@ class PlanFunction:
             _in_a_clean_thread(fuse_stored, cache, self._plan_key.digest)
             stored = cache.lookup_entry(key, count=False)
         if stored is None:
-            self._queue()
+            self._cache.fused.queue(self._plan_key.digest, PLAN_QUEUED)
             return self._per_region
         secret = program_secret(config.secret, config.directory)
         try:
@@ -398,23 +393,6 @@ class PlanFunction:
         self._cache.store_entry(refusal_entry(key, plan, f"on first use: {problem}"), key)
         return False
 
-    def _queue(self) -> None:
-        from ..graph.fused.queue import FuseQueue, start_worker
-
-        config = self._cache.config
-        if config.fuse != "background" or self._cache.readonly:
-            return
-        try:
-            FuseQueue(config.directory).put(self._plan_key.digest)
-            count_event(PLAN_QUEUED)
-            with _workers_lock:
-                started = Path(config.directory) in _workers_started
-                _workers_started.add(Path(config.directory))
-            if not started:
-                start_worker(config.directory)
-        except (OSError, subprocess.SubprocessError) as exc:
-            warn_once("fuse-worker", f"cannot queue plans for fusing ({exc}); they run their "
-                      "regions (`ltc-cache fuse` compiles them ahead)")
 
 
 def _input_strides(plan: Entry, part: str) -> list[tuple[int, ...] | None] | None:

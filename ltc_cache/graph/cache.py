@@ -65,7 +65,7 @@ class GraphCache:
         # Set too when the directory turns out not to be writable.
         self._readonly = self.config.readonly
         self._built: dict[str, Built] = {}
-        self._fused = FusedTier(self)
+        self.fused = FusedTier(self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> GraphCache:
         return self  # one open store per directory, shared as the backend is
@@ -339,7 +339,7 @@ class GraphCache:
             self.record("negative_hits")
             raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
-        return CompiledGraph(entry, self._fused.function(entry, built.function), None,
+        return CompiledGraph(entry, self.fused.function(entry, built.function), None,
                              tensors=tensors)
 
     def _where(self) -> str:

@@ -104,7 +104,7 @@ class FusedTier:
             stored = _in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
         if stored is not None:
             return self._loaded(entry, key, stored, script)
-        queued = self._queue(entry)
+        queued = self.queue(entry.key)
         if queued is None:
             return script
         return PendingFunction(script, queued, lambda: self._picked_up(entry, key, script))
@@ -182,25 +182,25 @@ class FusedTier:
         store_verdict(store, key.digest, entry.key, signature,
                       program_secret(config.secret, config.directory))
 
-    def _queue(self, entry: Entry) -> str | None:
-        """Queue the graph for the background worker (started once a
-        process); the path of its file in the queue, None where it is not
-        queued."""
+    def queue(self, key: str, counter: str = QUEUED) -> str | None:
+        """Queue the graph or plan stored under ``key`` for the background
+        worker (started once a process, whatever it was queued for),
+        counting it under ``counter``; the path of its file in the queue,
+        None where it is not queued."""
         config = self._cache.config
         if config.fuse != "background" or self._cache.readonly:
             return None
         try:
-            queued = FuseQueue(config.directory).put(entry.key)
-            count_event(QUEUED)
+            queued = FuseQueue(config.directory).put(key)
+            count_event(counter)
             if not self._worker_started:
                 self._worker_started = True
                 start_worker(config.directory)
         except (OSError, subprocess.SubprocessError) as exc:
-            warn_once("fuse-worker", f"cannot queue graphs for fusing ({exc}); they replay "
-                      "with TorchScript (`ltc-cache fuse` compiles them ahead)")
+            warn_once("fuse-worker", f"cannot queue graphs for fusing ({exc}); they run "
+                      "without their libraries (`ltc-cache fuse` compiles them ahead)")
             return None
         return str(queued)
-
 
 def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
                retry: bool = False, timeout: float | None = None) -> Entry | None:
