@@ -30,7 +30,7 @@ import functools
 import threading
 import types
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch._dynamo.eval_frame import OptimizedModule
@@ -41,7 +41,7 @@ from .buckets import Buckets, pad_forward, pad_generate
 if TYPE_CHECKING:
     from .programs import Programs
 
-__all__ = ["CompiledModule", "forward_replaced", "stand_in"]
+__all__ = ["CompiledModule", "class_named_like", "forward_replaced", "stand_in"]
 
 
 class CompiledModule(OptimizedModule):
@@ -258,17 +258,27 @@ def _stand_in_class(cls: type[torch.nn.Module]) -> type[CompiledModule]:
     it (transformers reads ``type(model).__name__`` and
     ``type(model).forward``'s parameters for the label names), with a
     ``forward`` that shows ``cls.forward``'s signature and docstring."""
-    original = cls.forward
+    return class_named_like(CompiledModule, cls, _through_programs)
 
-    def forward(self: CompiledModule, *args: Any, **kwargs: Any) -> Any:
-        return _through_programs(self, args, kwargs)
 
-    functools.update_wrapper(forward, original)  # inspect.signature follows __wrapped__
-    return type(cls.__name__, (CompiledModule,), {
+_B = TypeVar("_B", bound=torch.nn.Module)
+
+
+def class_named_like(base: type[_B], cls: type[torch.nn.Module],
+                     call: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]) -> type[_B]:
+    """A subclass of ``base`` named like ``cls``, whose ``forward`` is
+    ``call(self, args, kwargs)`` with ``cls.forward``'s signature and
+    docstring."""
+
+    def forward(self: _B, *args: Any, **kwargs: Any) -> Any:
+        return call(self, args, kwargs)
+
+    functools.update_wrapper(forward, cls.forward)  # inspect.signature follows __wrapped__
+    return type(cls.__name__, (base,), {
         "forward": forward,
-        "__module__": CompiledModule.__module__,
-        "__qualname__": f"CompiledModule[{cls.__qualname__}]",
-        "__doc__": CompiledModule.__doc__,
+        "__module__": base.__module__,
+        "__qualname__": f"{base.__name__}[{cls.__qualname__}]",
+        "__doc__": base.__doc__,
     })
 
 

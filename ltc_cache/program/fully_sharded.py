@@ -34,7 +34,7 @@ import torch
 from ..errors import first_line
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward
-from .compiled_module import CompiledModule, forward_replaced
+from .compiled_module import CompiledModule, class_named_like, forward_replaced
 
 __all__ = ["CompiledFullyShardedModule", "compiled_fully_sharded", "compiled_units",
            "is_fully_sharded", "refuse_sharding_the_stand_in", "sharded_modules"]
@@ -196,18 +196,8 @@ class _AsUnsharded:
 
 @functools.cache
 def _stand_in_class(cls: type[torch.nn.Module]) -> type[CompiledFullyShardedModule]:
-    original = cls.forward
-
-    def forward(self: CompiledFullyShardedModule, *args: Any, **kwargs: Any) -> Any:
-        return CompiledFullyShardedModule.forward(self, *args, **kwargs)
-
-    functools.update_wrapper(forward, original)  # inspect.signature follows __wrapped__
-    return type(cls.__name__, (CompiledFullyShardedModule,), {
-        "forward": forward,
-        "__module__": CompiledFullyShardedModule.__module__,
-        "__qualname__": f"CompiledFullyShardedModule[{cls.__qualname__}]",
-        "__doc__": CompiledFullyShardedModule.__doc__,
-    })
+    return class_named_like(CompiledFullyShardedModule, cls, lambda self, args, kwargs:
+                            CompiledFullyShardedModule.forward(self, *args, **kwargs))
 
 
 def _compiled_forwards(model: torch.nn.Module, compile_inner: Callable[[Any], Any]
