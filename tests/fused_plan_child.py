@@ -3,12 +3,14 @@ configured by LTC_CACHE_* (LTC_CACHE_FUSE among them): a partitioned
 inference graph through ``torch.compile(backend="ltc_cache")`` and three
 SGD steps of the same model through ``ltc_cache.compile`` (a training
 plan: forward and backward), each against eager. ``sign``, which LTC does
-not lower, splits each graph into regions with an eager op between them.
+not lower, splits each graph into regions with an eager op between them,
+and a running mean kept in a buffer (as BatchNorm's) makes each graph
+write one of its inputs.
 
 ``python tests/fused_plan_child.py`` prints one JSON object: this
 process's stats, and the largest relative difference from eager of the
 inference outputs (``infer_error``, over three calls) and of the training
-losses and weights (``train_error``)."""
+losses, weights and buffers (``train_error``)."""
 
 from __future__ import annotations
 
@@ -22,16 +24,20 @@ import ltc_cache
 
 
 class Signed(nn.Module):
-    """Two linear layers around ``sign``: LTC regions, an eager op between."""
+    """Two linear layers around ``sign``: LTC regions, an eager op between;
+    a running mean updated in place on every call, which the output reads:
+    a write made twice, or not made, shows in outputs and buffers."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = nn.Linear(16, 32)
         self.fc2 = nn.Linear(32, 4)
+        self.register_buffer("running", torch.zeros(32))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.fc1(x))
-        return self.fc2(h * torch.sign(h) + h * 0.5)
+        self.running.mul_(0.5).add_(h.detach().mean(0))
+        return self.fc2(h * torch.sign(h) + h * 0.5 + self.running)
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -41,12 +47,14 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def run_inference() -> float:
     torch.manual_seed(0)
     model = Signed().eval()
+    reference = copy.deepcopy(model)
     compiled = torch.compile(model, backend="ltc_cache")
     worst = 0.0
     with torch.no_grad():
         for seed in range(3):
             x = torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
-            worst = max(worst, relative(compiled(x), model(x)))
+            worst = max(worst, relative(compiled(x), reference(x)),
+                        relative(model.running, reference.running))
     return worst
 
 
@@ -70,7 +78,8 @@ def run_train() -> float:
         losses.append(run)
     errors = [relative(a, b) for a, b in zip(*losses, strict=True)]
     errors += [relative(a.detach(), b.detach())
-               for a, b in zip(model.parameters(), reference.parameters(), strict=True)]
+               for a, b in zip(model.state_dict().values(), reference.state_dict().values(),
+                               strict=True)]
     return max(errors)
 
 

@@ -20,10 +20,17 @@ library is (:mod:`.entries`). A library is kept only where it is faster
 than the per-region path of the same plan on inputs laid out as the
 plan's, and its first call in a process is compared with that path.
 
-Refused, with a stored refusal: a graph that writes its inputs (a static
-key/value cache's ``copy_``, BatchNorm's running statistics: the first
-call's comparison would write them twice), a graph that reads a tensor's
-value as a number (data-dependent), and whatever fails to compile.
+A graph that writes its inputs (a static key/value cache's ``copy_``,
+BatchNorm's running statistics) has a library that writes them in place
+too; its first call is compared with the per-region path on the inputs
+as they were before either wrote them, so nothing is written twice
+(:class:`~ltc_cache.graph.fused.runner.FusedFunction`). A match is kept
+as a signed verdict (:mod:`ltc_cache.graph.fused.verdicts`), as a graph
+library's is, and later processes run the library from their first call.
+
+Refused, with a stored refusal: a graph that writes a view of an input, a
+graph that reads a tensor's value as a number (data-dependent), and
+whatever fails to compile.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from ..graph.fused.entries import (
 )
 from ..graph.fused.platform import compiler_id, fused_key
 from ..graph.fused.runner import FusedFunction, load_runner, mismatch, runner_available
+from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
 from ..graph.keys import CacheKey, derived_key
 from ..signing import program_secret
 
@@ -58,27 +66,29 @@ if TYPE_CHECKING:
     from .partition import Partitioned
 
 __all__ = [
+    "PLAN_CHECKS",
     "PLAN_LOADS",
     "PLAN_QUEUED",
     "PLAN_REFUSED",
-    "WRITES_INPUTS",
+    "WRITES_A_VIEW",
     "PlanFunction",
     "bind_plan",
     "fuse_plan",
     "fuse_stored",
     "part_key",
     "plan_parts",
+    "written_inputs",
 ]
 
 logger = logging.getLogger("ltc_cache.fused")
 
 # This process's counts (ltc_cache.stats()).
-PLAN_LOADS, PLAN_REFUSED, PLAN_QUEUED = ("fused_plan_loads", "fused_plan_refused",
-                                         "fused_plan_queued")
-# How a refusal's reason starts where the plan's graph writes its inputs:
-# no failure, so no warning.
-WRITES_INPUTS = "writes its inputs"
-_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_INPUTS)
+PLAN_LOADS, PLAN_REFUSED, PLAN_QUEUED, PLAN_CHECKS = (
+    "fused_plan_loads", "fused_plan_refused", "fused_plan_queued", "fused_plan_checks")
+# How a refusal's reason starts where the plan's graph writes a view of an
+# input: no failure, so no warning.
+WRITES_A_VIEW = "writes a view of an input"
+_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW)
 
 
 def plan_parts(plan: Entry) -> tuple[str, ...]:
@@ -150,14 +160,12 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
         if compiler_id() == "none":
             raise _Refused("no C++ compiler ($CXX, else g++) on PATH")
         traced = _partitioned(plan, part).module
-        written = _written_input(traced)
-        if written is not None:
-            raise _Refused(f"{WRITES_INPUTS} ({written}): the library's first call is "
-                           "compared with the per-region path, which would write them twice")
+        writes = written_inputs(traced)
         inputs = _example_inputs(traced, _input_kinds(plan, part))
         per_region = bind_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
         built = build_library(_tensors_of(per_region), inputs, started=started,
-                              versus="the per-region path", traced=_tensors_of(traced))
+                              versus="the per-region path", traced=_tensors_of(traced),
+                              writes=writes)
     except Exception as exc:  # export, Inductor, g++, a region: whatever they raise
         reason = str(exc) if isinstance(exc, _Refused) else refusal_reason(exc)
         logger.info("no library for plan %s (%s): %s", plan.key[:12], part, reason)
@@ -180,15 +188,36 @@ def _partitioned(plan: Entry, part: str) -> Partitioned:
     return partitioned_from_wire(plan.payload.get("backward" if part == "backward" else "plan"))
 
 
-def _written_input(graph: fx.GraphModule) -> str | None:
-    """The first op of ``graph`` that writes one of its arguments (a
-    plan's graph writes only its inputs: ``copy_`` into a buffer)."""
+def written_inputs(graph: fx.GraphModule) -> list[int]:
+    """The indices of the inputs ``graph`` writes in place (AOTAutograd
+    writes an input with ``copy_`` into it, and ``_foreach_copy_`` where
+    :func:`~.partition.buffer_writes_as_one` joined BatchNorm's). Raises
+    _Refused where an op writes a view of a value: a library would write
+    where no input's copy can be put back."""
+    placeholders = {node: i for i, node in
+                    enumerate(graph.graph.find_nodes(op="placeholder"))}
+    writes: list[int] = []
     for node in graph.graph.nodes:
         target = node.target
-        if node.op == "call_function" and isinstance(target, torch._ops.OpOverload) \
-                and target._schema.is_mutable:
-            return str(target)
-    return None
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+                or not target._schema.is_mutable:
+            continue
+        for argument, value in zip(target._schema.arguments, node.args, strict=False):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            for written in value if isinstance(value, list | tuple) else [value]:
+                if written in placeholders:
+                    writes.append(placeholders[written])
+                elif _is_view(written):
+                    raise _Refused(f"{WRITES_A_VIEW} ({target})")
+    return sorted(set(writes))
+
+
+def _is_view(node: Any) -> bool:
+    """Whether ``node`` is an op's output that shares its input's storage."""
+    target = getattr(node, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and any(
+        r.alias_info is not None for r in target._schema.returns)
 
 
 def _input_kinds(plan: Entry, part: str) -> list[tuple[bool, bool]]:
@@ -269,7 +298,11 @@ def bind_plan(module: fx.GraphModule, cache: GraphCache, plan_key: CacheKey, par
     ``plan_key``, its regions bound) run through :class:`PlanFunction`."""
     if cache.config.fuse == "off":
         return
-    module.forward = PlanFunction(module.forward, cache, plan_key, part, name)
+    try:
+        writes = written_inputs(module)
+    except _Refused:  # its build refuses it too
+        return
+    module.forward = PlanFunction(module.forward, cache, plan_key, part, name, writes)
 
 
 class PlanFunction:
@@ -281,11 +314,13 @@ class PlanFunction:
     ``LTC_CACHE_FUSE=sync``, after that first call, so that its regions
     are stored (and queued) before it."""
 
-    __slots__ = ("_cache", "_call", "_lock", "_name", "_part", "_per_region", "_plan_key")
+    __slots__ = ("_cache", "_call", "_lock", "_name", "_part", "_per_region", "_plan_key",
+                 "_writes")
 
     def __init__(self, per_region: Callable[..., Any], cache: GraphCache, plan_key: CacheKey,
-                 part: str, name: str) -> None:
+                 part: str, name: str, writes: Sequence[int] = ()) -> None:
         self._per_region = per_region
+        self._writes = tuple(writes)
         self._cache = cache
         self._plan_key = plan_key
         self._part = part
@@ -365,24 +400,30 @@ class PlanFunction:
         if strides is None or len(strides) != len(args):
             logger.info("%s: no plan library (no recorded input layouts)", self._name)
             return self._per_region
-        runner = _LaidOutRunner(load_runner(library.data), strides)
+        runner = _LaidOutRunner(load_runner(library.data), strides, self._writes)
         count_event(PLAN_LOADS)
         logger.info("%s: running the plan library %s", self._name, key.digest[:12])
+        signature = bytes(stored.payload["hmac"])  # verified by usable_library
         fused = FusedFunction(runner, _tensors_of(self._per_region), aliases=library.aliases,
-                              restride=library.restride,
+                              restride=library.restride, writes=self._writes,
+                              checked=verdict_held(cache, key.digest, self._plan_key.digest,
+                                                   signature),
                               check=lambda expected, got, error: self._checked(
-                                  key, expected, got, error))
+                                  key, signature, expected, got, error))
         inputs_returned = [(int(o), int(i)) for o, kind, i, *_ in library.aliases
                            if kind == "in" and any(t is args[int(i)] for t in out)]
         return _WithNones(fused, [i for i, t in enumerate(out) if t is None], len(out),
                           type(out), inputs_returned)
 
-    def _checked(self, key: CacheKey, expected: Sequence[Any], got: Sequence[Any] | None,
-                 error: Exception | None) -> bool:
-        """The verdict on the library's first call: refused for good where
-        its outputs differ from the per-region path's (or it raised)."""
-        problem = mismatch(expected, got, error=error)
+    def _checked(self, key: CacheKey, signature: bytes, expected: Sequence[Any],
+                 got: Sequence[Any] | None, error: Exception | None) -> bool:
+        """The verdict on the library's first call: kept where its outputs
+        match the per-region path's, refused for good where they differ
+        (or it raised)."""
+        count_event(PLAN_CHECKS)
+        problem = mismatch(expected, got, rtol=RTOL, error=error)
         if problem is None:
+            keep_verdict(self._cache, key.digest, self._plan_key.digest, signature)
             return True
         count_event(PLAN_REFUSED)
         warn_once(f"fused:{key.digest}", f"the fused library of {self._name} "
@@ -422,17 +463,24 @@ class _LaidOutRunner:
     for: the plan's recorded one. A backward's saved tensors come from the
     forward's regions, contiguous where eager's (and the recorded
     layout) were transposed views, and a library reads its inputs by the
-    strides it was compiled with (fact 66 in docs/design.md)."""
+    strides it was compiled with (fact 66 in docs/design.md). What the
+    library wrote into such a copy is copied back into the input."""
 
-    __slots__ = ("_runner", "_strides")
+    __slots__ = ("_runner", "_strides", "_writes")
 
-    def __init__(self, runner: Any, strides: Sequence[tuple[int, ...] | None]) -> None:
+    def __init__(self, runner: Any, strides: Sequence[tuple[int, ...] | None],
+                 writes: Sequence[int]) -> None:
         self._runner = runner
         self._strides = strides
+        self._writes = writes
 
     def run(self, inputs: list[Any]) -> list[Any]:
-        return self._runner.run([_laid_out(t, stride)
-                                 for t, stride in zip(inputs, self._strides, strict=True)])
+        laid = [_laid_out(t, stride) for t, stride in zip(inputs, self._strides, strict=True)]
+        out = self._runner.run(laid)
+        for i in self._writes:
+            if laid[i] is not inputs[i]:
+                inputs[i].copy_(laid[i])
+        return out
 
 
 def _laid_out(value: Any, stride: tuple[int, ...] | None) -> Any:

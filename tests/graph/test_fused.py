@@ -282,6 +282,34 @@ def test_a_library_that_differs_on_its_first_call_is_never_used_again():
     assert fake.calls == 1 and "output 0: differs" in problems[0] and not fused.in_use
 
 
+def running_mean(stats, x):
+    """Writes its input as BatchNorm's statistics do: twice is not once."""
+    stats.mul_(0.5).add_(x.mean(0))
+    return (x - stats,)
+
+
+@pytest.mark.parametrize("library_writes", [0.5, 0.25])
+def test_a_library_that_writes_its_inputs_is_compared_without_writing_twice(library_writes):
+    """The first call compares outputs and writes with the inputs put back
+    between the two runs; the inputs end as TorchScript wrote them, once,
+    whatever the verdict. A library that writes other values is refused."""
+    x = torch.randn(5, 3)
+    stats, expected = torch.ones(3), torch.ones(3)
+    fake = FakeRunner(lambda s, x: (x - (s * 0.5 + x.mean(0)),  # running_mean's output
+                                    s.mul_(library_writes).add_(x.mean(0)))[:1])
+    problems = []
+    fused = FusedFunction(fake, running_mean, aliases=[], restride=[], writes=[0],
+                          check=lambda e, g, err: problems.append(mismatch(e, g)) is None
+                          and problems[-1] is None)
+    for _ in range(3):
+        torch.testing.assert_close(fused(stats, x)[0], running_mean(expected, x)[0])
+        torch.testing.assert_close(stats, expected)
+    if library_writes == 0.5:
+        assert problems == [None] and fused.in_use and fake.calls == 3
+    else:  # same output on the first call, other writes
+        assert fake.calls == 1 and "output 1: differs" in problems[0] and not fused.in_use
+
+
 def test_autograd_gets_torchscript_where_it_would_record():
     w = torch.randn(4, 2, requires_grad=True)
     fake = FakeRunner(script)

@@ -45,7 +45,7 @@ from ..keys import CacheKey
 from ..replay import build_function
 from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
-from .runner import FusedFunction, load_runner, mismatch
+from .runner import FusedFunction, load_runner, mismatch, put_back, saved_writes
 
 __all__ = ["Built", "FuseFailed", "build_entry", "build_library", "example_inputs",
            "laid_out_input", "refusal_reason"]
@@ -106,27 +106,35 @@ class Built(NamedTuple):
 
 
 def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, started: float,
-                  versus: str, traced: Callable[..., Any] | None = None) -> Built:
+                  versus: str, traced: Callable[..., Any] | None = None,
+                  writes: Sequence[int] = ()) -> Built:
     """Compile what ``reference`` (``fn(*inputs) -> tuple`` of tensors, run
     under no grad: a TorchScript function, a plan's per-region path)
     computes on ``inputs`` into a library with those inputs and outputs,
     check it against ``reference`` and time both, interleaved (``versus``
     names the reference in the reason and the stats). ``traced``: what
     ``make_fx`` traces for the library, where ``reference`` cannot be
-    traced on fake tensors (it computes the same). Raises FuseFailed
-    where the library's outputs differ, and whatever the compile raises."""
+    traced on fake tensors (it computes the same). ``writes``: the inputs
+    it writes in place, put back before each run that is compared, and
+    compared too. Raises FuseFailed where the library's outputs differ,
+    and whatever the compile raises."""
+    before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
         expected = _as_tuple(reference(*inputs))
+    written = saved_writes(inputs, writes)
+    put_back(inputs, writes, before)
     aliases = _aliases(expected, inputs)
     library, isa = _compile(traced or reference, inputs)
     compile_seconds = round(time.monotonic() - started, 2)
     runner = load_runner(library)
     with torch.no_grad():
         restride = _restride(expected, runner.run(list(inputs)), aliases)
+    put_back(inputs, writes, before)
     fused = FusedFunction(runner, reference, aliases=aliases, restride=restride,
                           check=lambda expected, got, error: True)
     with torch.no_grad(), torch.jit.optimized_execution(False):
-        problem = mismatch(expected, fused._fused(inputs))
+        problem = mismatch(expected + written,
+                           fused._fused(inputs) + tuple(inputs[i] for i in writes))
         if problem:
             raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
         script_ms, fused_ms = _time_both(reference, fused._fused, inputs)

@@ -27,7 +27,7 @@ import torch
 
 from ..replay import GraphFunction
 
-__all__ = ["FusedFunction", "load_runner", "runner_available"]
+__all__ = ["FusedFunction", "load_runner", "put_back", "runner_available", "saved_writes"]
 
 _private_dir_lock = threading.Lock()
 _loaded = itertools.count()
@@ -77,15 +77,21 @@ class FusedFunction:
     library that raises later is handed to it too, and TorchScript runs the
     call. One thread makes the first call's comparison; the others wait
     for its verdict.
+
+    ``writes``: the inputs both write in place (a plan's static key/value
+    cache, BatchNorm's running statistics). The first call runs the
+    TorchScript function, keeps what it wrote, puts the inputs back, runs
+    the library and compares what each wrote too; the inputs are left as
+    the TorchScript function wrote them, so a write is never made twice.
     """
 
     __slots__ = ("_aliases", "_check", "_checked", "_first_lock", "_restride", "_run",
-                 "_script", "_used")
+                 "_script", "_used", "_writes")
 
     def __init__(self, runner: Any, script: GraphFunction, *, aliases: Sequence[Sequence[Any]],
                  restride: Sequence[Sequence[Any]],
                  check: Callable[[Sequence[Any], Sequence[Any] | None, Exception | None], bool],
-                 checked: bool = False) -> None:
+                 checked: bool = False, writes: Sequence[int] = ()) -> None:
         self._run = runner.run
         self._script = script
         self._aliases = [(int(o), kind, int(i), list(size), list(stride), int(offset))
@@ -95,6 +101,7 @@ class FusedFunction:
         self._checked = checked
         self._first_lock = threading.Lock()
         self._used = True  # False once the check failed
+        self._writes = tuple(writes)
 
     @property
     def checked(self) -> bool:
@@ -131,17 +138,36 @@ class FusedFunction:
     def _first_call(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         with self._first_lock:
             if not self._checked:
+                before = saved_writes(inputs, self._writes)
                 expected = self._script(*inputs)
                 expected = expected if isinstance(expected, tuple) else (expected,)
+                written = saved_writes(inputs, self._writes)
+                put_back(inputs, self._writes, before)
                 try:
                     got = self._fused(inputs)
                 except Exception as exc:
                     self._used = self._check(expected, None, exc)
                 else:
-                    self._used = self._check(expected, got, None)
+                    self._used = self._check(expected + written,
+                                             got + tuple(inputs[i] for i in self._writes), None)
+                put_back(inputs, self._writes, written)
                 self._checked = True
                 return expected
         return self(*inputs)  # another thread's first call gave the verdict
+
+
+def saved_writes(inputs: Sequence[Any], writes: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Copies of the inputs ``writes`` (indices), as they are now."""
+    with torch.no_grad():
+        return tuple(inputs[i].clone() for i in writes)
+
+
+def put_back(inputs: Sequence[Any], writes: Sequence[int], saved: Sequence[torch.Tensor]
+             ) -> None:
+    """The inputs ``writes`` set to ``saved`` (:func:`saved_writes`) in place."""
+    with torch.no_grad():
+        for i, value in zip(writes, saved, strict=True):
+            inputs[i].copy_(value)
 
 
 def mismatch(expected: Sequence[Any], got: Sequence[Any] | None, *,

@@ -45,7 +45,7 @@ from .pickup import PendingFunction
 from .platform import fused_key
 from .queue import FuseQueue, start_worker
 from .runner import FusedFunction, load_runner, mismatch, runner_available
-from .verdicts import RTOL, holds_verdict, store_verdict
+from .verdicts import RTOL, keep_verdict, verdict_held
 
 if TYPE_CHECKING:
     from ..cache import GraphCache
@@ -148,9 +148,7 @@ class FusedTier:
             return script
         # Verified by usable_library, and covering the bytes: what a verdict is given for.
         signature = bytes(stored.payload["hmac"])
-        store = self._cache.store
-        checked = store is not None and holds_verdict(store, key.digest, entry.key, signature,
-                                                      secret)
+        checked = verdict_held(self._cache, key.digest, entry.key, signature)
         runner = load_runner(library.data)
         count_event(LOADS)
         return FusedFunction(runner, script, aliases=library.aliases, restride=library.restride,
@@ -166,21 +164,13 @@ class FusedTier:
         count_event(CHECKS)
         problem = mismatch(expected, got, rtol=RTOL, error=error)
         if problem is None:
-            self._keep_verdict(key, entry, signature)
+            keep_verdict(self._cache, key.digest, entry.key, signature)
             return True
         count_event(REFUSED)
         warn_once(f"fused:{key.digest}", f"the fused library of {entry.graph_name} "
                   f"({entry.key[:12]}) is not used: {problem}; replaying with TorchScript")
         self._cache.store_entry(refusal_entry(key, entry, f"on first use: {problem}"), key)
         return False
-
-    def _keep_verdict(self, key: CacheKey, entry: Entry, signature: bytes) -> None:
-        store = self._cache.store
-        if store is None or self._cache.readonly:
-            return
-        config = self._cache.config
-        store_verdict(store, key.digest, entry.key, signature,
-                      program_secret(config.secret, config.directory))
 
     def queue(self, key: str, counter: str = QUEUED) -> str | None:
         """Queue the graph or plan stored under ``key`` for the background

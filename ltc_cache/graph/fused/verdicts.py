@@ -27,14 +27,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+from typing import TYPE_CHECKING
 
 import msgpack
 
+from ...signing import program_secret
 from ...store import Store
 from ...wire import RECORD_PREFIX, read_record, write_record
 from .platform import FUSED_VERSION
 
-__all__ = ["CHECKED_PREFIX", "RTOL", "holds_verdict", "store_verdict", "verdict_key"]
+if TYPE_CHECKING:
+    from ..cache import GraphCache
+
+__all__ = ["CHECKED_PREFIX", "RTOL", "holds_verdict", "keep_verdict", "store_verdict",
+           "verdict_held", "verdict_key"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
@@ -86,3 +92,22 @@ def store_verdict(store: Store, fused_digest: str, graph_key: str, library_signa
         store.put(verdict_key(fused_digest), write_record(CHECKED_FORMAT, fields))
     except Exception as exc:
         logger.debug("cannot write the verdict of %s: %s", fused_digest[:12], exc)
+
+
+def verdict_held(cache: GraphCache, fused_digest: str, graph_key: str,
+                 library_signature: bytes) -> bool:
+    """:func:`holds_verdict` in ``cache``'s store, under its program key."""
+    config = cache.config
+    return cache.store is not None and holds_verdict(
+        cache.store, fused_digest, graph_key, library_signature,
+        program_secret(config.secret, config.directory))
+
+
+def keep_verdict(cache: GraphCache, fused_digest: str, graph_key: str,
+                 library_signature: bytes) -> None:
+    """:func:`store_verdict` in ``cache``'s store, unless it is read-only."""
+    if cache.store is None or cache.readonly:
+        return
+    config = cache.config
+    store_verdict(cache.store, fused_digest, graph_key, library_signature,
+                  program_secret(config.secret, config.directory))
