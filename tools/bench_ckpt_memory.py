@@ -1,7 +1,7 @@
 """Peak memory of one gradient-checkpointed training step, ltc_cache
 against eager, in a warm process.
 
-    MALLOC_MMAP_THRESHOLD_=65536 python tools/bench_ckpt_memory.py [gpt2|llama ...]
+    MALLOC_MMAP_THRESHOLD_=65536 python tools/bench_ckpt_memory.py [--fused] [gpt2|llama ...]
 
 For each model (4 layers, hidden 256, batch 8 x 256 tokens, non-reentrant
 checkpointing), a cold process stores the program, then a warm one runs
@@ -10,6 +10,10 @@ peak RSS over the RSS at its start (the kernel's high-water mark, reset
 through ``/proc/self/clear_refs`` before the step; the least of three
 steps). ``MALLOC_MMAP_THRESHOLD_`` makes malloc give freed blocks back,
 so the high-water mark follows what is in use. Linux only.
+
+``--fused``: the cold process compiles the fused libraries before its
+first step (``LTC_CACHE_FUSE=sync``), so the warm one runs each plan's
+library where one was kept (minutes of g++ a model).
 """
 
 from __future__ import annotations
@@ -74,24 +78,28 @@ def child(name: str) -> None:
                 peaks[label].append(_peak_of_step(m, ids))
             owner.zero_grad(set_to_none=True)
     print(json.dumps({"model": name, **{k: min(v) for k, v in peaks.items()},
-                      "program_hits": ltc_cache.stats().get("program_hits", 0)}))
+                      **{k: ltc_cache.stats().get(k, 0)
+                         for k in ("program_hits", "fused_plan_loads")}}))
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
         child(argv[1])
         return 0
-    for name in argv or ["gpt2", "llama"]:
+    fused = "--fused" in argv
+    for name in [a for a in argv if a != "--fused"] or ["gpt2", "llama"]:
         with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as scratch:
             env = child_env(Path(scratch))
-            for process in ("cold", "warm"):
+            for process, fuse in (("cold", "sync"), ("warm", "background")):
+                env["LTC_CACHE_FUSE"] = fuse if fused else "off"
                 proc = subprocess.run([sys.executable, __file__, "--child", name],
                                       capture_output=True, text=True, env=env, check=True)
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 ratio = result["ltc_cache"] / result["eager"]
                 print(f"{name} {process}: ltc_cache {result['ltc_cache']:.1f} MB, eager "
                       f"{result['eager']:.1f} MB, {ratio:.2f}x "
-                      f"(programs loaded: {result['program_hits']})")
+                      f"(programs loaded: {result['program_hits']}, plan libraries "
+                      f"loaded: {result['fused_plan_loads']})")
     return 0
 
 

@@ -35,6 +35,7 @@ whatever fails to compile.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -127,7 +128,7 @@ def fuse_plan(cache: GraphCache, plan: Entry, *, retry: bool = False,
     stored yet (``retry``: refused ones again); the backward first, so that
     the entry returned, its first graph's (under the plan's fused key),
     says the plan is done."""
-    from ..graph.fused.tier import _deadline, _Timeout
+    from ..graph.fused.tier import built_within
 
     secret = program_secret(cache.config.secret, cache.config.directory)
     entry: Entry | None = None
@@ -137,12 +138,8 @@ def fuse_plan(cache: GraphCache, plan: Entry, *, retry: bool = False,
         if stored is not None and (not retry or "library" in stored.payload):
             entry = stored
             continue
-        try:
-            with _deadline(timeout):
-                entry = build_part(cache, plan, part, key, secret)
-        except _Timeout:
-            entry = refusal_entry(key, plan, f"the compile took over {timeout:g} s "
-                                  "(LTC_CACHE_FUSE_TIMEOUT)")
+        entry = built_within(timeout, functools.partial(build_part, cache, plan, part, key, secret),
+                             key, plan)
         cache.store_entry(entry, key)
     assert entry is not None
     return entry
@@ -374,9 +371,9 @@ class PlanFunction:
         key = part_key(self._plan_key.digest, self._part)
         stored = cache.lookup_entry(key, count=False)
         if stored is None and config.fuse == "sync" and not cache.readonly:
-            from ..graph.fused.tier import _in_a_clean_thread
+            from ..graph.fused.tier import in_a_clean_thread
 
-            _in_a_clean_thread(fuse_stored, cache, self._plan_key.digest)
+            in_a_clean_thread(fuse_stored, cache, self._plan_key.digest)
             stored = cache.lookup_entry(key, count=False)
         if stored is None:
             self._cache.fused.queue(self._plan_key.digest, PLAN_QUEUED)

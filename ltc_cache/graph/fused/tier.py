@@ -50,7 +50,7 @@ from .verdicts import RTOL, keep_verdict, verdict_held
 if TYPE_CHECKING:
     from ..cache import GraphCache
 
-__all__ = ["FusedTier", "fuse_graph"]
+__all__ = ["FusedTier", "built_within", "fuse_graph", "in_a_clean_thread"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
@@ -101,7 +101,7 @@ class FusedTier:
         key = fused_key(entry.key)
         stored = self._cache.lookup_entry(key, count=False)
         if stored is None and config.fuse == "sync" and not self._cache.readonly:
-            stored = _in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
+            stored = in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
         if stored is not None:
             return self._loaded(entry, key, stored, script)
         queued = self.queue(entry.key)
@@ -211,17 +211,24 @@ def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
         if graph is None or graph.kind != "graph":
             return None
     secret = program_secret(cache.config.secret, cache.config.directory)
-    try:
-        with _deadline(timeout):
-            entry = build_entry(graph, key, secret)
-    except _Timeout:
-        entry = refusal_entry(key, graph, f"the compile took over {timeout:g} s "
-                              "(LTC_CACHE_FUSE_TIMEOUT)")
+    entry = built_within(timeout, lambda: build_entry(graph, key, secret), key, graph)
     cache.store_entry(entry, key)
     return entry
 
 
-def _in_a_clean_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+def built_within(timeout: float | None, build: Callable[[], Entry], key: CacheKey,
+                 of: Entry) -> Entry:
+    """``build()``, or a refusal stored under ``key`` for ``of`` where it
+    ran past ``timeout`` seconds (counted in the main thread only)."""
+    try:
+        with _deadline(timeout):
+            return build()
+    except _Timeout:
+        return refusal_entry(key, of, f"the compile took over {timeout:g} s "
+                             "(LTC_CACHE_FUSE_TIMEOUT)")
+
+
+def in_a_clean_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``fn(*args, **kwargs)`` in a thread of its own: a graph's first call
     may come inside Dynamo's or AOTAutograd's tracing, whose fake mode and
     tracing context (thread-local, both) ``torch.export`` would pick up
