@@ -79,7 +79,7 @@ def child(name: str) -> None:
             owner.zero_grad(set_to_none=True)
     print(json.dumps({"model": name, **{k: min(v) for k, v in peaks.items()},
                       **{k: ltc_cache.stats().get(k, 0)
-                         for k in ("program_hits", "fused_plan_loads")}}))
+                         for k in ("program_hits", "fused_loads", "fused_plan_loads")}}))
 
 
 def main(argv: list[str]) -> int:
@@ -98,8 +98,9 @@ def main(argv: list[str]) -> int:
                 ratio = result["ltc_cache"] / result["eager"]
                 print(f"{name} {process}: ltc_cache {result['ltc_cache']:.1f} MB, eager "
                       f"{result['eager']:.1f} MB, {ratio:.2f}x "
-                      f"(programs loaded: {result['program_hits']}, plan libraries "
-                      f"loaded: {result['fused_plan_loads']})")
+                      f"(programs loaded: {result['program_hits']}, libraries loaded: "
+                      f"{result['fused_loads']} of regions, {result['fused_plan_loads']} "
+                      "of plans)")
     return 0
 
 

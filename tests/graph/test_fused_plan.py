@@ -132,7 +132,8 @@ def test_the_inputs_a_plan_writes_are_found_and_a_written_view_refused():
         return (y,)
 
     t = torch.randn(4)
-    assert plan_library.written_inputs(make_fx(writes)(t.clone(), t.clone(), t.clone(), t)) == [0, 1, 2]
+    a, b, c = t.clone(), t.clone(), t.clone()
+    assert plan_library.written_inputs(make_fx(writes)(a, b, c, t)) == [0, 1, 2]
     assert plan_library.written_inputs(make_fx(writes_its_own)(t)) == []
     with pytest.raises(Exception, match=plan_library.WRITES_A_VIEW):
         plan_library.written_inputs(make_fx(writes_a_view)(t.view(2, 2).clone(), t.view(2, 2)))

@@ -208,14 +208,18 @@ def _restride(expected: Sequence[Any], got: Sequence[Any], aliases: list[list[An
 
 def _aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]) -> list[list[Any]]:
     """Which outputs view an input or another output (the TorchScript
-    function returns views where the stored IR takes them). Raises
+    function returns views where the stored IR takes them). Outputs that
+    view one tensor no output returns whole (a forward's saved query and
+    key, slices of one projection) are left to the library as tensors of
+    their own where no element is in two of them: no write through one can
+    show through another, so nothing tells them from views. Raises
     FuseFailed for outputs that share storage in a way a library's fresh
     outputs cannot reproduce."""
     def storage(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr() if t.untyped_storage().nbytes() else -1
 
     by_storage = {storage(t): i for i, t in reversed(list(enumerate(inputs)))}
-    aliases, owners = [], {}
+    aliases, owners, hidden = [], {}, {}
     for o, t in enumerate(outputs):
         if not isinstance(t, torch.Tensor):
             raise FuseFailed(f"output {o} is a {type(t).__name__}, not a tensor")
@@ -228,14 +232,40 @@ def _aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]) -> list[lis
         elif ptr in owners:
             index, kind = owners[ptr], "out"
             base = outputs[index]
-            if base.storage_offset() or base.nbytes != base.untyped_storage().nbytes():
-                raise FuseFailed(f"outputs {index} and {o} view one tensor neither returns whole")
+            if not _whole(base):
+                hidden.setdefault(ptr, [outputs[index]]).append(t)
+                continue
         else:
             owners[ptr] = o
             continue
         aliases.append([o, kind, index, list(t.shape), list(t.stride()),
                         t.storage_offset() - base.storage_offset()])
+    for ptr, views in hidden.items():
+        if _overlap(views):
+            raise FuseFailed(f"outputs {owners[ptr]} and others view one tensor neither "
+                             "returns whole, and overlap")
     return aliases
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """Whether ``t`` is all of its storage, each element once."""
+    return (not t.storage_offset() and t.nbytes == t.untyped_storage().nbytes()
+            and all(stride or size == 1 for size, stride in zip(t.shape, t.stride(), strict=True)))
+
+
+def _overlap(views: Sequence[torch.Tensor]) -> bool:
+    """Whether an element of the storage ``views`` share is in two of them."""
+    storage = views[0].untyped_storage()
+    counts = torch.zeros(storage.nbytes() // views[0].element_size(), dtype=torch.int32)
+    for view in views:
+        # Views of one dtype (a graph's saved slices of one result).
+        if view.element_size() != views[0].element_size():
+            return True
+        try:
+            counts.as_strided(view.shape, view.stride(), view.storage_offset()).add_(1)
+        except RuntimeError:  # a view that overlaps itself (an expanded one)
+            return True
+    return bool((counts > 1).any())
 
 
 class _Call(torch.nn.Module):
