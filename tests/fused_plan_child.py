@@ -23,8 +23,24 @@ from torch import nn
 import ltc_cache
 
 
+class SignedGradient(torch.autograd.Function):
+    """Half its input, with a gradient through ``sign``: an eager op in the
+    backward graph too (AOTAutograd saves the forward's own ``sign``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * 0.5
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * (0.5 + 0.25 * torch.sign(x))
+
+
 class Signed(nn.Module):
-    """Two linear layers around ``sign``: LTC regions, an eager op between;
+    """Two linear layers around ``sign``: LTC regions, an eager op between
+    (in the backward too: :class:`SignedGradient`);
     a running mean updated in place on every call, which the output reads:
     a write made twice, or not made, shows in outputs and buffers."""
 
@@ -37,7 +53,7 @@ class Signed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.fc1(x))
         self.running.mul_(0.5).add_(h.detach().mean(0))
-        return self.fc2(h * torch.sign(h) + h * 0.5 + self.running)
+        return self.fc2(h * torch.sign(h) + SignedGradient.apply(h) + self.running)
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:

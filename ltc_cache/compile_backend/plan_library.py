@@ -59,6 +59,7 @@ from ..graph.fused.runner import FusedFunction, load_runner, mismatch, runner_av
 from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
 from ..graph.keys import CacheKey, derived_key
 from ..signing import program_secret
+from .plan_examples import example_values, keep_example
 
 if TYPE_CHECKING:
     from torch import fx
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from .partition import Partitioned
 
 __all__ = [
+    "ONE_REGION",
     "PLAN_CHECKS",
     "PLAN_LOADS",
     "PLAN_QUEUED",
@@ -89,7 +91,10 @@ PLAN_LOADS, PLAN_REFUSED, PLAN_QUEUED, PLAN_CHECKS = (
 # How a refusal's reason starts where the plan's graph writes a view of an
 # input: no failure, so no warning.
 WRITES_A_VIEW = "writes a view of an input"
-_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW)
+# A plan's graph that is one region and nothing else: its library would be
+# the region's own, compiled a second time.
+ONE_REGION = "one region and no other op"
+_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW, ONE_REGION)
 
 
 def plan_parts(plan: Entry) -> tuple[str, ...]:
@@ -157,8 +162,11 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
         if compiler_id() == "none":
             raise _Refused("no C++ compiler ($CXX, else g++) on PATH")
         traced = _partitioned(plan, part).module
+        if _one_region(traced):
+            raise _Refused(f"{ONE_REGION}: the region's library is the same")
         writes = written_inputs(traced)
-        inputs = _example_inputs(traced, _input_kinds(plan, part))
+        inputs = _example_inputs(traced, _input_kinds(plan, part),
+                                 example_values(cache, key.digest))
         per_region = bind_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
         built = build_library(_tensors_of(per_region), inputs, started=started,
                               versus="the per-region path", traced=_tensors_of(traced),
@@ -183,6 +191,16 @@ def _partitioned(plan: Entry, part: str) -> Partitioned:
     from .plan import partitioned_from_wire
 
     return partitioned_from_wire(plan.payload.get("backward" if part == "backward" else "plan"))
+
+
+def _one_region(graph: fx.GraphModule) -> bool:
+    """Whether ``graph`` calls one region and no op but picking its outputs."""
+    import operator
+
+    calls = [node for node in graph.graph.nodes
+             if node.op in ("call_module", "call_function", "call_method")]
+    return sum(node.op == "call_module" for node in calls) == 1 and all(
+        node.op == "call_module" or node.target is operator.getitem for node in calls)
 
 
 def written_inputs(graph: fx.GraphModule) -> list[int]:
@@ -254,11 +272,13 @@ def _untupled(wire: Any) -> list[Any]:
     return items
 
 
-def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]]
-                    ) -> list[torch.Tensor]:
+def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
+                    values: dict[int, torch.Tensor]) -> list[torch.Tensor]:
     """Inputs laid out as the plan recorded, parameters and requiring grad
     as ``kinds`` say: all three are part of the keys of the regions the
-    per-region path binds, which must be the regions a run binds."""
+    per-region path binds, which must be the regions a run binds. Integer
+    inputs take the ``values`` of a real call where their shape and dtype
+    match (:mod:`.plan_examples`)."""
     from ..graph.fused.build import FuseFailed, laid_out_input
 
     generator = torch.Generator().manual_seed(0)
@@ -269,6 +289,9 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]]
             raise FuseFailed(f"input {node.name} is no CPU tensor of a recorded layout")
         tensor = laid_out_input(str(value.dtype).removeprefix("torch."), list(value.shape),
                                 list(value.stride()), generator=generator)
+        known = values.get(index)
+        if known is not None and known.shape == tensor.shape and known.dtype == tensor.dtype:
+            tensor.copy_(known)
         parameter, grad = kinds[index] if index < len(kinds) else (False, False)
         grad = grad and tensor.is_floating_point()
         if parameter:
@@ -370,6 +393,8 @@ class PlanFunction:
             return self._per_region
         key = part_key(self._plan_key.digest, self._part)
         stored = cache.lookup_entry(key, count=False)
+        if stored is None:
+            keep_example(cache, key.digest, args)
         if stored is None and config.fuse == "sync" and not cache.readonly:
             from ..graph.fused.tier import in_a_clean_thread
 

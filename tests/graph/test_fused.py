@@ -287,19 +287,19 @@ def test_slices_of_one_hidden_tensor_become_outputs_of_their_own_unless_they_ove
     returns whole: nothing can tell fresh tensors from those views, so the
     library returns its own. Views of an input or of a whole output stay
     views; overlapping slices cannot be told apart from views, so refused."""
-    from ltc_cache.graph.fused.build import FuseFailed, _aliases
+    from ltc_cache.graph.fused.build import FuseFailed, output_aliases
 
     x = torch.randn(2, 3, 12)
     qkv = x * 2
     q, k, v = qkv.split(4, dim=-1)
     whole = x + 1
-    assert _aliases([q, k, v.transpose(1, 2)], [x]) == []
-    assert _aliases([whole, whole[0], q], [x]) == [[1, "out", 0, [3, 12], [12, 1], 0]]
-    assert _aliases([x[1]], [x]) == [[0, "in", 0, [3, 12], [12, 1], 36]]
+    assert output_aliases([q, k, v.transpose(1, 2)], [x]) == []
+    assert output_aliases([whole, whole[0], q], [x]) == [[1, "out", 0, [3, 12], [12, 1], 0]]
+    assert output_aliases([x[1]], [x]) == [[0, "in", 0, [3, 12], [12, 1], 36]]
     with pytest.raises(FuseFailed, match="overlap"):
-        _aliases([qkv[..., :8], qkv[..., 4:]], [x])
+        output_aliases([qkv[..., :8], qkv[..., 4:]], [x])
     with pytest.raises(FuseFailed, match="overlap"):
-        _aliases([qkv[:, :1].expand(2, 3, 12), qkv[:, 2]], [x])
+        output_aliases([qkv[:, :1].expand(2, 3, 12), qkv[:, 2]], [x])
 
 
 def running_mean(stats, x):

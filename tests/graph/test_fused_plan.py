@@ -143,3 +143,54 @@ def test_a_backward_library_has_a_key_of_its_own():
     forward = plan_library.part_key("a" * 64, "forward")
     assert forward == plan_library.part_key("a" * 64, "inference")  # what `fuse` looks up
     assert plan_library.part_key("a" * 64, "backward") != forward
+
+
+def test_a_plans_integer_inputs_are_kept_for_its_build(tmp_path):
+    """A decoding step indexes its key/value cache by a position: the build
+    runs on the first real call's integer values, where shape and dtype
+    still match, and random floats elsewhere; too many elements, a
+    read-only cache or a garbled record keep nothing (zeros, as before)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ltc_cache.compile_backend import plan_examples
+
+    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
+    position, mask, x = torch.tensor([2]), torch.tensor([[True, False]]), torch.randn(2, 3)
+    plan_examples.keep_example(cache, "a" * 64, [x, position, mask])
+    values = plan_examples.example_values(cache, "a" * 64)
+    assert sorted(values) == [1, 2]
+    assert torch.equal(values[1], position) and torch.equal(values[2], mask)
+
+    graph = make_fx(lambda x, p, m: (x[:, p] * m,))(x, position, mask.long()[:, :1])
+    inputs = plan_library._example_inputs(graph, [], values)
+    assert torch.equal(inputs[1], position) and not inputs[0].eq(x).all()
+    assert inputs[2].dtype == torch.int64 and not inputs[2].any()  # a dtype that differs
+
+    plan_examples.keep_example(cache, "b" * 64, [torch.zeros(plan_examples.MAX_ELEMENTS + 1,
+                                                             dtype=torch.long)])
+    cache.store.put(plan_examples.EXAMPLE_PREFIX + "c" * 64, b"\x93garbage")
+    assert plan_examples.example_values(cache, "b" * 64) == {}
+    assert plan_examples.example_values(cache, "c" * 64) == {}
+    cache.store.close()
+
+
+def test_a_plan_of_one_region_and_nothing_else_is_not_compiled_twice():
+    """Its library would be its region's own: refused before any compile."""
+    import operator
+
+    from torch import fx
+
+    def plan_graph(extra: bool) -> fx.GraphModule:
+        root = torch.nn.Module()
+        root.ltc_region_0 = torch.nn.Identity()
+        graph = fx.Graph()
+        x = graph.placeholder("x")
+        region = graph.call_module("ltc_region_0", (x,))
+        out = graph.call_function(operator.getitem, (region, 0))
+        if extra:
+            out = graph.call_function(torch.ops.aten.sign.default, (out,))
+        graph.output((out,))
+        return fx.GraphModule(root, graph)
+
+    assert plan_library._one_region(plan_graph(extra=False))
+    assert not plan_library._one_region(plan_graph(extra=True))

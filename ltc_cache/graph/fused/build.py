@@ -48,7 +48,7 @@ from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
 from .runner import FusedFunction, load_runner, mismatch, put_back, saved_writes
 
 __all__ = ["Built", "FuseFailed", "build_entry", "build_library", "example_inputs",
-           "laid_out_input", "refusal_reason"]
+           "laid_out_input", "output_aliases", "refusal_reason"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
@@ -57,6 +57,14 @@ logger = logging.getLogger("ltc_cache.fused")
 _ROUNDS = 15
 _ROUND_SECONDS = 0.004
 _KEEP = 0.97
+# The check against the reference at build time catches a miscompile; the
+# rule (outputs within 1e-5 of TorchScript's, verdicts.RTOL) is applied on
+# the library's first call on a run's own inputs. Here weights are drawn
+# from a standard normal, not a model's initialisation, so activations
+# grow by the square root of each layer's width and reordered sums differ
+# more than they do on real data: a hidden-256 BERT's pooled output
+# differed by 2.2e-5 of its largest value from its per-region path's.
+_BUILD_RTOL = 1e-4
 _REASON_CHARS = 600
 
 
@@ -123,7 +131,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
         expected = _as_tuple(reference(*inputs))
     written = saved_writes(inputs, writes)
     put_back(inputs, writes, before)
-    aliases = _aliases(expected, inputs)
+    aliases = output_aliases(expected, inputs)
     library, isa = _compile(traced or reference, inputs)
     compile_seconds = round(time.monotonic() - started, 2)
     runner = load_runner(library)
@@ -134,7 +142,8 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
                           check=lambda expected, got, error: True)
     with torch.no_grad(), torch.jit.optimized_execution(False):
         problem = mismatch(expected + written,
-                           fused._fused(inputs) + tuple(inputs[i] for i in writes))
+                           fused._fused(inputs) + tuple(inputs[i] for i in writes),
+                           rtol=_BUILD_RTOL)
         if problem:
             raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
         script_ms, fused_ms = _time_both(reference, fused._fused, inputs)
@@ -206,7 +215,7 @@ def _restride(expected: Sequence[Any], got: Sequence[Any], aliases: list[list[An
             if i not in aliased and e.numel() > 1 and e.stride() != g.stride()]
 
 
-def _aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]) -> list[list[Any]]:
+def output_aliases(outputs: Sequence[Any], inputs: Sequence[torch.Tensor]) -> list[list[Any]]:
     """Which outputs view an input or another output (the TorchScript
     function returns views where the stored IR takes them). Outputs that
     view one tensor no output returns whole (a forward's saved query and
