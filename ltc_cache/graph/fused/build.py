@@ -57,14 +57,15 @@ logger = logging.getLogger("ltc_cache.fused")
 _ROUNDS = 15
 _ROUND_SECONDS = 0.004
 _KEEP = 0.97
-# The check against the reference at build time catches a miscompile; the
-# rule (outputs within 1e-5 of TorchScript's, verdicts.RTOL) is applied on
-# the library's first call on a run's own inputs. Here weights are drawn
-# from a standard normal, not a model's initialisation, so activations
-# grow by the square root of each layer's width and reordered sums differ
-# more than they do on real data: a hidden-256 BERT's pooled output
-# differed by 2.2e-5 of its largest value from its per-region path's.
-_BUILD_RTOL = 1e-4
+# The check against the reference at build time catches a miscompile (an
+# error the size of the values); the rule (outputs within 1e-5 of
+# TorchScript's, verdicts.RTOL) is applied on the library's first call on
+# a run's own inputs. Here weights are drawn from a standard normal, not a
+# model's initialisation, so activations grow by the square root of each
+# layer's width and reordered sums differ far more than on real data: a
+# hidden-256 BERT's pooled output by 2.2e-5 of its largest value, a small
+# GPT's training forward by 1.4e-4 (fact 83 in docs/design.md).
+_BUILD_RTOL = 1e-3
 _REASON_CHARS = 600
 
 
