@@ -6,8 +6,9 @@ values, which any graph takes. Integer and boolean inputs are indices,
 positions, masks and counters, and a graph that indexes by them needs
 their values: with zeros, a decoding step's key/value cache update finds
 no valid position and the build fails. So the first call of a plan part
-that has no library yet keeps its integer and boolean inputs' values
-(:data:`MAX_ELEMENTS` in all at most) as a small record beside the plan,
+that has no library yet keeps its integer and boolean inputs' values,
+read before the call (which may write them: a cache's position counter;
+:data:`MAX_ELEMENTS` in all at most), as a small record beside the plan,
 ``ltc_cache:plan-example:<fused key>``, and whoever builds the library
 uses them where the layout still matches.
 
@@ -32,7 +33,8 @@ from ..wire import RECORD_PREFIX, read_record, write_record
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache
 
-__all__ = ["EXAMPLE_PREFIX", "MAX_ELEMENTS", "example_values", "keep_example"]
+__all__ = ["EXAMPLE_PREFIX", "MAX_ELEMENTS", "Example", "example_values", "integer_inputs",
+           "keep_example"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
@@ -42,16 +44,27 @@ EXAMPLE_FORMAT = "ltc_cache.plan-example"
 MAX_ELEMENTS = 1 << 16
 
 
-def keep_example(cache: GraphCache, fused_digest: str, args: Sequence[Any]) -> None:
-    """Store the values of the integer and boolean tensors among ``args``
-    (a plan part's real inputs) under ``fused_digest``. Never raises."""
+# The integer and boolean inputs of a call, by index, as their values' wire
+# form; None where they are too many to keep.
+Example = list[list[Any]] | None
+
+
+def integer_inputs(args: Sequence[Any]) -> Example:
+    """The values of the integer and boolean tensors among ``args``, read
+    before the call (which may write them: a cache's position counter)."""
     chosen = [(i, t) for i, t in enumerate(args)
               if isinstance(t, torch.Tensor) and not (t.is_floating_point() or t.is_complex())]
-    if not chosen or cache.store is None or cache.readonly \
-            or sum(t.numel() for _, t in chosen) > MAX_ELEMENTS:
+    if sum(t.numel() for _, t in chosen) > MAX_ELEMENTS:
+        return None
+    return [[i, str(t.dtype).removeprefix("torch."), list(t.shape), t.flatten().tolist()]
+            for i, t in chosen]
+
+
+def keep_example(cache: GraphCache, fused_digest: str, inputs: Example) -> None:
+    """Store ``inputs`` (:func:`integer_inputs` of a plan part's first real
+    call) under ``fused_digest``. Never raises."""
+    if not inputs or cache.store is None or cache.readonly:
         return
-    inputs = [[i, str(t.dtype).removeprefix("torch."), list(t.shape), t.flatten().tolist()]
-              for i, t in chosen]
     try:
         cache.store.put(EXAMPLE_PREFIX + fused_digest,
                         write_record(EXAMPLE_FORMAT, {"inputs": inputs}))

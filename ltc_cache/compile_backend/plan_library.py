@@ -59,7 +59,7 @@ from ..graph.fused.runner import FusedFunction, load_runner, mismatch, runner_av
 from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
 from ..graph.keys import CacheKey, derived_key
 from ..signing import program_secret
-from .plan_examples import example_values, keep_example
+from .plan_examples import Example, example_values, integer_inputs, keep_example
 
 if TYPE_CHECKING:
     from torch import fx
@@ -356,8 +356,9 @@ class PlanFunction:
             return self._per_region(*args)
         with self._lock:
             if self._call is None:
+                example = integer_inputs(args)  # before the call writes any of them
                 out = self._per_region(*args)
-                self._call = self._decided(args, out)
+                self._call = self._decided(args, out, example)
                 return out
         return self._call(*args)
 
@@ -374,17 +375,17 @@ class PlanFunction:
             return self(*args)
         return call
 
-    def _decided(self, args: Sequence[Any], out: Any) -> Callable[..., Any]:
+    def _decided(self, args: Sequence[Any], out: Any, example: Example) -> Callable[..., Any]:
         """What runs from the second call on. Never raises."""
         try:
-            return self._obtain(args, out)
+            return self._obtain(args, out, example)
         except Exception as exc:  # a store, a loader: never the user's failure
             self._cache.record("errors")
             warn_once("fused-plan", f"the fused library of {self._name}: {exc}; running its "
                       "regions")
             return self._per_region
 
-    def _obtain(self, args: Sequence[Any], out: Any) -> Callable[..., Any]:
+    def _obtain(self, args: Sequence[Any], out: Any, example: Example) -> Callable[..., Any]:
         cache, config = self._cache, self._cache.config
         if not runner_available() or not isinstance(out, tuple | list) \
                 or not all(t is None or type(t) in _PLAIN for t in out):
@@ -394,7 +395,7 @@ class PlanFunction:
         key = part_key(self._plan_key.digest, self._part)
         stored = cache.lookup_entry(key, count=False)
         if stored is None:
-            keep_example(cache, key.digest, args)
+            keep_example(cache, key.digest, example)
         if stored is None and config.fuse == "sync" and not cache.readonly:
             from ..graph.fused.tier import in_a_clean_thread
 

@@ -156,7 +156,7 @@ def test_a_plans_integer_inputs_are_kept_for_its_build(tmp_path):
 
     cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
     position, mask, x = torch.tensor([2]), torch.tensor([[True, False]]), torch.randn(2, 3)
-    plan_examples.keep_example(cache, "a" * 64, [x, position, mask])
+    plan_examples.keep_example(cache, "a" * 64, plan_examples.integer_inputs([x, position, mask]))
     values = plan_examples.example_values(cache, "a" * 64)
     assert sorted(values) == [1, 2]
     assert torch.equal(values[1], position) and torch.equal(values[2], mask)
@@ -166,8 +166,9 @@ def test_a_plans_integer_inputs_are_kept_for_its_build(tmp_path):
     assert torch.equal(inputs[1], position) and not inputs[0].eq(x).all()
     assert inputs[2].dtype == torch.int64 and not inputs[2].any()  # a dtype that differs
 
-    plan_examples.keep_example(cache, "b" * 64, [torch.zeros(plan_examples.MAX_ELEMENTS + 1,
-                                                             dtype=torch.long)])
+    too_many = torch.zeros(plan_examples.MAX_ELEMENTS + 1, dtype=torch.long)
+    assert plan_examples.integer_inputs([too_many]) is None
+    plan_examples.keep_example(cache, "b" * 64, plan_examples.integer_inputs([too_many]))
     cache.store.put(plan_examples.EXAMPLE_PREFIX + "c" * 64, b"\x93garbage")
     assert plan_examples.example_values(cache, "b" * 64) == {}
     assert plan_examples.example_values(cache, "c" * 64) == {}
