@@ -147,6 +147,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
                            rtol=_BUILD_RTOL)
         if problem:
             raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
+        put_back(inputs, writes, before)
         script_ms, fused_ms = _time_both(reference, fused._fused, inputs, writes)
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
@@ -350,7 +351,8 @@ def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor
     process's CPU time: the background worker runs at idle priority, where
     the wall clock mostly measures who preempted it. The integer inputs a
     call writes (a decoding step's position counter) are put back before
-    each call: run on, they would index past the cache's end."""
+    each call (as they are before it): run on, they would index past the
+    cache's end."""
     counters = [i for i in writes if not inputs[i].is_floating_point()]
     start_values = saved_writes(inputs, counters)
 
