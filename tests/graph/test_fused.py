@@ -349,6 +349,11 @@ def test_mismatch_tolerates_reordered_sums_and_nothing_more():
     assert "values differ" in mismatch([torch.arange(3)], [torch.arange(3) + 1])
     assert "strides" in mismatch([torch.ones(2, 3)], [torch.ones(3, 2).t()])
     assert mismatch([torch.ones(2)], None, error=RuntimeError("boom")).endswith("boom)")
+    # An output near zero is held to float32's rounding at unit scale, not to
+    # 1e-5 of its own largest value; above that rounding it still differs.
+    tiny = torch.tensor([3e-9, -1e-9])
+    assert mismatch([tiny], [tiny + 5e-8]) is None
+    assert "differs by" in mismatch([tiny], [tiny + 1e-6])
 
 
 def test_a_bad_fuse_setting_warns_and_keeps_the_default():
