@@ -205,8 +205,13 @@ def child(name: str, mode: str, backend: str = "ltc_cache") -> dict:
 def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache") -> dict:
     from bench_compile import bytecode_as_installed  # tools/ is sys.path[0]
 
+    # LTC_CACHE_FUSE=off: the suite measures starts and what was traced; a
+    # background fuse worker would compile beside the next child and write
+    # into the temporary directory as it is removed (bench_fused.py measures
+    # the fused tier).
     env = bytecode_as_installed(
         {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
+         "LTC_CACHE_FUSE": "off",
          "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
         Path(directory))
     if backend == "inductor":
