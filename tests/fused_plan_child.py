@@ -4,8 +4,10 @@ inference graph through ``torch.compile(backend="ltc_cache")`` and three
 SGD steps of the same model through ``ltc_cache.compile`` (a training
 plan: forward and backward), each against eager. ``sign``, which LTC does
 not lower, splits each graph into regions with an eager op between them,
-and a running mean kept in a buffer (as BatchNorm's) makes each graph
-write one of its inputs.
+a running mean kept in a buffer (as BatchNorm's) makes each graph write
+one of its inputs, and a checkpointed attention puts AOTAutograd's
+generator-state wrappers into the training plan (fact 61 in
+docs/design.md).
 
 ``python tests/fused_plan_child.py`` prints one JSON object: this
 process's stats, and the largest relative difference from eager of the
@@ -19,6 +21,8 @@ import json
 
 import torch
 from torch import nn
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 import ltc_cache
 
@@ -38,11 +42,19 @@ class SignedGradient(torch.autograd.Function):
         return grad * (0.5 + 0.25 * torch.sign(x))
 
 
+def attend(h: torch.Tensor) -> torch.Tensor:
+    """Self-attention of the rows of ``h`` (8 x 32), two heads, no dropout:
+    CPU's flash attention, which AOTAutograd wraps where it is recomputed."""
+    heads = h.view(1, 8, 2, 16).transpose(1, 2)
+    return F.scaled_dot_product_attention(heads, heads, heads).transpose(1, 2).reshape(8, 32)
+
+
 class Signed(nn.Module):
     """Two linear layers around ``sign``: LTC regions, an eager op between
     (in the backward too: :class:`SignedGradient`);
     a running mean updated in place on every call, which the output reads:
-    a write made twice, or not made, shows in outputs and buffers."""
+    a write made twice, or not made, shows in outputs and buffers; an
+    attention recomputed in the backward (activation checkpointing)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,6 +64,7 @@ class Signed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.fc1(x))
+        h = h + checkpoint(attend, h, use_reentrant=False)
         self.running.mul_(0.5).add_(h.detach().mean(0))
         return self.fc2(h * torch.sign(h) + SignedGradient.apply(h) + self.running)
 

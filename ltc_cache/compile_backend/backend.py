@@ -205,6 +205,12 @@ class LtcBackend:
             # eager (fact 45 in docs/design.md).
             logger.info("%s: not lowered whole (it calls as_strided); partitioning", name)
             return None
+        if any(isinstance(node.target, torch._ops.HigherOrderOperator) for node in gm.graph.nodes):
+            # A checkpointed block (tag_activation_checkpoint) would run
+            # torch.utils.checkpoint on LTC's device, which it has no module
+            # for; AOTAutograd inlines such blocks.
+            logger.info("%s: not lowered whole (it calls a higher-order op); partitioning", name)
+            return None
         try:
             with torch.no_grad():
                 compiled = cache.extract_compiled_graph(gm, example_inputs, name=name)
@@ -313,6 +319,7 @@ class LtcBackend:
         from .decompose import decompositions
 
         pending: dict[str, Any] = {}  # a forward graph waiting for its backward
+        recomputes = _checkpointed(gm)
 
         def compiler(kind: str) -> Callable[..., Any]:
             @_holding(compile_lock)  # a backward compiled on its first call too
@@ -323,7 +330,7 @@ class LtcBackend:
                 parted = made = self._partition(graph, cache)
                 if plan is not None:
                     parted = self._planned(made, kind, example_inputs, f"{name}.{kind}", cache,
-                                           plan, pending)
+                                           plan, pending, recomputes=recomputes)
                 module = self._with_regions(parted, f"{name}.{kind}", cache,
                                             plan=(plan, kind) if parted is not made else None)
                 # AOTAutograd's own graph, run eagerly, is what the
@@ -357,10 +364,12 @@ class LtcBackend:
 
     def _planned(self, parted: Partitioned, kind: str, example_inputs: Sequence[Any],
                  name: str, cache: GraphCache, key: CacheKey,
-                 pending: dict[str, Any]) -> Partitioned:
+                 pending: dict[str, Any], *, recomputes: bool = False) -> Partitioned:
         """Store ``parted`` in its plan (a forward waits in ``pending`` for
         its backward) and return it as the plan rebuilds it; ``parted``
-        itself where no plan can hold it."""
+        itself where no plan can hold it. ``recomputes``: the backward
+        recomputes checkpointed blocks (a training plan records it for
+        its backward's library, :mod:`.plan_library`)."""
         from torch._guards import TracingContext
 
         from .joint import joint_layout, trainable
@@ -400,7 +409,8 @@ class LtcBackend:
                     entry = plan_entry(forward_wire, key,
                                        f"{name.rsplit('.', 1)[0]}.training.plan",
                                        backward=wire, joint=layout.to_wire(),
-                                       input_kinds=_input_kinds(example_inputs))
+                                       input_kinds=_input_kinds(example_inputs),
+                                       recomputes=recomputes)
                 else:
                     entry = plan_entry(wire, key, f"{name}.plan",
                                        input_kinds=_input_kinds(example_inputs))
@@ -532,6 +542,13 @@ def static_graph_parts(gm: fx.GraphModule) -> dict[str, str] | None:
     with contextlib.suppress(Unspecializable):  # keyed as Dynamo made it, as __call__ does
         gm = canonical(gm, [node_value(n) for n in gm.graph.find_nodes(op="placeholder")])
     return graph_parts(gm)
+
+
+def _checkpointed(gm: fx.GraphModule) -> bool:
+    """Whether Dynamo's graph holds an activation-checkpointed block."""
+    return any(node.op == "call_function"
+               and getattr(node.target, "__name__", "") == "tag_activation_checkpoint"
+               for node in gm.graph.nodes)
 
 
 def _input_kinds(example_inputs: Sequence[Any]) -> list[list[bool]]:

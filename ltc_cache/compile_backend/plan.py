@@ -51,11 +51,13 @@ from .partition import REGION_PREFIX, Partitioned
 
 __all__ = ["PlanError", "bare_inference", "graph_from_wire", "graph_to_wire",
            "partitioned_from_wire", "partitioned_to_wire", "plan_entry", "plan_graph", "plan_key",
-           "runs_bare"]
+           "rng_wrapper_name", "runs_bare"]
 
 # 2: the partitioned graph, not AOTAutograd's graph before partitioning;
-# 3: a training plan's layout names the outputs AOTAutograd re-views
-_VERSION = 3
+# 3: a training plan's layout names the outputs AOTAutograd re-views;
+# 4: a training plan records whether its backward recomputes checkpointed
+# blocks (``recomputes``), which its backward's library is compiled for
+_VERSION = 4
 _BUILTINS = {"operator.getitem": operator.getitem}
 # The higher-order ops a plan holds, by name: AOTAutograd's partitioner wraps
 # an op tagged ``nondeterministic_seeded`` that an activation-checkpointed
@@ -201,13 +203,13 @@ def _target_to_wire(node: fx.Node, regions: Sequence[str]) -> str:
             return str(node.target)  # "aten.addmm.default"
         if node.target is operator.getitem:
             return "operator.getitem"
-        name = _rng_wrapper_name(node.target)
+        name = rng_wrapper_name(node.target)
         if name is not None:
             return f"higher_order.{name}"
     raise PlanError(f"node {node.name}: {node.op} of {node.target!r}")
 
 
-def _rng_wrapper_name(target: Any) -> str | None:
+def rng_wrapper_name(target: Any) -> str | None:
     """The name of ``target`` where it is one of :data:`_RNG_WRAPPERS`."""
     if not isinstance(target, torch._ops.HigherOrderOperator):
         return None

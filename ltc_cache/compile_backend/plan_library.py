@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -59,6 +60,7 @@ from ..graph.fused.runner import FusedFunction, load_runner, mismatch, runner_av
 from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
 from ..graph.keys import CacheKey, derived_key
 from ..signing import program_secret
+from .plan import rng_wrapper_name
 from .plan_examples import Example, example_values, integer_inputs, keep_example
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ __all__ = [
     "PLAN_LOADS",
     "PLAN_QUEUED",
     "PLAN_REFUSED",
+    "RANDOM_RECOMPUTED",
     "WRITES_A_VIEW",
     "PlanFunction",
     "bind_plan",
@@ -80,6 +83,8 @@ __all__ = [
     "fuse_stored",
     "part_key",
     "plan_parts",
+    "rng_state_outputs",
+    "unwrap_rng",
     "written_inputs",
 ]
 
@@ -94,7 +99,10 @@ WRITES_A_VIEW = "writes a view of an input"
 # A plan's graph that is one region and nothing else: its library would be
 # the region's own, compiled a second time.
 ONE_REGION = "one region and no other op"
-_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW, ONE_REGION)
+# A recomputed op that draws random numbers (a checkpointed dropout): the
+# library could not draw what the forward drew.
+RANDOM_RECOMPUTED = "a recomputed op draws random numbers"
+_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW, ONE_REGION, RANDOM_RECOMPUTED)
 
 
 def plan_parts(plan: Entry) -> tuple[str, ...]:
@@ -165,12 +173,15 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
         if _one_region(traced):
             raise _Refused(f"{ONE_REGION}: the region's library is the same")
         writes = written_inputs(traced)
+        states = rng_state_outputs(traced)
         inputs = _example_inputs(traced, _input_kinds(plan, part),
                                  example_values(cache, key.digest))
+        unwrap_rng(traced, inputs)
         per_region = bind_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
-        built = build_library(_tensors_of(per_region), inputs, started=started,
-                              versus="the per-region path", traced=_tensors_of(traced),
-                              writes=writes)
+        built = build_library(_tensors_of(per_region, states), inputs, started=started,
+                              versus="the per-region path",
+                              traced=_tensors_of(traced, states), writes=writes,
+                              settings=_settings(plan, part))
     except Exception as exc:  # export, Inductor, g++, a region: whatever they raise
         reason = str(exc) if isinstance(exc, _Refused) else refusal_reason(exc)
         logger.info("no library for plan %s (%s): %s", plan.key[:12], part, reason)
@@ -182,8 +193,22 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
                        restride=built.restride, secret=secret, stats=built.stats)
 
 
+# Inductor settings for the backward of a plan that recomputes checkpointed
+# blocks: its schedule as AOTAutograd ordered it. Inductor's reorderings
+# keep the recomputed blocks alive together: a checkpointed Llama's backward
+# library peaked at 102 MB over its start, 51 MB with both off, eager's
+# whole step at 54 MB (fact 85 in docs/design.md). A user who checkpoints
+# chose memory over speed; the library must still beat the regions' time.
+_RECOMPUTING_BACKWARD = {"reorder_for_locality": False, "reorder_for_peak_memory": False}
+
+
+def _settings(plan: Entry, part: str) -> dict[str, Any]:
+    return dict(_RECOMPUTING_BACKWARD) if part == "backward" \
+        and plan.payload.get("recomputes") is True else {}
+
+
 class _Refused(Exception):
-    pass
+    """Why a graph gets no library, known before compiling it."""
 
 
 def _partitioned(plan: Entry, part: str) -> Partitioned:
@@ -226,6 +251,73 @@ def written_inputs(graph: fx.GraphModule) -> list[int]:
                 elif _is_view(written):
                     raise _Refused(f"{WRITES_A_VIEW} ({target})")
     return sorted(set(writes))
+
+
+def rng_state_outputs(graph: fx.GraphModule) -> frozenset[int]:
+    """The positions of ``graph``'s outputs that are the generator states
+    ``run_and_save_rng_state`` saved for a recomputation (fact 61 in
+    docs/design.md). A library leaves them out: its caller returns the
+    generator's state at the call in their place, what the wrapper
+    returns where the op it wraps draws nothing (:func:`unwrap_rng`)."""
+    out = graph.graph.find_nodes(op="output")[0].args[0]
+    return frozenset(i for i, node in enumerate(out if isinstance(out, list | tuple) else ())
+                     if _state_of_rng_wrapper(node))
+
+
+def _state_of_rng_wrapper(node: Any) -> bool:
+    return getattr(node, "target", None) is operator.getitem and node.args[1] == 0 \
+        and rng_wrapper_name(node.args[0].target) == "run_and_save_rng_state"
+
+
+def unwrap_rng(graph: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
+    """Call the ops AOTAutograd wrapped in ``run_and_save_rng_state`` and
+    ``run_with_rng_state`` directly, and return None for the states saved:
+    ``torch.export`` has no rule for either wrapper. Sound only where the op
+    draws nothing; an op with a ``dropout_p`` of 0, what a checkpointed
+    attention block's ``scaled_dot_product_attention`` is in training, is
+    the one kind known to. Raises _Refused for any other. The states
+    ``inputs`` hold for ``run_with_rng_state`` become the generator's:
+    the per-region path the library is checked against sets them."""
+    nodes = graph.graph
+    placeholders = list(nodes.find_nodes(op="placeholder"))
+    out_node = nodes.find_nodes(op="output")[0]
+    for node in list(nodes.nodes):
+        name = rng_wrapper_name(node.target) if node.op == "call_function" else None
+        if name is None:
+            continue
+        op, *args = node.args if name == "run_and_save_rng_state" else node.args[1:]
+        if not _draws_nothing(op, args, node.kwargs):
+            raise _Refused(f"{RANDOM_RECOMPUTED}: {op}")
+        with nodes.inserting_before(node):
+            call = nodes.call_function(op, tuple(args), dict(node.kwargs))
+        call.meta = dict(node.meta)
+        if name == "run_with_rng_state":
+            if node.args[0] in placeholders:
+                inputs[placeholders.index(node.args[0])] = torch.get_rng_state()
+            node.replace_all_uses_with(call)
+        else:
+            for use in list(node.users):
+                if use.args[1] == 1:
+                    use.replace_all_uses_with(call)
+                else:
+                    out_node.args = torch.fx.node.map_arg(
+                        out_node.args, lambda n, state=use: None if n is state else n)
+                nodes.erase_node(use)
+        nodes.erase_node(node)
+    graph.recompile()
+
+
+def _draws_nothing(op: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether ``op`` called on these arguments has a ``dropout_p`` of 0."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    for position, argument in enumerate(schema.arguments):
+        if argument.name == "dropout_p":
+            value = kwargs.get("dropout_p", args[position] if position < len(args)
+                               else argument.default_value)
+            return value == 0
+    return False
 
 
 def _is_view(node: Any) -> bool:
@@ -302,10 +394,12 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
     return inputs
 
 
-def _tensors_of(fn: Callable[..., Any]) -> Callable[..., tuple[Any, ...]]:
-    """``fn`` returning its tensor outputs alone (a library has no ``None``)."""
+def _tensors_of(fn: Callable[..., Any],
+                skip: frozenset[int] = frozenset()) -> Callable[..., tuple[Any, ...]]:
+    """``fn`` returning its tensor outputs alone (a library has no ``None``),
+    less those at the positions ``skip`` (generator states)."""
     def tensors(*args: Any) -> tuple[Any, ...]:
-        return tuple(t for t in fn(*args) if t is not None)
+        return tuple(t for i, t in enumerate(fn(*args)) if t is not None and i not in skip)
     return tensors
 
 
@@ -322,25 +416,53 @@ def bind_plan(module: fx.GraphModule, cache: GraphCache, plan_key: CacheKey, par
         writes = written_inputs(module)
     except _Refused:  # its build refuses it too
         return
-    module.forward = PlanFunction(module.forward, cache, plan_key, part, name, writes)
+    module.forward = PlanFunction(module.forward, cache, plan_key, part, name, writes,
+                                  _Outputs.of(module))
+
+
+class _Outputs(NamedTuple):
+    """What a plan's graph returns, read from its output node: how many,
+    in what container, which are ``None``, which are generator states
+    (:func:`rng_state_outputs`) and which are its inputs as they are
+    (AOTAutograd's graphs return a tuple or list of tensors and ``None``;
+    ``container`` is None for anything else)."""
+
+    total: int
+    container: type | None
+    nones: frozenset[int]
+    states: frozenset[int]
+    inputs: frozenset[int]  # the positions of the inputs returned
+
+    @classmethod
+    def of(cls, graph: fx.GraphModule) -> _Outputs:
+        out = graph.graph.find_nodes(op="output")[0].args[0]
+        if not isinstance(out, list | tuple):
+            return cls(0, None, frozenset(), frozenset(), frozenset())
+        placeholders = list(graph.graph.find_nodes(op="placeholder"))
+        return cls(len(out), type(out), frozenset(i for i, n in enumerate(out) if n is None),
+                   rng_state_outputs(graph),
+                   frozenset(placeholders.index(n) for n in out if n in placeholders))
 
 
 class PlanFunction:
-    """A plan's graph: its per-region path on the first call, after which
-    the plan's library runs where one is stored, verified and loadable
-    (its own first call compared with the per-region path), and the
-    per-region path otherwise. Where none is stored, the plan is queued for
-    the background worker, or compiled at once under
+    """A plan's graph, through the plan's library where one is stored,
+    verified and loadable, and its per-region path otherwise. A library
+    whose first call in some process matched the per-region path (a
+    verdict is kept) runs from this process's first call; any other is
+    decided after a first call of the per-region path, and its own first
+    call is compared with that path. Where none is stored, the plan is
+    queued for the background worker, or compiled at once under
     ``LTC_CACHE_FUSE=sync``, after that first call, so that its regions
     are stored (and queued) before it."""
 
-    __slots__ = ("_cache", "_call", "_lock", "_name", "_part", "_per_region", "_plan_key",
-                 "_writes")
+    __slots__ = ("_cache", "_call", "_lock", "_name", "_outputs", "_part", "_per_region",
+                 "_plan_key", "_writes")
 
     def __init__(self, per_region: Callable[..., Any], cache: GraphCache, plan_key: CacheKey,
-                 part: str, name: str, writes: Sequence[int] = ()) -> None:
+                 part: str, name: str, writes: Sequence[int], outputs: _Outputs) -> None:
         self._per_region = per_region
         self._writes = tuple(writes)
+        self._outputs = outputs
         self._cache = cache
         self._plan_key = plan_key
         self._part = part
@@ -356,9 +478,11 @@ class PlanFunction:
             return self._per_region(*args)
         with self._lock:
             if self._call is None:
+                self._call = self._decided(args, None, checked_only=True)
+            if self._call is None:
                 example = integer_inputs(args)  # before the call writes any of them
                 out = self._per_region(*args)
-                self._call = self._decided(args, out, example)
+                self._call = self._decided(args, example)
                 return out
         return self._call(*args)
 
@@ -375,25 +499,28 @@ class PlanFunction:
             return self(*args)
         return call
 
-    def _decided(self, args: Sequence[Any], out: Any, example: Example) -> Callable[..., Any]:
-        """What runs from the second call on. Never raises."""
+    def _decided(self, args: Sequence[Any], example: Example, *,
+                 checked_only: bool = False) -> Callable[..., Any] | None:
+        """What runs from now on (``checked_only``: the library where its
+        verdict is held, else None). Never raises."""
         try:
-            return self._obtain(args, out, example)
+            return self._obtain(args, example, checked_only)
         except Exception as exc:  # a store, a loader: never the user's failure
             self._cache.record("errors")
             warn_once("fused-plan", f"the fused library of {self._name}: {exc}; running its "
                       "regions")
             return self._per_region
 
-    def _obtain(self, args: Sequence[Any], out: Any, example: Example) -> Callable[..., Any]:
-        cache, config = self._cache, self._cache.config
-        if not runner_available() or not isinstance(out, tuple | list) \
-                or not all(t is None or type(t) in _PLAIN for t in out):
-            logger.info("%s: no plan library (inputs or outputs a library cannot take)",
-                        self._name)
+    def _obtain(self, args: Sequence[Any], example: Example,
+                checked_only: bool) -> Callable[..., Any] | None:
+        cache, config, outputs = self._cache, self._cache.config, self._outputs
+        if not runner_available() or outputs.container is None:
+            logger.info("%s: no plan library (no tuple of outputs)", self._name)
             return self._per_region
         key = part_key(self._plan_key.digest, self._part)
         stored = cache.lookup_entry(key, count=False)
+        if checked_only and stored is None:
+            return None
         if stored is None:
             keep_example(cache, key.digest, example)
         if stored is None and config.fuse == "sync" and not cache.readonly:
@@ -410,6 +537,11 @@ class PlanFunction:
         except EntryError as exc:
             cache.drop_entry(key, str(exc), remade="compiled")
             return self._per_region
+        signature = bytes(stored.payload["hmac"]) if library is not None else b""
+        checked = library is not None and verdict_held(cache, key.digest,
+                                                       self._plan_key.digest, signature)
+        if checked_only and not checked:
+            return None
         if library is None:
             reason = str(stored.payload.get("reason", ""))
             logger.info("%s: plan library refused: %s", self._name, reason[:300])
@@ -426,17 +558,14 @@ class PlanFunction:
         runner = _LaidOutRunner(load_runner(library.data), strides, self._writes)
         count_event(PLAN_LOADS)
         logger.info("%s: running the plan library %s", self._name, key.digest[:12])
-        signature = bytes(stored.payload["hmac"])  # verified by usable_library
-        fused = FusedFunction(runner, _tensors_of(self._per_region), aliases=library.aliases,
-                              restride=library.restride, writes=self._writes,
-                              checked=verdict_held(cache, key.digest, self._plan_key.digest,
-                                                   signature),
+        fused = FusedFunction(runner, _tensors_of(self._per_region, outputs.states),
+                              aliases=library.aliases, restride=library.restride,
+                              writes=self._writes, checked=checked,
                               check=lambda expected, got, error: self._checked(
                                   key, signature, expected, got, error))
         inputs_returned = [(int(o), int(i)) for o, kind, i, *_ in library.aliases
-                           if kind == "in" and any(t is args[int(i)] for t in out)]
-        return _WithNones(fused, [i for i, t in enumerate(out) if t is None], len(out),
-                          type(out), inputs_returned)
+                           if kind == "in" and int(i) in outputs.inputs]
+        return _WithNones(fused, outputs, inputs_returned)
 
     def _checked(self, key: CacheKey, signature: bytes, expected: Sequence[Any],
                  got: Sequence[Any] | None, error: Exception | None) -> bool:
@@ -523,20 +652,18 @@ def _plain(args: Sequence[Any]) -> bool:
 
 
 class _WithNones:
-    """A library's tensor outputs with the graph's ``None`` outputs put
-    back, and the inputs the graph returns as they are (a forward's saved
-    weights) returned as themselves, not as views of themselves: a saved
-    parameter comes back to the backward as itself, whose regions are
-    keyed by it."""
+    """A library's tensor outputs with the graph's ``None`` outputs and
+    generator states (:func:`rng_state_outputs`) put back, and the inputs
+    the graph returns as they are (a forward's saved weights) returned as
+    themselves, not as views of themselves: a saved parameter comes back to
+    the backward as itself, whose regions are keyed by it."""
 
-    __slots__ = ("_container", "_fused", "_inputs_returned", "_nones", "_total")
+    __slots__ = ("_fused", "_inputs_returned", "_outputs")
 
-    def __init__(self, fused: FusedFunction, nones: list[int], total: int,
-                 container: type, inputs_returned: list[tuple[int, int]]) -> None:
+    def __init__(self, fused: FusedFunction, outputs: _Outputs,
+                 inputs_returned: list[tuple[int, int]]) -> None:
         self._fused = fused
-        self._nones = frozenset(nones)
-        self._total = total
-        self._container = container
+        self._outputs = outputs
         self._inputs_returned = inputs_returned
 
     @property
@@ -552,8 +679,10 @@ class _WithNones:
                 if t.shape == arg.shape and t.stride() == arg.stride() \
                         and t.storage_offset() == arg.storage_offset():
                     tensors[o] = arg
-        if not self._nones:
-            return self._container(tensors)
+        outputs = self._outputs
+        if not outputs.nones and not outputs.states:
+            return outputs.container(tensors)
         flowing = iter(tensors)
-        return self._container([None if i in self._nones else next(flowing)
-                                for i in range(self._total)])
+        return outputs.container([None if i in outputs.nones else torch.get_rng_state()
+                                  if i in outputs.states else next(flowing)
+                                  for i in range(outputs.total)])

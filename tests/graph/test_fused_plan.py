@@ -60,10 +60,11 @@ def cold_then_warm(tmp_path_factory) -> dict:
 @needs_a_compiler
 def test_a_warm_process_runs_each_plan_through_its_library(cold_then_warm):
     """An inference plan and a training plan (forward and backward), each
-    regions around an eager ``sign`` and a buffer written in place: the
-    cold process compiles their libraries and compares each one's first
-    call, the warm one loads all three, traces nothing, compares nothing
-    (the verdicts are kept), and computes and writes what eager does."""
+    regions around an eager ``sign`` and a buffer written in place, the
+    training one with a checkpointed attention: the cold process compiles
+    their libraries and compares each one's first call, the warm one loads
+    all three, traces nothing, compares nothing (the verdicts are kept),
+    runs no region, and computes and writes what eager does."""
     cold, warm = cold_then_warm["cold"], cold_then_warm["warm"]
     for run in (cold, warm):
         assert run["infer_error"] < 1e-5 and run["train_error"] < 1e-5, run
@@ -72,8 +73,16 @@ def test_a_warm_process_runs_each_plan_through_its_library(cold_then_warm):
     stats = warm["stats"]
     assert stats["traces"] == 0 and stats["plan_hits"] == 2, stats
     assert stats["fused_plan_loads"] == 3 and "fused_plan_checks" not in stats, stats
+    # With their verdicts kept, the libraries run from the first call: no
+    # region runs, so none of their libraries is loaded.
+    assert stats.get("fused_loads", 0) == 0 and stats.get("ltc_ops", 0) == 0, stats
     plans = stored(cold_then_warm["directory"], "plan")
     assert sorted(plans) == ["Signed.inference.plan", "Signed.training.plan"], plans
+    # The checkpointed attention's generator-state wrappers, which the
+    # libraries call through (plan_library.unwrap_rng).
+    training = plans["Signed.training.plan"].payload
+    assert "run_and_save_rng_state" in repr(training["plan"]), training
+    assert "run_with_rng_state" in repr(training["backward"]), training
 
 
 @pytest.mark.slow
@@ -195,3 +204,58 @@ def test_a_plan_of_one_region_and_nothing_else_is_not_compiled_twice():
 
     assert plan_library._one_region(plan_graph(extra=False))
     assert not plan_library._one_region(plan_graph(extra=True))
+
+
+
+def _wrapped(op, inputs: int, *constants):
+    """A forward and a backward as AOTAutograd's partitioner makes them
+    around a recomputed ``op`` (fact 61) of ``inputs`` tensors, then
+    ``constants``: the forward returns ``op``'s result and the generator's
+    state, the backward (the state, then the tensors) runs ``op`` again
+    under that state."""
+    import operator
+
+    from torch import fx
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    forward, backward = fx.Graph(), fx.Graph()
+    args = [forward.placeholder(f"x{i}") for i in range(inputs)]
+    saved = forward.call_function(run_and_save_rng_state, (op, *args, *constants))
+    forward.output((forward.call_function(operator.getitem, (saved, 1)),
+                    forward.call_function(operator.getitem, (saved, 0))))
+    state = backward.placeholder("state")
+    args = [backward.placeholder(f"y{i}") for i in range(inputs)]
+    backward.output((backward.call_function(run_with_rng_state, (state, op, *args, *constants)),))
+    return fx.GraphModule(torch.nn.Module(), forward), fx.GraphModule(torch.nn.Module(), backward)
+
+
+def test_a_recomputed_op_that_draws_nothing_is_called_without_its_wrappers():
+    """``torch.export`` has no rule for the wrappers: a library calls the
+    op itself where it has a ``dropout_p`` of 0 (a checkpointed attention),
+    its caller puts the generator's state in the forward's place; an op
+    that draws (dropout) keeps the plan from having a library."""
+    import operator
+
+    attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    q, k, v = torch.randn(3, 1, 2, 8, 16)
+    forward, backward = _wrapped(attention, 3)
+    assert plan_library.rng_state_outputs(forward) == {1}
+    assert plan_library.rng_state_outputs(backward) == set()
+    expected, state = forward(q, k, v)
+    plan_library.unwrap_rng(forward, [q, k, v])
+    inputs = [torch.zeros(3, dtype=torch.uint8), q, k, v]
+    plan_library.unwrap_rng(backward, inputs)
+    assert torch.equal(inputs[0], torch.get_rng_state())  # what the per-region path sets
+    for graph in (forward, backward):
+        assert all(n.op in ("placeholder", "output") or n.target in (attention, operator.getitem)
+                   for n in graph.graph.nodes), graph.graph
+    unwrapped, no_state = forward(q, k, v)
+    assert torch.equal(unwrapped[0], expected[0]) and no_state is None
+    assert torch.equal(backward(state, q, k, v)[0][0], expected[0])
+
+    forward, backward = _wrapped(torch.ops.aten.bernoulli.p, 1, 0.5)
+    for graph in (forward, backward):
+        before = str(graph.graph)
+        with pytest.raises(Exception, match=plan_library.RANDOM_RECOMPUTED):
+            plan_library.unwrap_rng(graph, [q, q])
+        assert str(graph.graph) == before

@@ -61,6 +61,23 @@ def test_a_program_graph_with_a_checkpointed_block_is_saved(dynamo_reset):
     assert torch.equal(loaded._eager(x)[0], fn(x))
 
 
+def test_a_checkpointed_block_in_inference_is_compiled(cache_dir, dynamo_reset):
+    """Under ``no_grad`` the block is Dynamo's ``tag_activation_checkpoint``
+    still: lowered whole, LTC would run torch.utils.checkpoint on its own
+    device, which has no device module (the graph ran eagerly, with a
+    warning). It goes through AOTAutograd, which inlines it."""
+    import ltc_cache
+
+    def fn(x):
+        return checkpoint(_viewing_block, x, use_reentrant=False).cos()
+
+    x = torch.randn(8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(fn, backend="ltc_cache")(x), fn(x))
+    stats = ltc_cache.stats()
+    assert stats["errors"] == 0 and stats["plan_misses"] == 1 and stats["traces"] >= 1, stats
+
+
 def _rng_graph() -> fx.GraphModule:
     """A recomputed random op as AOTAutograd's partitioner wraps it: run
     once saving the generator's state, then again under that state."""

@@ -34,7 +34,7 @@ import statistics
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -116,7 +116,7 @@ class Built(NamedTuple):
 
 def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, started: float,
                   versus: str, traced: Callable[..., Any] | None = None,
-                  writes: Sequence[int] = ()) -> Built:
+                  writes: Sequence[int] = (), settings: Mapping[str, Any] | None = None) -> Built:
     """Compile what ``reference`` (``fn(*inputs) -> tuple`` of tensors, run
     under no grad: a TorchScript function, a plan's per-region path)
     computes on ``inputs`` into a library with those inputs and outputs,
@@ -125,7 +125,8 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     ``make_fx`` traces for the library, where ``reference`` cannot be
     traced on fake tensors (it computes the same). ``writes``: the inputs
     it writes in place, put back before each run that is compared, and
-    compared too. Raises FuseFailed where the library's outputs differ,
+    compared too. ``settings``: Inductor settings over ltc_cache's
+    (:data:`~.platform.INDUCTOR_OPTIONS`). Raises FuseFailed where the library's outputs differ,
     and whatever the compile raises."""
     before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
@@ -133,7 +134,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     written = saved_writes(inputs, writes)
     put_back(inputs, writes, before)
     aliases = output_aliases(expected, inputs)
-    library, isa = _compile(traced or reference, inputs)
+    library, isa = _compile(traced or reference, inputs, settings or {})
     compile_seconds = round(time.monotonic() - started, 2)
     runner = load_runner(library)
     with torch.no_grad():
@@ -319,7 +320,8 @@ def _view_copies() -> dict[Any, Any]:
     return table
 
 
-def _compile(script: Callable[..., Any], inputs: list[torch.Tensor]) -> tuple[bytes, str]:
+def _compile(script: Callable[..., Any], inputs: list[torch.Tensor],
+             settings: Mapping[str, Any]) -> tuple[bytes, str]:
     """The library's bytes and the vector ISA Inductor compiled it for."""
     import torch._inductor
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -331,7 +333,7 @@ def _compile(script: Callable[..., Any], inputs: list[torch.Tensor]) -> tuple[by
     with tempfile.TemporaryDirectory(prefix="ltc_cache-fuse-") as tmp:
         package = Path(tmp) / "graph.pt2"
         torch._inductor.aoti_compile_and_package(exported, package_path=str(package),
-                                                 inductor_configs=dict(INDUCTOR_OPTIONS))
+                                                 inductor_configs={**INDUCTOR_OPTIONS, **settings})
         with zipfile.ZipFile(package) as archive:
             names = archive.namelist()
             libraries = [n for n in names if n.endswith(".so")]
