@@ -457,7 +457,7 @@ class LtcBackend:
             warn_once(f"eager-graph:{name}",
                       f"{name}: LTC lowers none of this graph's ops; it runs eagerly ({eager})")
         if plan is not None and parted.regions:
-            from .plan_library import bind_plan
+            from .plan_function import bind_plan
 
             bind_plan(parted.module, cache, *plan, name)
         return parted.module

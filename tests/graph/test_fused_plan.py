@@ -16,7 +16,7 @@ import torch
 from conftest import child_env, json_child, once_per_run
 
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.compile_backend import plan_library
+from ltc_cache.compile_backend import plan_library, plan_rng
 from ltc_cache.graph.entry import decode, encode
 from ltc_cache.graph.fused.entries import usable_library
 from ltc_cache.signing import program_secret
@@ -79,7 +79,7 @@ def test_a_warm_process_runs_each_plan_through_its_library(cold_then_warm):
     plans = stored(cold_then_warm["directory"], "plan")
     assert sorted(plans) == ["Signed.inference.plan", "Signed.training.plan"], plans
     # The checkpointed attention's generator-state wrappers, which the
-    # libraries call through (plan_library.unwrap_rng).
+    # libraries call through (plan_rng.unwrap_rng).
     training = plans["Signed.training.plan"].payload
     assert "run_and_save_rng_state" in repr(training["plan"]), training
     assert "run_with_rng_state" in repr(training["backward"]), training
@@ -239,12 +239,12 @@ def test_a_recomputed_op_that_draws_nothing_is_called_without_its_wrappers():
     attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     q, k, v = torch.randn(3, 1, 2, 8, 16)
     forward, backward = _wrapped(attention, 3)
-    assert plan_library.rng_state_outputs(forward) == {1}
-    assert plan_library.rng_state_outputs(backward) == set()
+    assert plan_rng.rng_state_outputs(forward) == {1}
+    assert plan_rng.rng_state_outputs(backward) == set()
     expected, state = forward(q, k, v)
-    plan_library.unwrap_rng(forward, [q, k, v])
+    plan_rng.unwrap_rng(forward, [q, k, v])
     inputs = [torch.zeros(3, dtype=torch.uint8), q, k, v]
-    plan_library.unwrap_rng(backward, inputs)
+    plan_rng.unwrap_rng(backward, inputs)
     assert torch.equal(inputs[0], torch.get_rng_state())  # what the per-region path sets
     for graph in (forward, backward):
         assert all(n.op in ("placeholder", "output") or n.target in (attention, operator.getitem)
@@ -256,6 +256,6 @@ def test_a_recomputed_op_that_draws_nothing_is_called_without_its_wrappers():
     forward, backward = _wrapped(torch.ops.aten.bernoulli.p, 1, 0.5)
     for graph in (forward, backward):
         before = str(graph.graph)
-        with pytest.raises(Exception, match=plan_library.RANDOM_RECOMPUTED):
-            plan_library.unwrap_rng(graph, [q, q])
+        with pytest.raises(Exception, match=plan_rng.RANDOM_RECOMPUTED):
+            plan_rng.unwrap_rng(graph, [q, q])
         assert str(graph.graph) == before
