@@ -291,6 +291,23 @@ class _Call(torch.nn.Module):
         return tuple(self.graph_module(*inputs))
 
 
+def _views_as_reshapes(traced: torch.fx.GraphModule) -> None:
+    """Each ``view`` of ``traced`` made a ``reshape``, which is that view
+    where the strides allow it and a copy where not. ``torch.export``
+    traces the graph again on fake tensors of its own, whose strides can
+    differ from the first trace's where a region's output was laid out
+    otherwise: T5's training forward failed there ("Cannot view a tensor
+    with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as (4, 16, 8)").
+    A library returns no view of its own making (aliases are taken from
+    the reference's outputs, :func:`output_aliases`), so what the view
+    shared is nobody's business."""
+    view, reshape = torch.ops.aten.view.default, torch.ops.aten.reshape.default
+    for node in traced.graph.nodes:
+        if node.op == "call_function" and node.target is view:
+            node.target = reshape
+    traced.recompile()
+
+
 def _view_copies() -> dict[Any, Any]:
     """``x_copy`` ops (LTC's views, fact 5 in docs/design.md) as the view
     ``x`` and a contiguous copy: Inductor lowers the views, while several
@@ -329,6 +346,7 @@ def _compile(script: Callable[..., Any], inputs: list[torch.Tensor],
     with torch.no_grad():
         traced = make_fx(lambda *a: _as_tuple(script(*a)), decomposition_table=_view_copies(),
                          tracing_mode="fake")(*inputs)
+        _views_as_reshapes(traced)
         exported = torch.export.export(_Call(traced), tuple(inputs), strict=False)
     with tempfile.TemporaryDirectory(prefix="ltc_cache-fuse-") as tmp:
         package = Path(tmp) / "graph.pt2"
