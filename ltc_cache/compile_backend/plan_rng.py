@@ -68,7 +68,6 @@ def unwrap_rng(graph: fx.GraphModule, inputs: list[torch.Tensor]) -> None:
             raise Unrepeatable(f"{RANDOM_RECOMPUTED}: {op}")
         with nodes.inserting_before(node):
             call = nodes.call_function(op, tuple(args), dict(node.kwargs))
-        call.meta = dict(node.meta)
         if name == "run_with_rng_state":
             if node.args[0] in placeholders:
                 inputs[placeholders.index(node.args[0])] = torch.get_rng_state()
