@@ -48,7 +48,7 @@ entry with ``fuse_graph``, as the background worker does (after ``sync``,
 usually none), then each stored plan's whole-graph libraries (README,
 "Fused libraries": whole plans). Later runs reuse the directory (``--reprepare`` starts it
 again). Then, in fresh processes over it: the measuring process (it checks
-``fused_loads`` > 0: a row whose fused variant loaded no library says so),
+``fused_loads`` or ``fused_plan_loads`` > 0: a row whose fused variant loaded no library says so),
 and, unless ``--no-first-call``, the warm first call of the fused tier, of
 the TorchScript tier and of Inductor (its caches warmed by the measuring
 process): seconds from the process's start to the end of its first call,
@@ -695,8 +695,9 @@ def notes(results: list[dict[str, Any]]) -> list[str]:
         for label, trace in measured.get("failures", {}).items():
             lines.append(f"- {name}: {TITLES[label]} failed:\n\n```\n{trace.strip()}\n```")
         fused = measured.get("counts", {}).get("fused", {})
-        if fused.get("fused_loads") == 0:
-            lines.append(f"- {name}: the fused variant loaded **no library** (fused_loads 0)")
+        if fused and not fused.get("fused_loads") and not fused.get("fused_plan_loads"):
+            lines.append(f"- {name}: the fused variant loaded **no library** (fused_loads and "
+                         "fused_plan_loads 0)")
         if fused.get("fused_queued"):
             lines.append(f"- {name}: the fused variant queued {fused['fused_queued']} graph(s) "
                          "for the background worker: not all were prepared")
