@@ -128,8 +128,8 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     traced on fake tensors (it computes the same). ``writes``: the inputs
     it writes in place, put back before each run that is compared, and
     compared too. ``settings``: Inductor settings over ltc_cache's
-    (:data:`~.platform.INDUCTOR_OPTIONS`). Raises FuseFailed where the library's outputs differ,
-    and whatever the compile raises."""
+    (:data:`~.platform.INDUCTOR_OPTIONS`). Raises FuseFailed where the
+    library's outputs differ, and whatever the compile raises."""
     before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
         expected = _as_tuple(reference(*inputs))
