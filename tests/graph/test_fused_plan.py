@@ -206,7 +206,6 @@ def test_a_plan_of_one_region_and_nothing_else_is_not_compiled_twice():
     assert not plan_library._one_region(plan_graph(extra=True))
 
 
-
 def _wrapped(op, inputs: int, *constants):
     """A forward and a backward as AOTAutograd's partitioner makes them
     around a recomputed ``op`` (fact 61) of ``inputs`` tensors, then
