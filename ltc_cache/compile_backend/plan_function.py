@@ -3,7 +3,7 @@
 
 :func:`bind_plan` makes a plan's graph, its regions bound, a
 :class:`PlanFunction`: the library where one is stored, verified and
-loadable, its first call in a process compared with the per-region path
+loadable, from its first call, which is compared with the per-region path
 unless a verdict is kept (:mod:`ltc_cache.graph.fused.verdicts`); the
 per-region path otherwise, with the plan queued for the background worker.
 """
@@ -94,14 +94,14 @@ class _Outputs(NamedTuple):
 
 class PlanFunction:
     """A plan's graph, through the plan's library where one is stored,
-    verified and loadable, and its per-region path otherwise. A library
-    whose first call in some process matched the per-region path (a
-    verdict is kept) runs from this process's first call; any other is
-    decided after a first call of the per-region path, and its own first
-    call is compared with that path. Where none is stored, the plan is
-    queued for the background worker, or compiled at once under
-    ``LTC_CACHE_FUSE=sync``, after that first call, so that its regions
-    are stored (and queued) before it."""
+    verified and loadable, and its per-region path otherwise, decided on
+    the first call. A library's first call in a process is compared with
+    the per-region path (:class:`FusedFunction`) unless a verdict is kept,
+    in which case the plan's regions are never run. Where nothing is
+    stored yet, the first call runs the per-region path, after which the
+    plan is queued for the background worker, or compiled at once under
+    ``LTC_CACHE_FUSE=sync``, so that its regions are stored (and queued)
+    before it."""
 
     __slots__ = ("_cache", "_call", "_lock", "_name", "_outputs", "_part", "_per_region",
                  "_plan_key", "_writes")
@@ -126,8 +126,8 @@ class PlanFunction:
             return self._per_region(*args)
         with self._lock:
             if self._call is None:
-                self._call = self._decided(args, None, checked_only=True)
-            if self._call is None:
+                self._call = self._decided(args, None, ahead=True)
+            if self._call is None:  # nothing stored yet
                 example = integer_inputs(args)  # before the call writes any of them
                 out = self._per_region(*args)
                 self._call = self._decided(args, example)
@@ -148,11 +148,11 @@ class PlanFunction:
         return call
 
     def _decided(self, args: Sequence[Any], example: Example, *,
-                 checked_only: bool = False) -> Callable[..., Any] | None:
-        """What runs from now on (``checked_only``: the library where its
-        verdict is held, else None). Never raises."""
+                 ahead: bool = False) -> Callable[..., Any] | None:
+        """What runs from now on; ``ahead`` (before the first call): None
+        where the plan has no fused entry yet. Never raises."""
         try:
-            return self._obtain(args, example, checked_only)
+            return self._obtain(args, example, ahead)
         except Exception as exc:  # a store, a loader: never the user's failure
             self._cache.record("errors")
             warn_once("fused-plan", f"the fused library of {self._name}: {exc}; running its "
@@ -160,36 +160,31 @@ class PlanFunction:
             return self._per_region
 
     def _obtain(self, args: Sequence[Any], example: Example,
-                checked_only: bool) -> Callable[..., Any] | None:
+                ahead: bool) -> Callable[..., Any] | None:
         cache, config, outputs = self._cache, self._cache.config, self._outputs
         if not runner_available() or outputs.container is None:
             logger.info("%s: no plan library (no tuple of outputs)", self._name)
             return self._per_region
         key = part_key(self._plan_key.digest, self._part)
         stored = cache.lookup_entry(key, count=False)
-        if checked_only and stored is None:
-            return None
         if stored is None:
+            if ahead:
+                return None
             keep_example(cache, key.digest, example)
-        if stored is None and config.fuse == "sync" and not cache.readonly:
-            from ..graph.fused.tier import in_a_clean_thread
+            if config.fuse == "sync" and not cache.readonly:
+                from ..graph.fused.tier import in_a_clean_thread
 
-            in_a_clean_thread(fuse_stored, cache, self._plan_key.digest)
-            stored = cache.lookup_entry(key, count=False)
-        if stored is None:
-            self._cache.fused.queue(self._plan_key.digest, PLAN_QUEUED)
-            return self._per_region
+                in_a_clean_thread(fuse_stored, cache, self._plan_key.digest)
+                stored = cache.lookup_entry(key, count=False)
+            if stored is None:
+                self._cache.fused.queue(self._plan_key.digest, PLAN_QUEUED)
+                return self._per_region
         secret = program_secret(config.secret, config.directory)
         try:
             library = usable_library(stored, secret, self._plan_key.digest)
         except EntryError as exc:
             cache.drop_entry(key, str(exc), remade="compiled")
             return self._per_region
-        signature = bytes(stored.payload["hmac"]) if library is not None else b""
-        checked = library is not None and verdict_held(cache, key.digest,
-                                                       self._plan_key.digest, signature)
-        if checked_only and not checked:
-            return None
         if library is None:
             reason = str(stored.payload.get("reason", ""))
             logger.info("%s: plan library refused: %s", self._name, reason[:300])
@@ -206,9 +201,12 @@ class PlanFunction:
         runner = _LaidOutRunner(load_runner(library.data), strides, self._writes)
         count_event(PLAN_LOADS)
         logger.info("%s: running the plan library %s", self._name, key.digest[:12])
+        signature = bytes(stored.payload["hmac"])  # verified by usable_library
         fused = FusedFunction(runner, tensors_of(self._per_region, outputs.states),
                               aliases=library.aliases, restride=library.restride,
-                              writes=self._writes, checked=checked,
+                              writes=self._writes,
+                              checked=verdict_held(cache, key.digest, self._plan_key.digest,
+                                                   signature),
                               check=lambda expected, got, error: self._checked(
                                   key, signature, expected, got, error))
         inputs_returned = [(int(o), int(i)) for o, kind, i, *_ in library.aliases

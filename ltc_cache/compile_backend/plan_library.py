@@ -182,7 +182,7 @@ _RECOMPUTING_BACKWARD = {"reorder_for_locality": False, "reorder_for_peak_memory
 
 
 def _settings(plan: Entry, part: str) -> dict[str, Any]:
-    return dict(_RECOMPUTING_BACKWARD) if part == "backward" \
+    return _RECOMPUTING_BACKWARD if part == "backward" \
         and plan.payload.get("recomputes") is True else {}
 
 
@@ -307,7 +307,7 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
 
 
 def tensors_of(fn: Callable[..., Any],
-                skip: frozenset[int] = frozenset()) -> Callable[..., tuple[Any, ...]]:
+               skip: frozenset[int] = frozenset()) -> Callable[..., tuple[Any, ...]]:
     """``fn`` returning its tensor outputs alone (a library has no ``None``),
     less those at the positions ``skip`` (generator states)."""
     def tensors(*args: Any) -> tuple[Any, ...]:
