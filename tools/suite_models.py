@@ -316,6 +316,22 @@ def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
     return (SUITE.get(name) or EXTRA[name])()
 
 
+def at_length(model: torch.nn.Module, inputs: dict[str, Any], length: int,
+              seed: int) -> dict[str, Any] | None:
+    """A batch like ``inputs`` with sequences of ``length``, padded as
+    transformers' collators pad: the first sequence a third shorter
+    (attention mask 0, the pad token). None for a model whose inputs are
+    not token ids alone (images, encoder-decoder pairs, boxes)."""
+    if set(inputs) != {"input_ids"}:
+        return None
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    ids = torch.randint(3, VOCAB, (BATCH, length),
+                        generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[0, length - length // 3:] = 0
+    return {"input_ids": ids.masked_fill(mask == 0, pad), "attention_mask": mask}
+
+
 def main_output(out) -> torch.Tensor:
     """The tensor a benchmark's loss is taken of: logits, else the last
     hidden state, else the first tensor of the output."""

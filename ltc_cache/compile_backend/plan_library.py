@@ -155,6 +155,8 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
         states = rng_state_outputs(traced)
         inputs = _example_inputs(traced, _input_kinds(plan, part),
                                  example_values(cache, key.digest))
+        if part == "backward":
+            _saved_from_forward(cache, plan, inputs)
         unwrap_rng(traced, inputs)
         per_region = bind_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
         built = build_library(tensors_of(per_region, states), inputs, started=started,
@@ -304,6 +306,34 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
             tensor.requires_grad_(True)
         inputs.append(tensor)
     return inputs
+
+
+def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tensor]) -> None:
+    """Give a backward's saved tensors (its first inputs) the values its
+    forward computes from the forward's own example inputs. Random saved
+    tensors break what a backward relies on (BatchNorm's inverse standard
+    deviation comes from the batch's variance, a softmax's rows sum to
+    one), and a library and the regions compared on them can part by far
+    more than on a real step: MobileNetV2's backward returned an infinity.
+    Left random where the forward cannot run here."""
+    from .joint import JointLayout
+
+    forward = _partitioned(plan, "forward").module
+    try:
+        layout = JointLayout.from_wire(plan.payload.get("joint"))
+        values = example_values(cache, part_key(plan.key, "forward").digest)
+        forward_inputs = _example_inputs(forward, _input_kinds(plan, "forward"), values)
+        with torch.no_grad():
+            saved = list(forward(*forward_inputs))[layout.outputs:]
+    except Exception as exc:  # a forward that needs a real input's values
+        logger.info("the backward of plan %s is built on random saved tensors: %s",
+                    plan.key[:12], exc)
+        return
+    with torch.no_grad():
+        for tensor, value in zip(inputs, saved, strict=False):
+            if isinstance(value, torch.Tensor) and value.shape == tensor.shape \
+                    and value.dtype == tensor.dtype:
+                tensor.copy_(value)
 
 
 def tensors_of(fn: Callable[..., Any],

@@ -258,3 +258,36 @@ def test_a_recomputed_op_that_draws_nothing_is_called_without_its_wrappers():
         with pytest.raises(Exception, match=plan_rng.RANDOM_RECOMPUTED):
             plan_rng.unwrap_rng(graph, [q, q])
         assert str(graph.graph) == before
+
+
+def test_a_backward_is_built_on_the_tensors_its_forward_saves(tmp_path):
+    """BatchNorm's backward takes the inverse standard deviation its forward
+    computed: drawn at random instead, a library and the regions can part
+    far more than on a real step. Its saved inputs are what the forward
+    computes on its own example inputs; its tangents stay random."""
+    from ltc_cache.compile_backend.backend import LtcBackend
+    from ltc_cache.compile_backend.joint import JointLayout
+
+    torch._dynamo.reset()
+    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 2))
+    torch.compile(model, backend=LtcBackend(cache))(torch.randn(6, 4)).sum().backward()
+    plan = next(iter(stored(tmp_path, "plan").values()))
+
+    def examples(part: str) -> list[torch.Tensor]:
+        graph = plan_library._partitioned(plan, part).module
+        return plan_library._example_inputs(graph, plan_library._input_kinds(plan, part), {})
+
+    with torch.no_grad():
+        saved = plan_library._partitioned(plan, "forward").module(*examples("forward"))
+    saved = saved[JointLayout.from_wire(plan.payload["joint"]).outputs:]
+    drawn, inputs = examples("backward"), examples("backward")
+    plan_library._saved_from_forward(cache, plan, inputs)
+    assert len(saved) < len(inputs)
+    for value, got in zip(saved, inputs, strict=False):
+        assert torch.equal(got, value)
+    assert any(not torch.equal(v, r) for v, r in zip(saved, drawn, strict=False))
+    for got, random in zip(inputs[len(saved):], drawn[len(saved):], strict=True):
+        assert torch.equal(got, random)  # the tangents
+    cache.store.close()

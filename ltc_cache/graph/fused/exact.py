@@ -1,0 +1,96 @@
+"""The float64 arbiter of a library's build check.
+
+A library is checked at build time against the function it stands in for,
+on random inputs (:mod:`.build`). Random weights make activations grow
+with each layer's width, and two correct float32 programs that sum in
+different orders can then part by more than the check's tolerance: T5's
+training forward by 1.2e-3 of its largest value. Which of the two is
+wrong? The graph run in float64 says: where the library is no further
+from it than the reference is, the difference is float32's rounding, not
+a miscompile, and the library is kept. This is the rule Dynamo's own
+accuracy checks apply (``torch._dynamo.utils.same`` with ``fp64_ref``):
+root mean square errors against the float64 run, the library's at most a
+few times the reference's.
+
+The library's first call on a run's own inputs is still compared with the
+reference at 1e-5 (:mod:`.verdicts`); this only decides what is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+__all__ = ["MULTIPLIER", "no_further_from_exact"]
+
+logger = logging.getLogger("ltc_cache.fused")
+
+# How much further from the float64 run than the reference a library may
+# be (Dynamo's checks use 2 to 3, more for tiny tensors); a miscompile is
+# orders of magnitude further.
+MULTIPLIER = 3.0
+# Below this, an error is rounding of unit-scale values (runner.ATOL).
+_FLOOR = 1e-7
+
+
+def no_further_from_exact(graph: torch.fx.GraphModule, inputs: Sequence[Any],
+                          writes: Sequence[int], expected: Sequence[Any],
+                          got: Sequence[Any]) -> bool:
+    """Whether every floating output in ``got`` (the library's outputs,
+    then the inputs it wrote at ``writes``) is no further from ``graph``
+    run in float64 on ``inputs`` than ``expected`` (the reference's) is.
+    False where the graph cannot run in float64 or an output's NaNs and
+    infinities differ from the reference's."""
+    try:
+        exact = _in_float64(graph, inputs, writes)
+    except Exception as exc:  # an op with no float64 kernel, a fixed dtype
+        logger.info("no float64 run to compare with: %s", exc)
+        return False
+    if len(exact) != len(expected):
+        return False
+    for e, g, x in zip(expected, got, exact, strict=True):
+        if not (isinstance(e, torch.Tensor) and e.is_floating_point()):
+            continue
+        finite = torch.isfinite(e)
+        if not torch.equal(finite, torch.isfinite(g)) \
+                or not torch.equal(e[~finite].nan_to_num(), g[~finite].nan_to_num()):
+            return False
+        known = finite & torch.isfinite(x)
+        reference, library = _rms(e, x, known), _rms(g, x, known)
+        if library > MULTIPLIER * reference + _FLOOR * _rms(x, 0.0, known):
+            logger.info("the library's error against float64 is %.3g, the reference's %.3g",
+                        library, reference)
+            return False
+    return True
+
+
+def _in_float64(graph: torch.fx.GraphModule, inputs: Sequence[Any],
+                writes: Sequence[int]) -> list[Any]:
+    """``graph``'s outputs, then the inputs it writes, with its float32
+    inputs and every float32 it names widened to float64."""
+    def wide(value: Any) -> Any:
+        return torch.float64 if value is torch.float32 else value
+
+    copied = torch.fx.Graph()
+    copied.output(copied.graph_copy(graph.graph, {}))
+    for node in copied.nodes:
+        node.args, node.kwargs = tree_map(wide, node.args), tree_map(wide, node.kwargs)
+    widened = torch.fx.GraphModule(graph, copied)
+    wide_inputs = [t.detach().to(torch.float64) if isinstance(t, torch.Tensor)
+                   and t.dtype == torch.float32 else t.detach().clone()
+                   if isinstance(t, torch.Tensor) else t for t in inputs]
+    with torch.no_grad():
+        outputs = widened(*wide_inputs)
+    outputs = list(outputs if isinstance(outputs, tuple | list) else [outputs])
+    return outputs + [wide_inputs[i] for i in writes]
+
+
+def _rms(a: torch.Tensor, b: torch.Tensor | float, where: torch.Tensor) -> float:
+    """The root mean square of ``a - b`` over ``where``, in float64."""
+    diff = a.double() - (b.double() if isinstance(b, torch.Tensor) else b)
+    chosen = diff[where]
+    return chosen.square().mean().sqrt().item() if chosen.numel() else 0.0
