@@ -236,6 +236,31 @@ def test_the_entry_records_its_inputs_layouts(tmp_path):
     assert specs[("arg", 0)] == ["float32", [2, 4], [4, 1]]
 
 
+class TwoMasks(nn.Module):
+    """Two masks built in the graph from ``arange``: constants of one shape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.device
+        a = torch.arange(8, device=d).unsqueeze(1) >= torch.arange(8, device=d).unsqueeze(0)
+        b = torch.arange(1, 9, device=d).unsqueeze(1) > torch.arange(8, device=d).unsqueeze(0)
+        return x.masked_fill(a.expand(2, 8, 8), 0.0) + x.masked_fill(b.expand(2, 8, 8), 1.0)
+
+
+def test_a_graph_with_constant_masks_is_traced_for_its_library(tmp_path):
+    """TorchScript's optimizing executor would fold both masks into
+    constants and compare them (aten.equal), which fake tensors cannot
+    answer: the build traces the graph as a replay runs it, unoptimized."""
+    from ltc_cache.graph.fused import build
+
+    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
+    x = torch.randn(2, 8, 8)
+    entry = cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()), [x]).entry
+    inputs = build.example_inputs(entry)
+    traced = build._trace(build_function(entry.ir), inputs)
+    x = next(t for source, t in zip(entry.inputs, inputs, strict=True) if source.kind == "arg")
+    torch.testing.assert_close(traced(*inputs)[0], TwoMasks()(x))
+
+
 # -- a library's calls -------------------------------------------------------------------------
 
 

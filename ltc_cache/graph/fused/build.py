@@ -343,10 +343,14 @@ def _view_copies() -> dict[Any, Any]:
 
 
 def _trace(script: Callable[..., Any], inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
-    """The aten graph ``script`` runs on inputs laid out as ``inputs``."""
+    """The aten graph ``script`` runs on inputs laid out as ``inputs``,
+    run unoptimized, as a replay runs it: TorchScript's optimizing
+    executor folds a graph's constant parts (a mask made from ``arange``)
+    into tensors and pools equal ones, comparing them with ``aten.equal``,
+    which fake tensors cannot answer (fact 87 in docs/design.md)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    with torch.no_grad():
+    with torch.no_grad(), torch.jit.optimized_execution(False):
         traced = make_fx(lambda *a: _as_tuple(script(*a)), decomposition_table=_view_copies(),
                          tracing_mode="fake")(*inputs)
     _views_as_reshapes(traced)
