@@ -25,14 +25,14 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["MULTIPLIER", "no_further_from_exact"]
+__all__ = ["no_further_from_exact"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
 # How much further from the float64 run than the reference a library may
 # be (Dynamo's checks use 2 to 3, more for tiny tensors); a miscompile is
 # orders of magnitude further.
-MULTIPLIER = 3.0
+_MULTIPLIER = 3.0
 # Below this, an error is rounding of unit-scale values (runner.ATOL).
 _FLOOR = 1e-7
 
@@ -61,7 +61,7 @@ def no_further_from_exact(graph: torch.fx.GraphModule, inputs: Sequence[Any],
             return False
         known = finite & torch.isfinite(x)
         reference, library = _rms(e, x, known), _rms(g, x, known)
-        if library > MULTIPLIER * reference + _FLOOR * _rms(x, 0.0, known):
+        if library > _MULTIPLIER * reference + _FLOOR * _rms(x, 0.0, known):
             logger.info("the library's error against float64 is %.3g, the reference's %.3g",
                         library, reference)
             return False
