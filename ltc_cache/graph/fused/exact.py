@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from .runner import ATOL
+
 __all__ = ["no_further_from_exact"]
 
 logger = logging.getLogger("ltc_cache.fused")
@@ -33,8 +35,8 @@ logger = logging.getLogger("ltc_cache.fused")
 # be (Dynamo's checks use 2 to 3, more for tiny tensors); a miscompile is
 # orders of magnitude further.
 _MULTIPLIER = 3.0
-# Below this, an error is rounding of unit-scale values (runner.ATOL).
-_FLOOR = 1e-7
+# Below this, an error is rounding of unit-scale values.
+_FLOOR = ATOL
 
 
 def no_further_from_exact(graph: torch.fx.GraphModule, inputs: Sequence[Any],

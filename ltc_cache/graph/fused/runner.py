@@ -174,9 +174,12 @@ def put_back(inputs: Sequence[Any], writes: Sequence[int], saved: Sequence[torch
 # small statistic) carries the rounding of the unit-scale values it was
 # computed from: a tiny BERT's training regions differed by 2.6e-9 to
 # 3.7e-8 on outputs whose largest was 3.3e-9 to 3.3e-3, over 1e-5 of it.
-# float32 rounds values near one at 6e-8, so differences up to 1e-7 are
-# rounding whatever the output's own scale.
-ATOL = 1e-7
+# float32 rounds a value near one to within 6e-8 (half a unit in its last
+# place), so two correct results, each rounded, can part by one unit:
+# float32's epsilon, 1.19e-7, whatever the output's own scale. (At 1e-7,
+# a tiny Swin's training region was refused for 1.04e-7 on an output whose
+# largest value was 3e-3.)
+ATOL = torch.finfo(torch.float32).eps
 
 
 def mismatch(expected: Sequence[Any], got: Sequence[Any] | None, *,
