@@ -41,6 +41,12 @@ IGNORED_LABEL = -100
 _FORWARD_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "labels"})
 _FORWARD_SETTINGS = {"num_items_in_batch": None, "return_dict": None,
                      "output_hidden_states": None, "use_cache": False}
+# Language models with no pad token (Llama's, Mistral's, Qwen's configs
+# name none) are padded with token 0: a padded position is never attended
+# to and its own outputs are cut off, so its id changes nothing. Other heads
+# may read the pad token: GPT-2's classifier takes each sequence's last
+# token that is not one, and without one its last token, the padding.
+_ANY_PAD = ("ForCausalLM", "LMHeadModel")
 
 
 @dataclass(frozen=True)
@@ -166,8 +172,10 @@ def _forward_padding(buckets: Buckets | None, module: Any, args: tuple[Any, ...]
     if not _is_transformers_model(module) or getattr(config, "is_encoder_decoder", False):
         return None
     pad = getattr(config, "pad_token_id", None)
-    if not isinstance(pad, int):  # the model may not tell padding (GPT-2's classifier)
-        return None
+    if not isinstance(pad, int):
+        if not type(module).__name__.endswith(_ANY_PAD):
+            return None  # the head may find a sequence's end by its pad token
+        pad = 0
     length = mask.shape[1]
     bucket = buckets.length(length)
     if bucket == length:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from generate_child import build as build_lm
 from generate_child import prompt
-from lengths_child import batch
+from lengths_child import VOCAB, batch
 from lengths_child import build as build_trained
 
 import ltc_cache
@@ -86,10 +87,29 @@ def test_a_training_forward_is_padded_on_the_right_and_computes_the_same_loss():
     assert model.transformer.wte.weight.grad is not None
 
 
+def test_a_language_model_with_no_pad_token_is_padded_with_any_token():
+    """Llama's config names no pad token: its call is padded with token 0
+    all the same, and its loss and logits are the unpadded call's."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                      num_key_value_heads=2, intermediate_size=64,
+                                      vocab_size=VOCAB, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).train()
+    assert model.config.pad_token_id is None
+    inputs = batch(13, 0)
+    expected = model(**inputs)
+    call, seen = _record(model)
+    out = pad_forward(Buckets(), model, (), dict(inputs), call)
+    assert seen[0]["input_ids"].shape == (4, 16) and seen[0]["input_ids"][:, 13:].eq(0).all()
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.logits, expected.logits, rtol=1e-5, atol=1e-5)
+
+
 def test_calls_whose_padding_is_not_known_are_made_as_they_are():
     """No padding for: an inference call without labels, or one asking for
     the key/value cache (it would hold the padding), a model without a pad
-    token, a module that is not transformers', positional inputs, extra
+    token whose head may read it (a classifier), a module that is not
+    transformers', positional inputs, extra
     per-token inputs, or buckets turned off."""
     model, inference = build_trained("gpt2"), build_trained("gpt2").eval()
     inputs = batch(13, 0)
@@ -102,10 +122,11 @@ def test_calls_whose_padding_is_not_known_are_made_as_they_are():
         call, seen = _record(module)
         pad_forward(buckets, module, args, kwargs, call)
         assert seen[0] is kwargs
-    no_pad = build_trained("gpt2")
+    no_pad = transformers.GPT2ForSequenceClassification(build_trained("gpt2").config).train()
     no_pad.config.pad_token_id = None
-    call, seen = _record(no_pad)
-    pad_forward(Buckets(), no_pad, (), dict(inputs), call)
+    seen = []
+    pad_forward(Buckets(), no_pad, (), dict(inputs, labels=inputs["labels"][:, 0] % 2),
+                lambda args, kwargs: seen.append(kwargs))
     assert seen[0]["input_ids"].shape == (4, 13)
     plain = torch.nn.Linear(4, 4)
     call, seen = _record(lambda **kw: kw)
