@@ -2,7 +2,7 @@
 through ``ltc_cache.compile``, cold then warm in fresh processes.
 
     python tools/bench_suite.py [--models ResNet,ViT] [--family hf|vision]
-                                [--modes train,infer] [--markdown] [--json FILE]
+                                [--modes train,infer,ckpt,lengths] [--markdown] [--json FILE]
                                 [--inductor MODELS] [--repeat N]
 
 For each model and mode, two fresh processes over one new cache directory:
@@ -15,15 +15,14 @@ accumulated, then AdamW, the call timed being that whole step;
 padding makes them, each batch padded to its longest sequence, the cold
 process and the warm one drawing different lengths from 8-64; text models
 only) through ``ltc_cache.compile`` and the same in eager on a copy, and
-reports: the
-error against eager (outputs; for training the loss and every gradient,
-relative to the largest gradient),
-the share of aten ops in LTC, the LTC regions, what the process traced
-(LTC traces, AOTAutograd traces counted by wrapping AOTAutograd's own
-capture functions, and captures: Dynamo frames, programs captured and calls
-that fell back from a program to torch.compile) and the time of the first
-call.
-"warm/cold" is the warm first call over the cold one. One intra-op thread.
+reports: the error against eager (outputs; for training the loss and every
+gradient, relative to the largest gradient), the share of aten ops in LTC,
+the LTC regions, what the process traced (LTC traces, AOTAutograd traces
+counted by wrapping AOTAutograd's own capture functions, and captures:
+Dynamo frames, programs captured and calls that fell back from a program
+to torch.compile) and the time of the first call. "warm/cold" is the warm
+first call over the cold one (``lengths``: the ten steps' sums, and the
+warm process's slowest step after its first). One intra-op thread.
 The processes write and read their bytecode caches (under the cache
 directory), as an installed package's are, even where the environment sets
 ``PYTHONDONTWRITEBYTECODE``.
