@@ -291,3 +291,28 @@ def test_a_backward_is_built_on_the_tensors_its_forward_saves(tmp_path):
     for got, random in zip(inputs[len(saved):], drawn[len(saved):], strict=True):
         assert torch.equal(got, random)  # the tangents
     cache.store.close()
+
+
+def test_a_library_gets_its_inputs_in_the_layouts_it_was_compiled_for():
+    """A backward's saved tensors come back from the regions contiguous
+    where eager's were transposed views or broadcasts (BERT's position ids
+    expanded over the batch, stride 0): each is laid out as recorded, a
+    broadcast as one slice expanded (copying into a stride of 0 raised),
+    with the values unchanged; what the library writes is copied back."""
+    from ltc_cache.compile_backend.plan_function import _LaidOutRunner
+
+    class Runner:
+        def run(self, inputs):
+            self.seen = inputs
+            inputs[2].add_(1)
+            return [inputs[0] + inputs[1].sum()]
+
+    positions = torch.arange(8).expand(2, 8).contiguous()
+    transposed, written = torch.randn(3, 4), torch.zeros(3)
+    runner = Runner()
+    out = _LaidOutRunner(runner, [(0, 1), (1, 3), None], [2]).run(
+        [positions, transposed, written])
+    assert [t.stride() for t in runner.seen[:2]] == [(0, 1), (1, 3)]
+    assert torch.equal(runner.seen[0], positions) and torch.equal(runner.seen[1], transposed)
+    assert runner.seen[2] is written and written.eq(1).all()
+    assert torch.equal(out[0], positions + transposed.sum())
