@@ -32,6 +32,7 @@ from .plan_library import (
     fuse_stored,
     part_key,
     tensors_of,
+    unrepeated,
     written_inputs,
 )
 from .plan_rng import RANDOM_RECOMPUTED, rng_state_outputs
@@ -285,15 +286,10 @@ def _laid_out(value: Any, stride: tuple[int, ...] | None) -> Any:
     if stride is None or value.stride() == stride or len(stride) != value.dim() \
             or value.numel() <= 1:
         return value
-    # A layout with a stride of 0 was a broadcast in eager (BERT's position
-    # ids expanded over the batch), saved for the backward; the regions
-    # hand it back materialised, its values repeated along those
-    # dimensions. One slice is laid out and expanded again: no tensor can be
-    # written with elements that share memory.
-    base = value
-    for dim, (size, step) in enumerate(zip(value.shape, stride, strict=True)):
-        if step == 0 and size > 1:
-            base = base.narrow(dim, 0, 1)
+    # A layout with a stride of 0 was a broadcast in eager, saved for the
+    # backward; the regions hand it back materialised, its values repeated
+    # along those dimensions: one slice is laid out and expanded again.
+    base = unrepeated(value, stride)
     laid = torch.empty_strided(base.shape, stride, dtype=value.dtype,
                                device=value.device).copy_(base)
     return laid if base is value else laid.expand(value.shape)

@@ -71,6 +71,7 @@ __all__ = [
     "part_key",
     "plan_parts",
     "tensors_of",
+    "unrepeated",
     "written_inputs",
 ]
 
@@ -297,7 +298,7 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
                                 list(value.stride()), generator=generator)
         known = values.get(index)
         if known is not None and known.shape == tensor.shape and known.dtype == tensor.dtype:
-            tensor.copy_(known)
+            _copy_into(tensor, known)
         parameter, grad = kinds[index] if index < len(kinds) else (False, False)
         grad = grad and tensor.is_floating_point()
         if parameter:
@@ -333,7 +334,24 @@ def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tenso
         for tensor, value in zip(inputs, saved, strict=False):
             if isinstance(value, torch.Tensor) and value.shape == tensor.shape \
                     and value.dtype == tensor.dtype:
-                tensor.copy_(value)
+                _copy_into(tensor, value)
+
+
+def unrepeated(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """``tensor`` cut to its first slice along each dimension that
+    ``stride`` repeats (a stride of 0: a broadcast, BERT's position ids
+    expanded over the batch). No tensor whose elements share memory can be
+    written; its first slice can, and the broadcast reads it everywhere."""
+    for dim, (size, step) in enumerate(zip(tensor.shape, stride, strict=True)):
+        if step == 0 and size > 1:
+            tensor = tensor.narrow(dim, 0, 1)
+    return tensor
+
+
+def _copy_into(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """``value`` written into an example input (a broadcast: its first slices)."""
+    stride = tensor.stride()
+    unrepeated(tensor, stride).copy_(unrepeated(value, stride))
 
 
 def tensors_of(fn: Callable[..., Any],

@@ -316,3 +316,16 @@ def test_a_library_gets_its_inputs_in_the_layouts_it_was_compiled_for():
     assert torch.equal(runner.seen[0], positions) and torch.equal(runner.seen[1], transposed)
     assert runner.seen[2] is written and written.eq(1).all()
     torch.testing.assert_close(out[0], positions + transposed.sum())
+
+
+def test_an_example_input_laid_out_as_a_broadcast_takes_a_real_calls_values():
+    """BERT's position ids, expanded over the batch (stride 0): a plan's
+    example input of that layout cannot be copied into whole (its elements
+    share memory), so it takes the value's first slice, broadcast."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    positions = torch.arange(8).expand(2, 8)
+    graph = make_fx(lambda p, x: (x + p,))(positions, torch.randn(2, 8))
+    known = {0: torch.arange(8).expand(2, 8).contiguous() + 3}
+    inputs = plan_library._example_inputs(graph, [], known)
+    assert inputs[0].stride() == (0, 1) and torch.equal(inputs[0], known[0])
