@@ -315,8 +315,8 @@ def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tenso
     tensors break what a backward relies on (BatchNorm's inverse standard
     deviation comes from the batch's variance, a softmax's rows sum to
     one), and a library and the regions compared on them can part by far
-    more than on a real step: MobileNetV2's backward returned an infinity.
-    Left random where the forward cannot run here."""
+    more than on a real step. Left random where the forward cannot run
+    here."""
     from .joint import JointLayout
 
     forward = _partitioned(plan, "forward").module
