@@ -36,6 +36,8 @@ def test_rounding_is_kept_and_a_wrong_result_is_not() -> None:
     # float32 itself is 0.5 off here (7e-4 of the largest): a wrong result is further.
     for wrong in (expected[0] * 1.01, expected[0] + 3e-3 * scale):
         assert not no_further_from_exact(graph, inputs, [], expected, (wrong, expected[1]))
+    transposed = expected[1].t().contiguous().t()  # the same values, other strides
+    assert not no_further_from_exact(graph, inputs, [], expected, (expected[0], transposed))
     nan = expected[1].clone()
     nan[0, 0] = float("nan")
     assert not no_further_from_exact(graph, inputs, [], expected, (expected[0], nan))
