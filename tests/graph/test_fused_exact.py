@@ -57,6 +57,16 @@ def test_written_inputs_are_judged_too() -> None:
                                      (expected[0], expected[1] + 0.5))
 
 
+def test_outputs_that_are_no_tensors_must_be_equal() -> None:
+    def counted(x: torch.Tensor) -> tuple[object, ...]:
+        return (x * 2, 3)
+
+    x = torch.randn(4)
+    graph = make_fx(counted)(x)
+    assert no_further_from_exact(graph, [x], [], counted(x), counted(x))
+    assert not no_further_from_exact(graph, [x], [], counted(x), (x * 2, 4))
+
+
 def test_a_graph_with_no_float64_run_is_not_judged() -> None:
     fixed = torch.randn(8, 8)
 
