@@ -319,8 +319,8 @@ def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tenso
     here."""
     from .joint import JointLayout
 
-    forward = _partitioned(plan, "forward").module
     try:
+        forward = _partitioned(plan, "forward").module
         layout = JointLayout.from_wire(plan.payload.get("joint"))
         values = example_values(cache, part_key(plan.key, "forward").digest)
         forward_inputs = _example_inputs(forward, _input_kinds(plan, "forward"), values)

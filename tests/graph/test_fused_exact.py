@@ -67,6 +67,16 @@ def test_outputs_that_are_no_tensors_must_be_equal() -> None:
     assert not no_further_from_exact(graph, [x], [], counted(x), (x * 2, 4))
 
 
+def test_a_complex_output_is_not_judged_so_must_be_equal() -> None:
+    def spectrum(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.fft.rfft(x),)
+
+    x = torch.randn(8)
+    graph = make_fx(spectrum)(x)
+    assert no_further_from_exact(graph, [x], [], spectrum(x), spectrum(x))
+    assert not no_further_from_exact(graph, [x], [], spectrum(x), (spectrum(x)[0] * 1.01,))
+
+
 def test_a_graph_with_no_float64_run_is_not_judged() -> None:
     fixed = torch.randn(8, 8)
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from .runner import ATOL
+from .runner import ATOL, layout_mismatch, same_non_finite
 
 __all__ = ["no_further_from_exact"]
 
@@ -46,8 +46,9 @@ def no_further_from_exact(graph: torch.fx.GraphModule, inputs: Sequence[Any],
     then the inputs it wrote at ``writes``) is no further from ``graph``
     run in float64 on ``inputs`` than ``expected`` (the reference's) is.
     False where the graph cannot run in float64, where anything but
-    floating values differs (a shape, a stride, an integer), or where an
-    output's NaNs and infinities differ from the reference's."""
+    floating values differs (:func:`~.runner.layout_mismatch`), where an
+    output's NaNs and infinities differ from the reference's, or where a
+    complex output differs at all (it is not widened)."""
     try:
         exact = _in_float64(graph, inputs, writes)
     except Exception as exc:  # an op with no float64 kernel, a fixed dtype
@@ -55,32 +56,24 @@ def no_further_from_exact(graph: torch.fx.GraphModule, inputs: Sequence[Any],
         return False
     if not len(exact) == len(expected) == len(got):
         return False
-    for e, g, x in zip(expected, got, exact, strict=True):
-        if not _same_layout(e, g):
-            return False  # only values are judged here
-        if not (isinstance(e, torch.Tensor) and e.is_floating_point()):
+    for i, (e, g, x) in enumerate(zip(expected, got, exact, strict=True)):
+        if layout_mismatch(i, e, g) is not None:
+            return False  # only floating values are judged here
+        if not isinstance(e, torch.Tensor) or not (e.is_floating_point() or e.is_complex()):
             continue
-        finite = torch.isfinite(e)
-        if not torch.equal(finite, torch.isfinite(g)) \
-                or not torch.equal(e[~finite].nan_to_num(), g[~finite].nan_to_num()):
+        if e.is_complex():  # not widened, so not judged: equal or refused
+            if not torch.equal(e, g):
+                return False
+            continue
+        if not same_non_finite(e, g):
             return False
-        known = finite & torch.isfinite(x)
+        known = torch.isfinite(e) & torch.isfinite(x)
         reference, library = _rms(e, x, known), _rms(g, x, known)
         if library > _MULTIPLIER * reference + _FLOOR * _rms(x, 0.0, known):
             logger.info("the library's error against float64 is %.3g, the reference's %.3g",
                         library, reference)
             return False
     return True
-
-
-def _same_layout(e: Any, g: Any) -> bool:
-    """Whether ``g`` is ``e`` but for floating values: the same non-tensor,
-    or a tensor of the same shape, dtype and strides, integers equal."""
-    if not isinstance(e, torch.Tensor):
-        return not isinstance(g, torch.Tensor) and (e is g or e == g)
-    return (isinstance(g, torch.Tensor) and e.shape == g.shape and e.dtype == g.dtype
-            and (e.numel() <= 1 or e.stride() == g.stride())
-            and (e.is_floating_point() or torch.equal(e, g)))
 
 
 def _in_float64(graph: torch.fx.GraphModule, inputs: Sequence[Any],

@@ -27,7 +27,8 @@ import torch
 
 from ..replay import GraphFunction
 
-__all__ = ["ATOL", "FusedFunction", "load_runner", "put_back", "runner_available", "saved_writes"]
+__all__ = ["ATOL", "FusedFunction", "layout_mismatch", "load_runner", "mismatch", "put_back",
+           "runner_available", "same_non_finite", "saved_writes"]
 
 _private_dir_lock = threading.Lock()
 _loaded = itertools.count()
@@ -196,18 +197,11 @@ def mismatch(expected: Sequence[Any], got: Sequence[Any] | None, *,
         return f"{len(got)} outputs where TorchScript has {len(expected)}"
     floating = []
     for i, (e, g) in enumerate(zip(expected, got, strict=True)):
-        if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor):
-            if e is not g and e != g:
-                return f"output {i}: {g!r} where TorchScript has {e!r}"
-        elif e.shape != g.shape or e.dtype != g.dtype:
-            return (f"output {i}: {tuple(g.shape)} {g.dtype} where TorchScript has "
-                    f"{tuple(e.shape)} {e.dtype}")
-        elif e.numel() > 1 and e.stride() != g.stride():
-            return f"output {i}: strides {g.stride()} where TorchScript has {e.stride()}"
-        elif not (e.is_floating_point() or e.is_complex()):
-            if not torch.equal(e, g):
-                return f"output {i}: values differ"
-        elif e.numel():
+        problem = layout_mismatch(i, e, g)
+        if problem is not None:
+            return problem
+        if isinstance(e, torch.Tensor) and (e.is_floating_point() or e.is_complex()) \
+                and e.numel():
             floating.append(i)
     if not floating:
         return None
@@ -225,11 +219,34 @@ def mismatch(expected: Sequence[Any], got: Sequence[Any] | None, *,
     return None
 
 
-def _non_finite_mismatch(e: torch.Tensor, g: torch.Tensor, rtol: float) -> str | None:
+def layout_mismatch(i: int, e: Any, g: Any) -> str | None:
+    """Why output ``i`` of the library (``g``) differs from TorchScript's
+    (``e``) in anything but floating values: a non-tensor, a shape, a
+    dtype, strides, an integer; None where it does not."""
+    if not isinstance(e, torch.Tensor) or not isinstance(g, torch.Tensor):
+        if e is not g and e != g:
+            return f"output {i}: {g!r} where TorchScript has {e!r}"
+    elif e.shape != g.shape or e.dtype != g.dtype:
+        return (f"output {i}: {tuple(g.shape)} {g.dtype} where TorchScript has "
+                f"{tuple(e.shape)} {e.dtype}")
+    elif e.numel() > 1 and e.stride() != g.stride():
+        return f"output {i}: strides {g.stride()} where TorchScript has {e.stride()}"
+    elif not (e.is_floating_point() or e.is_complex()) and not torch.equal(e, g):
+        return f"output {i}: values differ"
+    return None
+
+
+def same_non_finite(e: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether ``g`` has NaN and infinity exactly where ``e`` has them."""
     finite = torch.isfinite(e)
-    if not torch.equal(finite, torch.isfinite(g)) \
-            or not torch.equal(e[~finite].nan_to_num(), g[~finite].nan_to_num()):
+    return torch.equal(finite, torch.isfinite(g)) \
+        and torch.equal(e[~finite].nan_to_num(), g[~finite].nan_to_num())
+
+
+def _non_finite_mismatch(e: torch.Tensor, g: torch.Tensor, rtol: float) -> str | None:
+    if not same_non_finite(e, g):
         return "NaN or infinity where TorchScript has none, or the other way"
+    finite = torch.isfinite(e)
     if not finite.any():
         return None
     scale = e[finite].abs().max().item()
