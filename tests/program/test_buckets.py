@@ -19,7 +19,7 @@ import torch
 import transformers
 from generate_child import build as build_lm
 from generate_child import prompt
-from lengths_child import VOCAB, batch
+from lengths_child import batch
 from lengths_child import build as build_trained
 
 import ltc_cache
@@ -88,14 +88,10 @@ def test_a_training_forward_is_padded_on_the_right_and_computes_the_same_loss():
 
 
 def test_a_language_model_with_no_pad_token_is_padded_with_any_token():
-    """Llama's config names no pad token: its call is padded with token 0
+    """Llama's configs name no pad token: a call is padded with token 0
     all the same, and its loss and logits are the unpadded call's."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
-                                      num_key_value_heads=2, intermediate_size=64,
-                                      vocab_size=VOCAB, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(config).train()
-    assert model.config.pad_token_id is None
+    model = build_trained("llama")
+    model.config.pad_token_id = None
     inputs = batch(13, 0)
     expected = model(**inputs)
     call, seen = _record(model)
