@@ -1,6 +1,7 @@
 """Data-parallel training through ltc_cache, one rank of it (run by torchrun).
 
-``torchrun --nproc_per_node=N tests/ddp_child.py ORDER OUT_DIR [--steps 3] [--model M]``
+``torchrun --nproc_per_node=N tests/ddp_child.py ORDER OUT_DIR [--steps 3] [--model M]
+[--bucket-mb MB]``
 
 Each rank trains a model with AdamW on its share of one global batch,
 through DistributedDataParallel (gloo, CPU) compiled in ``ORDER``. The
@@ -24,6 +25,9 @@ weights end from the reference's (``weights_error``). Every rank then runs
 the same steps through eager DDP (``eager_ddp``: its losses) and writes
 how far its weights end from those (``eager_ddp_weights_error``), and a
 digest of its weights (``weights``), which must be equal on every rank.
+``compiled_nodes``: the compiled graphs' autograd nodes behind the last
+step's loss (one per piece of a graph cut at DDP's gradient buckets,
+``--bucket-mb`` being DDP's ``bucket_cap_mb``).
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ def _steps(model, batch, steps: int, reduce=None) -> tuple[list[float], float]:
         optimizer.zero_grad()
         out = model(ids, labels=labels)
         loss = out["loss"]
+        COMPILED_NODES[:] = _compiled_nodes(loss)
         loss.backward()
         optimizer.step()
         value = loss.detach().clone()
@@ -124,6 +129,22 @@ def _steps(model, batch, steps: int, reduce=None) -> tuple[list[float], float]:
         if step == 0:
             first = time.perf_counter() - start
     return losses, first
+
+
+def _compiled_nodes(loss) -> list[str]:
+    """The compiled graphs' nodes in the autograd graph of ``loss``, by
+    class name: one per piece of a graph cut at DDP's buckets."""
+    seen, todo = set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo += [next_node for next_node, _ in node.next_functions]
+    return sorted(type(node).__name__ for node in seen
+                  if type(node).__name__ in ("_JointBackward", "CompiledFunctionBackward"))
+
+
+COMPILED_NODES: list[str] = []
 
 
 def _farthest(model, other) -> float:
@@ -170,6 +191,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--model", choices=("gpt2", "seqcls", "mlp"), default="gpt2")
     parser.add_argument("--hang-after", type=float, default=240.0)
+    parser.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb")
     options = parser.parse_args(argv)
 
     # A rank that hangs (a collective the other rank never joins) prints
@@ -195,14 +217,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     batch = _batch(world, options.model)
     mine = tuple(t[rank * BATCH_PER_RANK:(rank + 1) * BATCH_PER_RANK] for t in batch)
 
+    buckets = {"bucket_cap_mb": options.bucket_mb}
     if options.order == "ddp_of_compiled":
-        net = DDP(ltc_cache.compile(model))
+        net = DDP(ltc_cache.compile(model), **buckets)
     elif options.order == "compiled_ddp":
-        net = ltc_cache.compile(DDP(model))
+        net = ltc_cache.compile(DDP(model, **buckets))
     elif options.order == "torch_compile_ddp":
-        net = torch.compile(DDP(model), backend="ltc_cache")
+        net = torch.compile(DDP(model, **buckets), backend="ltc_cache")
     else:  # for the benchmark: Inductor
-        net = torch.compile(DDP(model))
+        net = torch.compile(DDP(model, **buckets))
 
     def global_mean(value):
         dist.all_reduce(value)
@@ -214,13 +237,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
               "frames_ok": int(torch._dynamo.utils.counters["frames"]["ok"]),
               "aot_traces": AOT["traces"], "logs": logs,
               "visited": visited,
-              "captures": len(CAPTURES)}
+              "captures": len(CAPTURES), "compiled_nodes": list(COMPILED_NODES)}
     # The weights after the steps: the same on every rank (a digest), and
     # as far from eager DDP's (the same steps, every rank) and from the
     # reference's as the all-reduced gradients allow.
     result["weights"] = hashlib.sha256(b"".join(
         p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    eager = DDP(eager_model)
+    eager = DDP(eager_model, **buckets)
     result["eager_ddp"], _ = _steps(eager, mine, options.steps, global_mean)
     result["eager_ddp_weights_error"] = _farthest(model, eager_model)
     del eager

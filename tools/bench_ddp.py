@@ -1,22 +1,24 @@
 """DistributedDataParallel's steady step, ltc_cache against eager DDP, side
 by side in the same ranks.
 
-    python tools/bench_ddp.py [--ranks 2,4] [--rounds 8] [--steps 4] [--bucket-mb 25] [--markdown]
+    python tools/bench_ddp.py [--ranks 2,4] [--rounds 8] [--steps 4] [--bucket-mb MB] [--markdown]
 
 For each world size, ``torchrun`` starts that many gloo ranks (CPU, one
 intra-op thread each) twice over one cache directory: a cold run that
 stores the programs, then the measured run. In the measured run every rank
-holds three copies of one GPT-2 (4 layers, hidden 128, sequence 64, 4
-sequences a rank): eager ``DDP(model)``, ``DDP(ltc_cache.compile(model))``
-and ``ltc_cache.compile(DDP(model))``, each with its AdamW, and times their
-steps (forward, backward with its gradient all-reduce, optimizer step) in
-interleaved rounds, every step started together on every rank (a barrier),
-so a slow spell of the shared machine falls on every variant. It reports
-the median step of each and its ratio to eager DDP's, the time one
-all-reduce of all the gradients takes alone, and the frames the warm
-ranks captured. Eager DDP all-reduces each gradient bucket as soon as
-the backward has produced it; a compiled backward is one autograd node,
-whose gradients all arrive at its end.
+holds four copies of one GPT-2 (4 layers, hidden 128, sequence 64, 4
+sequences a rank), each with its AdamW: eager ``DDP(model)``,
+``DDP(ltc_cache.compile(model))``, ``ltc_cache.compile(DDP(model))``, and
+the latter again with ``torch._dynamo.config.optimize_ddp = False`` (its
+graph not cut at DDP's buckets: one autograd node, whose gradients all
+reach the reducer at the backward's end). It times their steps (forward,
+backward with its gradient all-reduce, optimizer step) in interleaved
+rounds, every step started together on every rank (a barrier), so a slow
+spell of the shared machine falls on every variant, and reports the median
+step of each and its ratio to eager DDP's, the time one all-reduce of all
+the gradients takes alone, and the frames the warm ranks captured.
+``--bucket-mb`` is DDP's ``bucket_cap_mb`` (default: DDP's own, a 1 MiB
+first bucket, then 25 MiB).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from bench_compile import child_env  # tools/ is sys.path[0]
 
-VARIANTS = ("eager_ddp", "ddp_of_compiled", "compiled_ddp")
+VARIANTS = ("eager_ddp", "ddp_of_compiled", "compiled_ddp", "compiled_ddp_uncut")
 BATCH, SEQ, VOCAB = 4, 64, 512
 
 
@@ -48,7 +50,7 @@ def _model():
     return transformers.GPT2LMHeadModel(config).train()
 
 
-def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float) -> None:
+def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float | None) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -66,7 +68,7 @@ def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float) -> None:
             net = DDP(model, bucket_cap_mb=bucket_mb)
         elif variant == "ddp_of_compiled":
             net = DDP(ltc_cache.compile(model), bucket_cap_mb=bucket_mb)
-        else:
+        else:  # compiled_ddp and compiled_ddp_uncut
             net = ltc_cache.compile(DDP(model, bucket_cap_mb=bucket_mb))
         nets[variant], optimizers[variant] = net, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -74,7 +76,8 @@ def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float) -> None:
         dist.barrier()
         start = time.perf_counter()
         optimizers[variant].zero_grad()
-        nets[variant](ids, labels=ids).loss.backward()
+        with torch._dynamo.config.patch(optimize_ddp=variant != "compiled_ddp_uncut"):
+            nets[variant](ids, labels=ids).loss.backward()
         optimizers[variant].step()
         return time.perf_counter() - start
 
@@ -135,15 +138,17 @@ def measure(world_sizes: list[int], argv: list[str]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| ranks | eager DDP step | DDP(ltc_cache.compile(m)) | ratio "
-             "| ltc_cache.compile(DDP(m)) | ratio | all-reduce of the gradients alone "
-             "| warm frames | load |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| ltc_cache.compile(DDP(m)) | ratio | the same, not cut at buckets | ratio "
+             "| all-reduce of the gradients alone | warm frames | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         eager = r["eager_ddp_s"]
         lines.append(
             f"| {r['ranks']} | {eager * 1e3:.1f} ms "
             f"| {r['ddp_of_compiled_s'] * 1e3:.1f} ms | {r['ddp_of_compiled_s'] / eager:.2f}x "
             f"| {r['compiled_ddp_s'] * 1e3:.1f} ms | {r['compiled_ddp_s'] / eager:.2f}x "
+            f"| {r['compiled_ddp_uncut_s'] * 1e3:.1f} ms "
+            f"| {r['compiled_ddp_uncut_s'] / eager:.2f}x "
             f"| {r['all_reduce_s'] * 1e3:.1f} ms | {r['warm_frames']} | {r['load']:.1f} |")
     return "\n".join(lines)
 
@@ -153,14 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--bucket-mb", type=float, default=None)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--rank-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rank_out:
         rank_main(args.rank_out, args.rounds, args.steps, args.bucket_mb)
-    passed = ["--rounds", str(args.rounds), "--steps", str(args.steps),
-              "--bucket-mb", str(args.bucket_mb)]
+    passed = ["--rounds", str(args.rounds), "--steps", str(args.steps)]
+    if args.bucket_mb is not None:
+        passed += ["--bucket-mb", str(args.bucket_mb)]
     rows = measure([int(n) for n in args.ranks.split(",")], passed)
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=1))
     return 0

@@ -15,6 +15,7 @@ from torch._dynamo.aot_compile_types import SerializableCallable
 from ..collector import holding_off
 from ..errors import EntryError
 from ..threads import compile_lock
+from .ddp_buckets import cut_at_buckets, running_data_parallel
 
 logger = logging.getLogger("ltc_cache.precompile")
 
@@ -31,11 +32,12 @@ class LtcProgramGraph(SerializableCallable):
 
     def __init__(self, gm: torch.fx.GraphModule | None, name: str, *,
                  stored: dict[str, Any] | None = None,
-                 key_parts: dict[str, str] | None = None) -> None:
+                 key_parts: dict[str, str] | None = None, whole: bool = True) -> None:
         self._gm = gm
         self._stored = stored  # the pickled graph and its sources, until unpickled
         self.name = name
         self.key_parts = key_parts
+        self._whole = whole  # a program's graph (not a piece of one: ddp_buckets)
         self._call: Callable[..., Any] | None = None
 
     @property
@@ -106,6 +108,11 @@ class LtcProgramGraph(SerializableCallable):
         from ..compile_backend.per_shape import run_time_tracing
 
         backend = LtcBackend(name=self.name)
+        ddp = running_data_parallel() if self._whole else None
+        if ddp is not None:
+            cut = cut_at_buckets(ddp, self.gm, args, self.name, _piece)
+            if cut is not None:
+                return cut
         if self.key_parts is not None:
             compiled = backend.stored_training(self.key_parts, args, self._eager)
             if compiled is not None:
@@ -124,6 +131,10 @@ class LtcProgramGraph(SerializableCallable):
                 if "forward" not in type(gm).__dict__:
                     gm.recompile()
         return gm.forward(*args)
+
+
+def _piece(gm: torch.fx.GraphModule, name: str) -> LtcProgramGraph:
+    return LtcProgramGraph(gm, name, whole=False)
 
 
 @holding_off()  # fact 46 in docs/design.md

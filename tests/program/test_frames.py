@@ -400,6 +400,8 @@ def torchrun(order: str, out: Path, port: int) -> list[dict]:
         old.unlink()
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
                f"--master_port={port}", str(TESTS / "ddp_child.py"), order, str(out)]
+    if order != "torch_compile_ddp":  # (whose DDPOptimizer asserts a cap of 1 MiB or more)
+        command += ["--bucket-mb", "0.04"]  # GPT-2's 118 KB of weights: three buckets
     proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -415,6 +417,17 @@ def graph_entries(directory: Path) -> int:
         store.close()
 
 
+def assert_cut_at_buckets(order: str, rank: dict) -> None:
+    """The program's graph is cut at DDP's three buckets, each piece's
+    backward its own autograd node, which hands DDP its gradients as it
+    ends (torch.compile's graphs are Dynamo's DDPOptimizer's to cut)."""
+    if order == "torch_compile_ddp":
+        return
+    cuts = [line for line in rank["logs"] if "DDP's gradient buckets" in line]
+    assert cuts == ["GPT2LMHeadModel: cut into 3 pieces at DDP's gradient buckets"], rank["logs"]
+    assert rank["compiled_nodes"] == ["_JointBackward"] * 3, rank
+
+
 @pytest.mark.slow  # two torchrun launches of two ranks each
 @pytest.mark.parametrize("order", ["ddp_of_compiled", "compiled_ddp", "torch_compile_ddp"])
 def test_ddp_ranks_cold_then_warm(order, cache_dir, tmp_path, monkeypatch):
@@ -426,12 +439,14 @@ def test_ddp_ranks_cold_then_warm(order, cache_dir, tmp_path, monkeypatch):
     for rank in cold:
         assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
         assert rank["stats"]["errors"] == 0, rank
+        assert_cut_at_buckets(order, rank)
     # Across ranks each LTC graph is traced once (the other rank waits, then hits).
     assert sum(rank["stats"]["traces"] for rank in cold) == graph_entries(cache_dir) > 0
 
     warm = torchrun(order, out, free_port())
     for rank in warm:
         assert rank["losses"] == pytest.approx(reference, abs=1e-5), rank
+        assert_cut_at_buckets(order, rank)
         assert rank["aot_traces"] == 0, rank
         assert rank["stats"]["traces"] == 0, rank
         if order == "torch_compile_ddp":
