@@ -16,7 +16,9 @@ backward with its gradient all-reduce, optimizer step) in interleaved
 rounds, every step started together on every rank (a barrier), so a slow
 spell of the shared machine falls on every variant, and reports the median
 step of each and its ratio to eager DDP's, the time one all-reduce of all
-the gradients takes alone, and the frames the warm ranks captured.
+the gradients takes alone, the frames the warm ranks captured, and when
+the first bucket's all-reduce started, as a share of the backward's time
+(a comm hook notes it: 100% is no overlap).
 ``--bucket-mb`` is DDP's ``bucket_cap_mb`` (default: DDP's own, a 1 MiB
 first bucket, then 25 MiB).
 """
@@ -53,6 +55,7 @@ def _model():
 def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float | None) -> None:
     import torch
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ltc_cache
@@ -62,22 +65,35 @@ def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float | None) -> No
     torch.set_num_threads(1)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(rank))
     nets, optimizers = {}, {}
+    launches: list[float] = []  # when each bucket's all-reduce started, this step
+
+    def timed_all_reduce(group, bucket):
+        launches.append(time.perf_counter())
+        return allreduce_hook(group, bucket)
+
     for variant in VARIANTS:
         model = _model()
-        if variant == "eager_ddp":
-            net = DDP(model, bucket_cap_mb=bucket_mb)
-        elif variant == "ddp_of_compiled":
-            net = DDP(ltc_cache.compile(model), bucket_cap_mb=bucket_mb)
-        else:  # compiled_ddp and compiled_ddp_uncut
-            net = ltc_cache.compile(DDP(model, bucket_cap_mb=bucket_mb))
+        if variant == "ddp_of_compiled":
+            ddp = net = DDP(ltc_cache.compile(model), bucket_cap_mb=bucket_mb)
+        else:
+            ddp = net = DDP(model, bucket_cap_mb=bucket_mb)
+            if variant != "eager_ddp":  # compiled_ddp and compiled_ddp_uncut
+                net = ltc_cache.compile(ddp)
+        ddp.register_comm_hook(None, timed_all_reduce)
         nets[variant], optimizers[variant] = net, torch.optim.AdamW(model.parameters(), lr=1e-4)
+    first_reduce: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
 
     def step(variant: str) -> float:
         dist.barrier()
         start = time.perf_counter()
         optimizers[variant].zero_grad()
         with torch._dynamo.config.patch(optimize_ddp=variant != "compiled_ddp_uncut"):
-            nets[variant](ids, labels=ids).loss.backward()
+            loss = nets[variant](ids, labels=ids).loss
+            launches.clear()
+            backward = time.perf_counter()
+            loss.backward()  # returns once every bucket is reduced
+            first_reduce[variant].append(
+                (launches[0] - backward) / (time.perf_counter() - backward))
         optimizers[variant].step()
         return time.perf_counter() - start
 
@@ -98,6 +114,7 @@ def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float | None) -> No
         times["all_reduce"] += [all_reduce() for _ in range(steps)]
     result = {"first_s": first,
               "step_s": {v: statistics.median(t) for v, t in times.items() if t},
+              "first_reduce": {v: statistics.median(t) for v, t in first_reduce.items()},
               "frames": int(torch._dynamo.utils.counters["frames"]["ok"]),
               "stats": ltc_cache.stats()}
     (out / f"rank{rank}.json").write_text(json.dumps(result))
@@ -130,6 +147,7 @@ def measure(world_sizes: list[int], argv: list[str]) -> list[dict]:
             row = {"ranks": ranks, "load": os.getloadavg()[0],
                    "warm_frames": max(r["frames"] for r in every),
                    **{f"{v}_s": zero["step_s"][v] for v in (*VARIANTS, "all_reduce")},
+                   **{f"{v}_first_reduce": zero["first_reduce"][v] for v in VARIANTS},
                    **{f"{v}_first_s": zero["first_s"][v] for v in VARIANTS}}
             rows.append(row)
             print(json.dumps({**row, "stats": zero["stats"]}), file=sys.stderr)
@@ -150,6 +168,11 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['compiled_ddp_uncut_s'] * 1e3:.1f} ms "
             f"| {r['compiled_ddp_uncut_s'] / eager:.2f}x "
             f"| {r['all_reduce_s'] * 1e3:.1f} ms | {r['warm_frames']} | {r['load']:.1f} |")
+    lines += ["", "When the first bucket's all-reduce starts, in the backward's time:", "",
+              "| ranks | eager DDP | DDP(ltc_cache.compile(m)) | ltc_cache.compile(DDP(m)) "
+              "| the same, not cut at buckets |", "|---|---|---|---|---|"]
+    lines += [f"| {r['ranks']} | " + " | ".join(f"{r[f'{v}_first_reduce']:.0%}" for v in VARIANTS)
+              + " |" for r in rows]
     return "\n".join(lines)
 
 
