@@ -89,18 +89,25 @@ def cut_at_buckets(ddp: Any, gm: fx.GraphModule, args: Sequence[Any], name: str,
 def _pieces(gm: fx.GraphModule, params: dict[fx.Node, torch.Tensor], first_cap: int,
             cap: int) -> dict[fx.Node, int]:
     """Each node's piece, numbered in the graph's order."""
+    # A parameter's gradient is whole once the backward reaches its first
+    # use (a tied embedding: the model's first op, not its head), so it
+    # counts there, as it falls into the reducer's buckets.
+    position = {node: index for index, node in enumerate(gm.graph.nodes)}.__getitem__
+    counted_at: dict[fx.Node, list[fx.Node]] = {}
+    for param in params:
+        first_use = min(param.users, key=position, default=None)
+        if first_use is not None:
+            counted_at.setdefault(first_use, []).append(param)
     buckets: list[list[fx.Node]] = [[]]  # from the graph's end
-    size, counted = 0, set()
+    size = 0
     for node in reversed(gm.graph.nodes):
         if node.op in ("placeholder", "output"):
             continue
         if size >= (first_cap if len(buckets) == 1 else cap) and _feeds_others(buckets[-1]):
             buckets.append([])
             size = 0
-        for arg in node.all_input_nodes:
-            if arg in params and arg not in counted:
-                counted.add(arg)
-                size += params[arg].untyped_storage().nbytes()
+        size += sum(params[param].untyped_storage().nbytes()
+                    for param in counted_at.get(node, ()))
         buckets[-1].append(node)
     if len(buckets) > 1 and size == 0:  # a preamble without parameters joins the next
         preamble = buckets.pop()

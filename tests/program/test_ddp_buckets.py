@@ -115,3 +115,20 @@ def test_the_ddp_attributes_the_cut_reads_are_torchs(name):
     import inspect
 
     assert f"self.{name} =" in inspect.getsource(ddp.__init__)
+
+
+def tied(x, w1, w2):
+    """w1 is used first and last, as a tied embedding and head are."""
+    return ((torch.relu(x @ w1) @ w2) @ w1.t()).sum(),
+
+
+def test_a_weight_used_twice_counts_where_its_gradient_is_whole():
+    """The reducer's buckets fill in the order gradients become whole: a
+    tied weight's at its first use (the graph's start), not its last."""
+    gm = fx.symbolic_trace(tied)
+    weights = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(2)]
+    pieces: list[fx.GraphModule] = []
+    assert cut(fake_ddp(cap=8 * 8 * 4), gm, [torch.randn(4, 8), *weights], pieces) is not None
+    # From the end: the head adds nothing (w1 is not whole there), w2 fills
+    # the first bucket; the rest, from w1's first use, is the second piece.
+    assert [weights_of(p, None) for p in pieces] == [{"w1"}, {"w1", "w2"}]
