@@ -327,7 +327,7 @@ class LtcBackend:
                 counters.bump(AOT_GRAPHS)
                 if kind != "backward":  # one AOTAutograd trace made it (and its backward)
                     cache.record(AOT_TRACES)
-                parted = made = self._partition(graph, cache)
+                parted = made = self._partition(graph, cache, boxed=kind == "backward")
                 if plan is not None:
                     parted = self._planned(made, kind, example_inputs, f"{name}.{kind}", cache,
                                            plan, pending, recomputes=recomputes)
@@ -435,10 +435,11 @@ class LtcBackend:
             self._support[cache] = support
         return support
 
-    def _partition(self, gm: fx.GraphModule, cache: GraphCache) -> Partitioned:
+    def _partition(self, gm: fx.GraphModule, cache: GraphCache, *,
+                   boxed: bool = False) -> Partitioned:
         from .partition import partition
 
-        return partition(gm, self.op_support(cache))
+        return partition(gm, self.op_support(cache), boxed=boxed)
 
     def _with_regions(self, parted: Partitioned, name: str, cache: GraphCache,
                       plan: tuple[CacheKey, str] | None = None) -> fx.GraphModule:

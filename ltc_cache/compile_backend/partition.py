@@ -17,7 +17,7 @@ import torch
 from torch import fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .nodes import node_value
+from .nodes import is_symbolic, node_value
 
 if TYPE_CHECKING:  # FX's partitioner and the probes: only when partitioning
     from .support import OpSupport
@@ -215,6 +215,144 @@ def buffer_writes_as_one(graph: fx.Graph) -> bool:
     return True
 
 
+# A region is split where that lowers its peak (its inputs, which its
+# caller holds until it returns, and its values) by this much (fact 88 in
+# docs/design.md).
+_MIN_SPLIT_BYTES = 1 << 20
+
+
+def _bytes(node: Any) -> int:
+    """The bytes ``node``'s value holds of its own (a view: none), 0 where
+    unknown or symbolic."""
+    if not isinstance(node, fx.Node) or node.op == "get_attr" or (
+            node.op == "call_function" and getattr(node.target, "is_view", False)):
+        return 0
+    value = node_value(node)
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    total = 0
+    for v in values:
+        if isinstance(v, torch.Tensor) and not is_symbolic(v):
+            total += v.numel() * v.element_size()
+    return total
+
+
+def _split_where_inputs_die(proposed: list[Any], order: dict[fx.Node, int]) -> list[Any]:
+    """Cut each proposed region in two where that frees most of its inputs,
+    recursively; returns the regions, in no particular order.
+
+    A region is one call: every input is held by its caller (the parent
+    graph's locals, the call's arguments) until it returns, however early
+    the region is done with it. A checkpointed backward's region ran one
+    layer's gradient down to its input and then the previous layer's
+    recomputation and gradient: the first layer's attention gradients,
+    activations and residual gradient stayed alive through the second's
+    MLP, its peak (fact 88 in docs/design.md). A prefix of a region in
+    graph order is a region, and so is the rest: a path from one of its
+    nodes to another through nodes outside it would make it no region, and
+    no path leads from a later node to an earlier one. The graph is a
+    backward, called boxed (:mod:`.boxed`): its own inputs are freed after
+    their last use too."""
+    from torch.fx.passes.infra.partitioner import Partition
+
+    done: list[Any] = []
+    todo = list(proposed)
+    while todo:
+        part = todo.pop()
+        nodes = sorted(part.nodes, key=order.__getitem__)
+        cut = _best_cut(nodes, order)
+        if cut is None:
+            done.append(part)
+            continue
+        todo.append(Partition(nodes=nodes[:cut]))
+        todo.append(Partition(nodes=nodes[cut:]))
+    return done
+
+
+def _best_cut(nodes: list[fx.Node], order: dict[fx.Node, int]) -> int | None:
+    """The index where ``nodes`` (a region, in graph order) is best cut: the
+    one that lowers the region's peak most (run in graph order, each value
+    freed after its last reader, the region's inputs held to its end), or
+    None where none lowers it by ``_MIN_SPLIT_BYTES`` or more."""
+    n = len(nodes)
+    if n < 2:
+        return None
+    position = {node: i for i, node in enumerate(nodes)}
+    start = order[nodes[0]]
+    # Each input the region alone reads last: freed by a cut after its last reader.
+    frees_at = [0] * n
+    seen: set[fx.Node] = set()
+    for node in nodes:
+        for source in node.all_input_nodes:
+            if source in position or source in seen:
+                continue
+            seen.add(source)
+            size = _bytes(source)
+            if not size or any(u not in position and order[u] > start for u in source.users):
+                continue
+            frees_at[max(position[u] for u in source.users if u in position)] += size
+    if not any(frees_at):
+        return None
+    # Each value's life in the region: to its last reader (a view's readers
+    # are its base's), to the end for an output of the region.
+    size = [_bytes(node) for node in nodes]
+    end = list(range(n))
+    for i in range(n - 1, -1, -1):
+        node = nodes[i]
+        for user in node.users:
+            if user not in position:
+                end[i] = n
+            else:
+                j = position[user]
+                end[i] = max(end[i], end[j] if getattr(user.target, "is_view", False) else j)
+    live = [0] * (n + 1)
+    for i in range(n):
+        live[i] += size[i]
+        live[min(end[i], n - 1) + 1] -= size[i]
+    for i in range(1, n):
+        live[i] += live[i - 1]
+    live = live[:n]
+    peak = max(live)
+    before = [0] * n  # max of live over the positions before each index
+    for i in range(1, n):
+        before[i] = max(before[i - 1], live[i - 1])
+    # A cut leaves computing ops on both sides and hands the second part no
+    # view (a region returns a view as a copy laid out otherwise than traced).
+    is_view = [getattr(node.target, "is_view", False) for node in nodes]
+    computing = [node.op == "call_function" and not is_view[i] for i, node in enumerate(nodes)]
+    first_computing = computing.index(True) if any(computing) else n
+    last_computing = n - 1 - computing[::-1].index(True) if any(computing) else -1
+    view_read_until = 0  # the latest reader of a view before the cut
+    best, best_gain, freed = None, 0, 0
+    for c in range(1, n):
+        freed += frees_at[c - 1]
+        if is_view[c - 1]:
+            view_read_until = max(view_read_until, max(
+                (position[u] for u in nodes[c - 1].users if u in position), default=0))
+        if not frees_at[c - 1] or view_read_until >= c \
+                or not first_computing < c <= last_computing:
+            continue
+        # After the cut, a value of the first part the second reads is held
+        # to the second's end: what it adds once its last reader ran.
+        held_after = [0] * (n + 1)
+        for i in range(c):
+            if c <= end[i] < n - 1 and size[i]:
+                held_after[end[i] + 1] += size[i]
+        second, held = 0, 0
+        for p in range(c, n):
+            held += held_after[p]
+            second = max(second, live[p] + held)
+        gain = peak - max(before[c], second - freed)
+        if gain > best_gain:
+            best, best_gain = c, gain
+    if best is None or best_gain < _MIN_SPLIT_BYTES:
+        return None
+    return best
+
+
+def _graph_order(gm: fx.GraphModule) -> dict[fx.Node, int]:
+    return {node: i for i, node in enumerate(gm.graph.nodes)}
+
+
 class _Outside(OperatorSupportBase):
     """``support``, but for ``eager``: nodes that must run in the parent graph."""
 
@@ -344,11 +482,14 @@ def _reaches(nodes: Mapping[fx.Node, Any], targets: set[fx.Node]) -> bool:
     return False
 
 
-def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
+def partition(gm: fx.GraphModule, support: OpSupport, *, boxed: bool = False) -> Partitioned:
     """Fuse the LTC-lowerable parts of ``gm`` into submodules, in place.
 
-    Ops that were never probed are probed first. (The plan key hashes this
-    function's code: what it decides is what a plan stores.)
+    Ops that were never probed are probed first. ``boxed``: the graph is
+    called boxed, freeing its inputs after their last use (a backward),
+    and its regions are cut where their inputs die (fact 88 in
+    docs/design.md). (The plan key hashes this function's code: what it
+    decides is what a plan stores.)
     """
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
@@ -364,14 +505,20 @@ def partition(gm: fx.GraphModule, support: OpSupport) -> Partitioned:
                                              allows_single_node_partition=True)
     # A region must compute something to pay for its lookup and replay call:
     # one of views alone would only copy (LTC lowers views to copies).
-    proposed = [p for p in partitioner.propose_partitions()
-                if any(op_signature(n) is not None and not n.target.is_view for n in p.nodes)]
+    def computes(part: Any) -> bool:
+        return any(op_signature(n) is not None and not n.target.is_view for n in part.nodes)
+
+    proposed = [p for p in partitioner.propose_partitions() if computes(p)]
     proposed = _tails_to_their_producers(proposed)
+    if boxed:
+        proposed = [p for p in _split_where_inputs_die(proposed, _graph_order(gm))
+                    if computes(p)]
     for part in proposed:
         _leave_out_trailing_views(part.nodes)
         _views_apart_at_edges(gm.graph, part.nodes)
+    proposed = [p for p in proposed if p.nodes]
     # Graph order, so that region names are the same in every process.
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    order = _graph_order(gm)
     proposed.sort(key=lambda p: min(order[n] for n in p.nodes))
     region_of = {node: f"{REGION_PREFIX}{i}" for i, p in enumerate(proposed) for node in p.nodes}
     region_ops = dict.fromkeys((f"{REGION_PREFIX}{i}" for i in range(len(proposed))), 0)

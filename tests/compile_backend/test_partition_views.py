@@ -192,3 +192,27 @@ def test_a_product_only_the_output_reads_joins_the_region_it_reads():
         products = [n for n in region.graph.nodes if n.target is aten.mm.default]
         assert len(products) == 2 and products[0] in products[1].all_input_nodes
     torch.testing.assert_close(parted.module(*args), tails(*args), atol=0, rtol=0)
+
+
+def done_early(g, a, x, w):
+    """A backward's shape: a region is done with its two large inputs
+    (1 MiB each) at once, then makes large values of its own from small ones."""
+    s = (g * a).sum(0, keepdim=True)
+    h = torch.relu(torch.mm(x, w))
+    return ((torch.tanh(h) * h) + s).sum(1)
+
+
+def test_a_backwards_region_is_cut_where_its_inputs_die():
+    """A region's caller holds its inputs until it returns (fact 88 in
+    docs/design.md): cut after their last reader, a backward's region
+    lets them go before its own large values are made."""
+    args = [torch.randn(512, 512), torch.randn(512, 512), torch.randn(512, 8),
+            torch.randn(8, 512)]
+    assert len(partition(make_fx(done_early)(*args), OpSupport()).regions) == 1
+    parted = partition(make_fx(done_early)(*args), OpSupport(), boxed=True)
+    large = list(parted.module.graph.find_nodes(op="placeholder"))[:2]
+    readers = [[r for r in parted.regions if any(user.target == r for user in node.users)]
+               for node in large]
+    # The first region reads them; the region that makes h and tanh(h) does not.
+    assert readers == [[parted.regions[0]]] * 2 and len(parted.regions) >= 2, parted
+    torch.testing.assert_close(parted.module(*args), done_early(*args), atol=0, rtol=0)
