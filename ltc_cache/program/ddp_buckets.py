@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..errors import first_line
+
 __all__ = ["cut_at_buckets", "running_data_parallel"]
 
 logger = logging.getLogger("ltc_cache.precompile")
@@ -71,8 +73,22 @@ def cut_at_buckets(ddp: Any, gm: fx.GraphModule, args: Sequence[Any], name: str,
     count = max(piece_of.values(), default=0) + 1
     if count == 1:
         return None
-    cut = fx.passes.split_module.split_module(gm, None, piece_of.__getitem__,
-                                              tuple_return=True)
+    try:
+        cut = _split(gm, piece_of, count, name, piece)
+    except Exception as exc:  # the graph is compiled whole, as before the cut
+        logger.warning("%s: not cut at DDP's buckets (%s: %s)", name, type(exc).__name__,
+                       first_line(exc))
+        return None
+    logger.info("%s: cut into %d pieces at DDP's gradient buckets", name, count)
+    return cut
+
+
+def _split(gm: fx.GraphModule, piece_of: dict[fx.Node, int], count: int, name: str,
+           piece: Callable[[fx.GraphModule, str], Callable[..., Any]]) -> fx.GraphModule:
+    from torch.fx.passes.split_module import split_module
+
+    cut = split_module(gm, None, piece_of.__getitem__, tuple_return=True)
+    # What AOTAutograd reads of a Dynamo graph, which split_module drops.
     sources = {n.name: getattr(n, "_dynamo_source", None)
                for n in gm.graph.find_nodes(op="placeholder")}
     for index in range(count):
@@ -82,7 +98,6 @@ def cut_at_buckets(ddp: Any, gm: fx.GraphModule, args: Sequence[Any], name: str,
         sub.meta = gm.meta
         sub._param_name_to_source = getattr(gm, "_param_name_to_source", None)
         setattr(cut, f"submod_{index}", _Piece(piece(sub, f"{name}.bucket{index}")))
-    logger.info("%s: cut into %d pieces at DDP's gradient buckets", name, count)
     return cut
 
 

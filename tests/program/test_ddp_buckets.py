@@ -132,3 +132,14 @@ def test_a_weight_used_twice_counts_where_its_gradient_is_whole():
     # From the end: the head adds nothing (w1 is not whole there), w2 fills
     # the first bucket; the rest, from w1's first use, is the second piece.
     assert [weights_of(p, None) for p in pieces] == [{"w1"}, {"w1", "w2"}]
+
+
+def test_a_graph_that_cannot_be_cut_is_compiled_whole(monkeypatch, caplog):
+    gm, args = graph_and_args()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("split_module changed")
+
+    monkeypatch.setattr("torch.fx.passes.split_module.split_module", broken)
+    assert cut(fake_ddp(cap=1), gm, args, []) is None
+    assert "not cut at DDP's buckets (RuntimeError: split_module changed)" in caplog.text
