@@ -55,12 +55,6 @@ def cut_at_buckets(ddp: Any, gm: fx.GraphModule, args: Sequence[Any], name: str,
     one bucket holds every parameter."""
     if not torch.is_grad_enabled():
         return None
-    if any(isinstance(getattr(gm, str(n.target), None), torch.nn.Module)
-           for n in gm.graph.find_nodes(op="get_attr")):
-        # A higher-order op's body (a checkpointed block): split_module
-        # hoists it beside the pieces; left whole rather than untested.
-        logger.info("%s: not cut at DDP's buckets (it calls a higher-order op)", name)
-        return None
     params = {node: arg for node, arg in zip(gm.graph.find_nodes(op="placeholder"), args,
                                              strict=True)
               if isinstance(arg, torch.nn.Parameter) and arg.requires_grad

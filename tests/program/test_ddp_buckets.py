@@ -143,3 +143,45 @@ def test_a_graph_that_cannot_be_cut_is_compiled_whole(monkeypatch, caplog):
     monkeypatch.setattr("torch.fx.passes.split_module.split_module", broken)
     assert cut(fake_ddp(cap=1), gm, args, []) is None
     assert "not cut at DDP's buckets (RuntimeError: split_module changed)" in caplog.text
+
+
+class Checkpointed(torch.nn.Module):
+    """Three blocks, each run under non-reentrant checkpointing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(lambda h, b=block: torch.relu(b(h)), x,
+                                                  use_reentrant=False)
+        return (x.sum(),)
+
+
+def test_a_dynamo_graph_of_checkpointed_blocks_is_cut_and_computes_the_same():
+    """As a program's graph is: Dynamo's, a higher-order op a block, the
+    weights its inputs (called with the parameters themselves)."""
+    torch.manual_seed(0)
+    net, x = Checkpointed(), torch.randn(4, 8)
+    seen: dict[str, object] = {}
+
+    def backend(gm, example_inputs):
+        def first_call(*args):
+            seen["gm"], seen["args"] = gm, args
+            return gm(*args)
+        return first_call
+
+    want = torch.compile(net, backend=backend, fullgraph=True)(x)[0]
+    want.backward()
+    expected = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad(set_to_none=True)
+    gm, args = seen["gm"], seen["args"]
+    assert any(isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes)
+    pieces: list[fx.GraphModule] = []
+    got = cut(fake_ddp(cap=8 * 9 * 4), gm, args, pieces)(*args)[0]
+    got.backward()
+    assert len(pieces) == 3
+    assert torch.equal(got, want)
+    for p, grad in zip(net.parameters(), expected, strict=True):
+        assert torch.equal(p.grad, grad)
