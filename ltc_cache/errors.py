@@ -1,12 +1,21 @@
-"""Errors the cache raises; each subclasses the builtin it refines."""
+"""Errors the cache raises; each subclasses :class:`LtcCacheError` and the
+builtin it refines."""
 
 from __future__ import annotations
 
-__all__ = ["EntryError", "LockTimeout", "LtcUnavailable", "UncacheableGraph", "first_line",
-           "is_graph_failure"]
+__all__ = ["EntryError", "LockTimeout", "LtcCacheError", "LtcUnavailable", "UncacheableGraph",
+           "first_line", "is_graph_failure"]
 
 
-class EntryError(ValueError):
+class LtcCacheError(Exception):
+    """The base of every exception ltc_cache defines, so that
+    ``except ltc_cache.LtcCacheError`` catches them all. Each also
+    subclasses the builtin it refines (:class:`EntryError` is a
+    ``ValueError``, :class:`LockTimeout` a ``TimeoutError``), so that
+    ``except ValueError`` and the like catch what they always have."""
+
+
+class EntryError(LtcCacheError, ValueError):
     """Stored bytes are not a usable entry: corrupt, truncated, of another
     schema, or unsigned/tampered where signing is on. The cache treats it as
     a miss and replaces the entry."""
@@ -16,7 +25,7 @@ class EntryError(ValueError):
         self.key = key
 
 
-class LockTimeout(TimeoutError):
+class LockTimeout(LtcCacheError, TimeoutError):
     """Another process held a key's lock for longer than the lock timeout."""
 
     def __init__(self, key: str, timeout: float) -> None:
@@ -25,12 +34,12 @@ class LockTimeout(TimeoutError):
         self.timeout = timeout
 
 
-class UncacheableGraph(TypeError):
+class UncacheableGraph(LtcCacheError, TypeError):
     """The call cannot be keyed (an argument of a type with no stable
     identity), so it is traced without the cache."""
 
 
-class LtcUnavailable(RuntimeError):
+class LtcUnavailable(LtcCacheError, RuntimeError):
     """LTC cannot run in this process (its backend failed to initialise):
     a fact about the process, not the graph, so never remembered."""
 
@@ -64,6 +73,6 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     return lines[0][:limit] if lines else type(exc).__name__
 
 
-class Unportable(ValueError):
+class Unportable(LtcCacheError, ValueError):
     """A program that cannot be stored safely (a guard this module cannot
     check in another process, a function without a source file)."""

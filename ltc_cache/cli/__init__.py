@@ -34,14 +34,14 @@ from .output import (
     PROBLEMS,
     USAGE,
     UsageError,
-    _err,
-    _out,
     gather_json,
     gathering_json,
     json_tier,
+    print_error,
     print_gathered_json,
+    print_line,
 )
-from .parser import _parser
+from .parser import build_parser
 
 __all__ = ["main"]
 
@@ -123,35 +123,35 @@ def _run_tier(args: argparse.Namespace, config: CacheConfig, kind: str, where: s
         store = (_open_local(args, config, Path(where).expanduser()) if kind == "local"
                  else _open_remote(where))
     except UsageError as exc:
-        _err(str(exc))
+        print_error(str(exc))
         return USAGE
     try:
         return args.run(args, store, config)
     except UsageError as exc:
-        _err(str(exc))
+        print_error(str(exc))
         return USAGE
     except BrokenPipeError:  # `ltc-cache ls | head`: the reader has all it wants
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return PROBLEMS
     except (OSError, sqlite3.Error) as exc:
-        _err(f"{type(exc).__name__}: {exc}")
+        print_error(f"{type(exc).__name__}: {exc}")
         return PROBLEMS
     finally:
         store.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         config = CacheConfig.from_env(strict=True)
     except ValueError as exc:
-        _err(f"bad setting: {exc}")
+        print_error(f"bad setting: {exc}")
         return USAGE
     try:
         _refuse_read_only(args, config)
         tiers = _tiers(args, config)
     except UsageError as exc:
-        _err(str(exc))
+        print_error(str(exc))
         return USAGE
     if len(tiers) > 1 and getattr(args, "json", False):
         gather_json()
@@ -159,15 +159,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for index, (kind, where) in enumerate(tiers):
             if len(tiers) > 1 and not gathering_json():
-                _out(("" if index == 0 else "\n") + ("== cache directory ==" if kind == "local"
-                                                     else "== Redis tier =="))
+                print_line(("" if index == 0 else "\n")
+                           + ("== cache directory ==" if kind == "local" else "== Redis tier =="))
             json_tier(kind)
             code = _run_tier(args, config, kind, where)
             if code == USAGE:
                 return USAGE
             status = max(status, code)
     except KeyboardInterrupt:
-        _err("interrupted")
+        print_error("interrupted")
         return 130
     finally:
         print_gathered_json()

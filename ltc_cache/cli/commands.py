@@ -42,15 +42,15 @@ from ..units import format_size
 from .output import (
     OK,
     PROBLEMS,
+    Progress,
     UsageError,
-    _confirm,
-    _err,
-    _json,
-    _n,
-    _out,
-    _Progress,
-    _stamp,
-    _table,
+    confirm,
+    counted,
+    format_timestamp,
+    print_error,
+    print_json,
+    print_line,
+    table_lines,
 )
 
 _LIMIT_SOURCES = {
@@ -64,14 +64,14 @@ _LIMIT_SOURCES = {
 _PLAN_ROWS = 50
 
 
-def _cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     report = scan(store)
     now = time.time()
     shown = [e for e in report.entries if all(f(e, now) for f in args.filter)]
     shown = sort_entries(shown, args.sort, reverse=args.reverse)
     size, hits = sum(e.size for e in shown), sum(e.hits for e in shown)
     if args.json:
-        _json({
+        print_json({
             "directory": str(report.directory),
             "entries": [e.as_dict() for e in shown],
             "total": {"entries": len(shown), "size": size, "hits": hits,
@@ -90,31 +90,31 @@ def _cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> 
              str(e.node_count), str(e.num_inputs), e.size_str, e.created_str,
              e.last_used_str, str(e.hits), e.torch_version] for e in good]
     first_number = 3 if with_kind else 2
-    lines = _table(headers, rows, right=set(range(first_number, first_number + 3))
-                   | {len(headers) - 2}) if rows else []
+    lines = table_lines(headers, rows, right=set(range(first_number, first_number + 3))
+                        | {len(headers) - 2}) if rows else []
     lines += [f"! {e.short_key}  {e.size_str}  {e.problem}" for e in shown if e.problem]
     of = f" of {len(report.entries)}" if len(shown) != len(report.entries) else ""
-    total = f"{len(shown)}{of} {_n(len(report.entries), 'entry').split(' ', 1)[1]}, " \
-            f"{format_size(size)}, {_n(hits, 'hit')}"
+    total = f"{len(shown)}{of} {counted(len(report.entries), 'entry').split(' ', 1)[1]}, " \
+            f"{format_size(size)}, {counted(hits, 'hit')}"
     bad = len(shown) - len(good)
     if bad:
         total += f"; {bad} unreadable (see `ltc-cache verify`)"
     lines.append(total if rows or bad else f"No entries{' match' if of else ''} in "
                  f"{report.directory}.")
-    _out("\n".join(lines))
+    print_line("\n".join(lines))
     return OK
 
 
-def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     if isinstance(store, RemoteTier):
         return _remote_stats(args, store)
     if args.zero:
         store.ledger.zero()
-        _out(f"Statistics of {store.directory} zeroed.")
+        print_line(f"Statistics of {store.directory} zeroed.")
         return OK
     stats = collect_stats(store, size_limit=config.max_size)
     if args.json:
-        _json(stats.as_dict())
+        print_json(stats.as_dict())
         return OK
     c = stats.counters
     rows = [
@@ -133,7 +133,7 @@ def _cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
          else f"{stats.zeroed_at_str} (stats --zero)"),
     ]
     width = max(len(name) for name, _ in rows)
-    _out("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
+    print_line("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
     return OK
 
 
@@ -147,7 +147,7 @@ def _kind_rows(kinds: Sequence[KindTotal]) -> list[tuple[str, str]]:
     for total in kinds:
         text = f"{total.entries} ({total.size_str})"
         if total.parts:
-            text += ": " + ", ".join(f"{_n(part.entries, part.kind)} ({part.size_str})"
+            text += ": " + ", ".join(f"{counted(part.entries, part.kind)} ({part.size_str})"
                                      for part in total.parts)
         rows.append((f"  {total.kind}", text))
     return rows
@@ -158,7 +158,7 @@ def _remote_stats(args: argparse.Namespace, tier: RemoteTier) -> int:
         raise UsageError("Redis keeps no counters to zero: each cache directory keeps its own")
     stats = collect_stats(tier)
     if args.json:
-        _json(stats.as_dict())
+        print_json(stats.as_dict())
         return OK
     rows = [
         ("Redis", str(tier.directory).removeprefix("redis ")),
@@ -167,7 +167,7 @@ def _remote_stats(args: argparse.Namespace, tier: RemoteTier) -> int:
         ("Counters", "none here: each cache directory keeps those of the processes using it"),
     ]
     width = max(len(name) for name, _ in rows)
-    _out("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
+    print_line("\n".join(f"{name:<{width}}  {value}" for name, value in rows))
     return OK
 
 
@@ -180,7 +180,7 @@ def _find(entries: Sequence[EntryInfo], prefix: str) -> str:
         raise UsageError(str(exc)) from None
 
 
-def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     entries = scan(store).entries
     key = _find(entries, args.key)
     info = next(e for e in entries if e.key == key)
@@ -189,7 +189,7 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     except KeyError as exc:
         raise UsageError(exc.args[0]) from None
     except EntryError as exc:
-        _err(f"entry {key[:12]} cannot be read: {exc}")
+        print_error(f"entry {key[:12]} cannot be read: {exc}")
         return PROBLEMS
     meta, payload = dict(entry.meta), dict(entry.payload)
     if entry.kind == "program":  # a pickle: its size here, never its bytes
@@ -206,7 +206,7 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     outputs = [describe_source(s) for s in entry.outputs]
     updates = [f"output {u.output} -> {describe_source(u.target)}" for u in entry.updates]
     if args.json:
-        _json({
+        print_json({
             **info.as_dict(),
             "meta": meta, "payload": payload, "inputs": inputs, "outputs": outputs,
             "updates": updates, **({} if args.no_ir else {"ir": entry.ir}),
@@ -220,8 +220,8 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
         ("Kind", entry.kind),
         ("Ops", str(meta.get("node_count", "?"))),
         ("Size", info.size_str),
-        ("Created", f"{_stamp(entry.created)} ({info.created_str})"),
-        ("Last used", f"{_stamp(info.last_used)} ({info.last_used_str})"),
+        ("Created", f"{format_timestamp(entry.created)} ({info.created_str})"),
+        ("Last used", f"{format_timestamp(info.last_used)} ({info.last_used_str})"),
         ("Hits", str(info.hits)),
         ("Torch", str(meta.get("torch_version", "?"))),
         ("Graph hash", str(meta.get("graph_hash", "?"))),
@@ -249,7 +249,7 @@ def _cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
     else:
         # Neither holds a replayable graph: no inputs, outputs or IR to show.
         lines += ["", _KINDS[entry.kind]]
-    _out("\n".join(lines))
+    print_line("\n".join(lines))
     return OK
 
 
@@ -351,37 +351,39 @@ def _print_plan(plan: DeletePlan) -> None:
     rows = [[e.short_key, e.graph_name, e.size_str, e.last_used_str, plan.reasons[e.key]]
             for e in plan.entries[:_PLAN_ROWS]]
     if rows:
-        _out("\n".join(_table(["KEY", "NAME", "SIZE", "LAST USED", "WHY"], rows, right={2})))
+        print_line("\n".join(table_lines(["KEY", "NAME", "SIZE", "LAST USED", "WHY"], rows,
+                                          right={2})))
     if len(plan.entries) > _PLAN_ROWS:
-        _out(f"… and {len(plan.entries) - _PLAN_ROWS} more")
-    records = f" and {_n(len(plan.records), 'internal record')}" if plan.records else ""
-    _out(f"Will delete {_n(len(plan.entries), 'entry')}{records}, "
-         f"freeing {plan.expected_freed_size_str}.")
+        print_line(f"… and {len(plan.entries) - _PLAN_ROWS} more")
+    records = f" and {counted(len(plan.records), 'internal record')}" if plan.records else ""
+    print_line(f"Will delete {counted(len(plan.entries), 'entry')}{records}, "
+               f"freeing {plan.expected_freed_size_str}.")
 
 
 def _run_plan(plan: DeletePlan, store: DiskStore, args: argparse.Namespace) -> int:
     if not plan.entries and not plan.records:
-        _out("Nothing to delete.")
+        print_line("Nothing to delete.")
         return OK
     _print_plan(plan)
     if args.dry_run:
-        _out("Dry run: nothing deleted.")
+        print_line("Dry run: nothing deleted.")
         return OK
-    if not _confirm("Delete them?", args.yes):
-        _out("Nothing deleted.")
+    if not confirm("Delete them?", args.yes):
+        print_line("Nothing deleted.")
         return PROBLEMS
-    with _Progress("deleting", len(plan.entries)) as progress:
+    with Progress("deleting", len(plan.entries)) as progress:
         removed = plan.execute(store, progress=progress)
-    records = f" and {_n(len(plan.records), 'internal record')}" if plan.records else ""
-    _out(f"Deleted {_n(removed, 'entry')}{records}, freed {plan.expected_freed_size_str}.")
+    records = f" and {counted(len(plan.records), 'internal record')}" if plan.records else ""
+    print_line(f"Deleted {counted(removed, 'entry')}{records}, "
+               f"freed {plan.expected_freed_size_str}.")
     if plan.records and isinstance(store, DiskStore):  # a clear: the lock files too
         locks = remove_free_lock_files(store.directory)
         if locks:
-            _out(f"Removed {_n(locks, 'lock file')} no process held.")
+            print_line(f"Removed {counted(locks, 'lock file')} no process held.")
     return OK
 
 
-def _cmd_prune(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_prune(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     if args.max_size is None and args.older_than is None and not args.stale:
         raise UsageError("prune what? give --max-size, --older-than and/or --stale")
     plan = plan_prune(scan(store), max_size=args.max_size, older_than=args.older_than,
@@ -389,37 +391,37 @@ def _cmd_prune(args: argparse.Namespace, store: DiskStore, config: CacheConfig) 
     return _run_plan(plan, store, args)
 
 
-def _cmd_clear(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_clear(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     return _run_plan(plan_clear(scan(store)), store, args)
 
 
-def _cmd_verify(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_verify(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     keys = [e.key for e in scan(store).entries]
-    with _Progress("verifying", len(keys)) as progress:
+    with Progress("verifying", len(keys)) as progress:
         result = verify(store, keys, secret=config.secret, progress=progress)
     removed = store.discard([p.key for p in result.problems]) if args.fix else []
     if args.json:
-        _json({"checked": result.checked,
-               "problems": [{"key": p.key, "problem": p.problem} for p in result.problems],
-               "removed": removed})
+        print_json({"checked": result.checked,
+                    "problems": [{"key": p.key, "problem": p.problem} for p in result.problems],
+                    "removed": removed})
     else:
         for p in result.problems:
-            _out(f"BAD {p.key[:12]}  {p.problem}")
-        summary = f"Checked {_n(result.checked, 'entry')}: {len(result.problems)} bad"
+            print_line(f"BAD {p.key[:12]}  {p.problem}")
+        summary = f"Checked {counted(result.checked, 'entry')}: {len(result.problems)} bad"
         summary += f", {len(removed)} removed." if args.fix else "."
         if result.problems and not args.fix:
             summary += " `ltc-cache verify --fix` removes them."
-        _out(summary)
+        print_line(summary)
     return OK if len(removed) == len(result.problems) else PROBLEMS
 
 
 def _select(store: DiskStore, filters: Sequence[EntryFilter], prefixes: Sequence[str],
             ) -> tuple[list[EntryInfo], int]:
-    return _filtered(scan(store).entries, filters, prefixes)
+    return filtered_entries(scan(store).entries, filters, prefixes)
 
 
-def _filtered(scanned: Sequence[EntryInfo], filters: Sequence[EntryFilter],
-              prefixes: Sequence[str]) -> tuple[list[EntryInfo], int]:
+def filtered_entries(scanned: Sequence[EntryInfo], filters: Sequence[EntryFilter],
+                     prefixes: Sequence[str]) -> tuple[list[EntryInfo], int]:
     """The readable entries of ``scanned`` that pass every filter (and
     whose keys ``prefixes`` name, where given), and how many unreadable
     ones passed too."""
@@ -432,7 +434,7 @@ def _filtered(scanned: Sequence[EntryInfo], filters: Sequence[EntryFilter],
     return [e for e in entries if not e.problem], unreadable
 
 
-def _cmd_export(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_export(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     path = Path(args.file)
     if path.is_dir():
         raise UsageError(f"{path} is a directory; give the bundle file to write, "
@@ -442,20 +444,20 @@ def _cmd_export(args: argparse.Namespace, store: DiskStore, config: CacheConfig)
     if path.exists() and not args.force:
         raise UsageError(f"{path} exists; give --force to overwrite it")
     entries, unreadable = _select(store, args.filter, args.key)
-    with _Progress("exporting", len(entries)) as progress:
+    with Progress("exporting", len(entries)) as progress:
         written = export_bundle(store, [e.key for e in entries], path, progress=progress)
     size = sum(e.size for e in entries)
-    _out(f"Exported {_n(written, 'entry')} ({format_size(size)}) to {path}.")
+    print_line(f"Exported {counted(written, 'entry')} ({format_size(size)}) to {path}.")
     if unreadable:
-        _out(f"Left out {_n(unreadable, 'unreadable entry')} (see `ltc-cache verify`).")
+        print_line(f"Left out {counted(unreadable, 'unreadable entry')} (see `ltc-cache verify`).")
     return OK
 
 
-def _cmd_import(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_import(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise UsageError(f"no bundle at {path}")
-    with _Progress("importing") as progress:
+    with Progress("importing") as progress:
         def on_header(count: int) -> None:
             progress.total = count
 
@@ -465,12 +467,12 @@ def _cmd_import(args: argparse.Namespace, store: DiskStore, config: CacheConfig)
         except BundleError as exc:
             raise UsageError(f"{path}: {exc}") from None
     for problem in result.rejected:
-        _out(f"REJECTED {problem.key[:12]}  {problem.problem}")
-    _out(f"Imported {_n(len(result.added), 'entry')} into {store.directory}; "
-         f"{len(result.present)} already there, {len(result.rejected)} rejected.")
+        print_line(f"REJECTED {problem.key[:12]}  {problem.problem}")
+    print_line(f"Imported {counted(len(result.added), 'entry')} into {store.directory}; "
+               f"{len(result.present)} already there, {len(result.rejected)} rejected.")
     if result.other_torch:
-        _out(f"{result.other_torch} of them were made by another torch version and will not "
-             "be used by this one (`ltc-cache prune --stale` removes them).")
+        print_line(f"{result.other_torch} of them were made by another torch version and will not "
+                   "be used by this one (`ltc-cache prune --stale` removes them).")
     if result.error:
-        _err(f"{path}: {result.error}; the entries before it were imported")
+        print_error(f"{path}: {result.error}; the entries before it were imported")
     return OK if result.ok else PROBLEMS

@@ -23,27 +23,27 @@ from ..report import FuseOutcome, FuseTarget, fuse_one, plan_fuse, scan, sort_en
 from ..report.fused import GONE, LIBRARY, NOT_STORED, REFUSED
 from ..signing import program_secret
 from ..store.disk import DiskStore
-from .commands import _filtered
-from .output import OK, PROBLEMS, UsageError, _n, _out
+from .commands import filtered_entries
+from .output import OK, PROBLEMS, UsageError, counted, print_line
 
-__all__ = ["INTERRUPTED", "_cmd_fuse"]
+__all__ = ["INTERRUPTED", "cmd_fuse"]
 
 # Exit status of a run stopped with Ctrl-C (128 + SIGINT), as main's.
 INTERRUPTED = 130
 
 
-def _cmd_fuse(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
+def cmd_fuse(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
     report = scan(store)
-    selected, unreadable = _filtered(report.entries, args.filter, args.key)
+    selected, unreadable = filtered_entries(report.entries, args.filter, args.key)
     # Most recently used first: a run stopped early has fused the graphs in use.
     targets = plan_fuse(sort_entries(selected, "accessed"), report.entries)
     if unreadable:
-        _out(f"Left out {_n(unreadable, 'unreadable entry')} (see `ltc-cache verify`).")
+        print_line(f"Left out {counted(unreadable, 'unreadable entry')} (see `ltc-cache verify`).")
     if not targets:
         matching = " match" if args.filter or args.key else ""
-        other = f" ({_n(len(selected), 'entry')} of other kinds: fuse compiles graphs)" \
+        other = f" ({counted(len(selected), 'entry')} of other kinds: fuse compiles graphs)" \
             if selected else ""
-        _out(f"No graph entries{matching} in {report.directory}{other}.")
+        print_line(f"No graph entries{matching} in {report.directory}{other}.")
         return OK
     if args.dry_run:
         return _dry_run(targets, args.retry)
@@ -58,9 +58,10 @@ def _dry_run(targets: Sequence[FuseTarget], retry: bool) -> int:
             state = "already fused"
         else:
             state = "already refused (--retry compiles it again)"
-        _out(f"{_prefix(i, len(targets), target)}: {state}")
+        print_line(f"{_prefix(i, len(targets), target)}: {state}")
     compiling = sum(t.compiles(retry) for t in targets)
-    _out(f"Dry run: {compiling} of {_n(len(targets), 'graph')} to compile; nothing compiled.")
+    print_line(f"Dry run: {compiling} of {counted(len(targets), 'graph')} to compile; "
+               "nothing compiled.")
     return OK
 
 
@@ -79,8 +80,8 @@ def _fuse(targets: Sequence[FuseTarget], store: DiskStore, config: CacheConfig,
                                            readonly=False), store=store)
     timeout = args.timeout or config.fuse_timeout
     compiling = sum(t.compiles(args.retry) for t in targets)
-    _out(f"Fusing {_n(len(targets), 'graph')} in {directory}: {compiling} to compile, "
-         f"each within {timeout:g} s. Ctrl-C stops; running it again continues.")
+    print_line(f"Fusing {counted(len(targets), 'graph')} in {directory}: {compiling} to compile, "
+               f"each within {timeout:g} s. Ctrl-C stops; running it again continues.")
     sys.stdout.flush()
     started, outcomes = time.monotonic(), []
     try:
@@ -89,14 +90,14 @@ def _fuse(targets: Sequence[FuseTarget], store: DiskStore, config: CacheConfig,
                 outcome = fuse_one(cache, target.graph.key, target.graph.graph_name,
                                    retry=args.retry, timeout=timeout)
                 outcomes.append(outcome)
-                _out(f"{_prefix(i, len(targets), target)}: {outcome.summary_str}")
+                print_line(f"{_prefix(i, len(targets), target)}: {outcome.summary_str}")
                 sys.stdout.flush()  # a line as each graph finishes, into a pipe too
     except KeyboardInterrupt:
-        _out(f"\nInterrupted at graph {len(outcomes) + 1} of {len(targets)}: "
-             f"{_tally(outcomes)}. What was compiled is stored; run the same command "
-             "again to continue (graphs with a stored fused entry are skipped).")
+        print_line(f"\nInterrupted at graph {len(outcomes) + 1} of {len(targets)}: "
+                   f"{_tally(outcomes)}. What was compiled is stored; run the same command "
+                   "again to continue (graphs with a stored fused entry are skipped).")
         return INTERRUPTED
-    _out(f"Done in {time.monotonic() - started:.1f} s: {_tally(outcomes)}.")
+    print_line(f"Done in {time.monotonic() - started:.1f} s: {_tally(outcomes)}.")
     return PROBLEMS if any(o.status == NOT_STORED for o in outcomes) else OK
 
 
@@ -108,7 +109,7 @@ def _tally(outcomes: Sequence[FuseOutcome]) -> str:
     """``2 libraries compiled, 1 refused, 3 skipped (already fused or refused)``."""
     counts = Counter(o.status for o in outcomes)
     skipped = sum(1 for o in outcomes if not o.compiled and o.status != GONE)
-    parts = [f"{_n(counts[LIBRARY], 'library')} compiled", f"{counts[REFUSED]} refused",
+    parts = [f"{counted(counts[LIBRARY], 'library')} compiled", f"{counts[REFUSED]} refused",
              f"{skipped} skipped (already fused or refused)"]
     if counts[GONE]:
         parts.append(f"{counts[GONE]} no longer stored")

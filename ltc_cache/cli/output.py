@@ -11,18 +11,20 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from ..errors import LtcCacheError
+
 OK, PROBLEMS, USAGE = 0, 1, 2
 
 
-class UsageError(Exception):
+class UsageError(LtcCacheError):
     """Bad input on the command line: exit status 2."""
 
 
-def _out(text: str = "") -> None:
+def print_line(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
-def _err(text: str) -> None:
+def print_error(text: str) -> None:
     sys.stderr.write(f"ltc-cache: {text}\n")
 
 
@@ -31,7 +33,7 @@ def _err(text: str) -> None:
 _json_sink: dict[str, Any] | None = None
 
 
-def _json(obj: Any) -> None:
+def print_json(obj: Any) -> None:
     if _json_sink is not None:
         _json_sink[_json_sink["current"]] = obj
         return
@@ -39,11 +41,11 @@ def _json(obj: Any) -> None:
     # json module's C encoder is used only without indentation (5x faster
     # on a 10,000-entry listing).
     indent = 2 if sys.stdout.isatty() else None
-    _out(json.dumps(obj, indent=indent, default=str))
+    print_line(json.dumps(obj, indent=indent, default=str))
 
 
 def gather_json() -> None:
-    """From now on keep each :func:`_json` object under the tier
+    """From now on keep each :func:`print_json` object under the tier
     :func:`json_tier` names, until :func:`print_gathered_json`."""
     global _json_sink
     _json_sink = {}  # one JSON object, a member per tier
@@ -65,23 +67,23 @@ def print_gathered_json() -> None:
     if _json_sink is not None:
         sink, _json_sink = _json_sink, None
         sink.pop("current", None)
-        _json(sink)
+        print_json(sink)
 
 
-def _n(count: int, noun: str) -> str:
+def counted(count: int, noun: str) -> str:
     """``1 entry``, ``2 entries``, ``0 internal records``."""
     if count == 1:
         return f"1 {noun}"
     return f"{count} {noun[:-1] + 'ies' if noun.endswith('y') else noun + 's'}"
 
 
-def _stamp(timestamp: float | None) -> str:
+def format_timestamp(timestamp: float | None) -> str:
     if not timestamp:
         return "-"
     return datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
 
 
-class _Progress:
+class Progress:
     """A progress bar on stderr when it is a terminal, nothing when piped."""
 
     def __init__(self, label: str, total: int = 0, stream: TextIO | None = None) -> None:
@@ -102,7 +104,7 @@ class _Progress:
                               f"{self.done}/{self.total}")
             self.stream.flush()
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -111,7 +113,8 @@ class _Progress:
             self.stream.flush()
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+def table_lines(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
+                ) -> list[str]:
     """Aligned lines, columns in ``right`` right-aligned. One format string
     for every row: a 10,000-row listing is drawn in C, not cell by cell."""
     lines = [headers, *rows]
@@ -120,12 +123,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
     return [template.format(*cells).rstrip() for cells in lines]
 
 
-def _confirm(question: str, assume_yes: bool) -> bool:
+def confirm(question: str, assume_yes: bool) -> bool:
     if assume_yes:
         return True
     sys.stdout.write(f"{question} [y/N] ")
     sys.stdout.flush()
     answer = sys.stdin.readline()
     if not sys.stdin.isatty():
-        _out()
+        print_line()
     return answer.strip().lower() in ("y", "yes")

@@ -10,16 +10,16 @@ from typing import Any, NoReturn
 from ..report import SORT_FIELDS, parse_filter
 from ..units import SIZE_RULE, parse_age, parse_size
 from .commands import (
-    _cmd_clear,
-    _cmd_export,
-    _cmd_import,
-    _cmd_ls,
-    _cmd_prune,
-    _cmd_show,
-    _cmd_stats,
-    _cmd_verify,
+    cmd_clear,
+    cmd_export,
+    cmd_import,
+    cmd_ls,
+    cmd_prune,
+    cmd_show,
+    cmd_stats,
+    cmd_verify,
 )
-from .fuse import _cmd_fuse
+from .fuse import cmd_fuse
 from .output import USAGE
 
 
@@ -67,7 +67,7 @@ def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
                         help="the cache directory only, even with LTC_CACHE_REMOTE set")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ltc-cache",
         description="Inspect and maintain an ltc_cache directory of compiled LTC graphs, "
@@ -88,18 +88,18 @@ def _parser() -> argparse.ArgumentParser:
                          metavar="EXPR", help="FIELD OP VALUE, e.g. size>1MB, accessed>30d "
                          "(not used for 30 days), created<2h, hits=0, name=gpt2*; repeatable")
 
-    ls = command("ls", _cmd_ls, "list entries")
+    ls = command("ls", cmd_ls, "list entries")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.add_argument("--sort", choices=sorted(SORT_FIELDS), default="accessed",
                     help="order by this (default: accessed, most recent first)")
     ls.add_argument("--reverse", "-r", action="store_true", help="reverse the order")
     filters(ls)
 
-    stats = command("stats", _cmd_stats, "entries, sizes and hit/miss counts of every process")
+    stats = command("stats", cmd_stats, "entries, sizes and hit/miss counts of every process")
     stats.add_argument("--json", action="store_true", help="machine-readable output")
     stats.add_argument("--zero", action="store_true", help="reset the counters")
 
-    show = command("show", _cmd_show, "an entry's metadata, input layout and stored IR")
+    show = command("show", cmd_show, "an entry's metadata, input layout and stored IR")
     show.add_argument("key", help="entry key or a unique prefix of it")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.add_argument("--no-ir", action="store_true", help="leave out the IR")
@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--dry-run", action="store_true", help="show the plan, delete nothing")
         sub.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
-    prune = command("prune", _cmd_prune, "delete entries by size, age or staleness")
+    prune = command("prune", cmd_prune, "delete entries by size, age or staleness")
     prune.add_argument("--max-size", type=_arg(parse_size), metavar="SIZE",
                        help="delete least recently used entries until the rest fit in SIZE "
                        "(0: all of them), e.g. 2GB")
@@ -118,26 +118,26 @@ def _parser() -> argparse.ArgumentParser:
                        help="delete entries of another torch version or entry schema")
     deleting(prune)
 
-    clear = command("clear", _cmd_clear, "delete every entry")
+    clear = command("clear", cmd_clear, "delete every entry")
     deleting(clear)
 
-    check = command("verify", _cmd_verify,
+    check = command("verify", cmd_verify,
                     "check every entry (checksum, decoding, the IR parses, the "
                     "signatures of programs and fused libraries)")
     check.add_argument("--fix", action="store_true", help="delete the bad entries")
     check.add_argument("--json", action="store_true", help="machine-readable output")
 
-    export = command("export", _cmd_export, "write entries to one portable bundle file")
+    export = command("export", cmd_export, "write entries to one portable bundle file")
     export.add_argument("file", help="bundle to write")
     export.add_argument("--force", "-f", action="store_true", help="overwrite an existing FILE")
     export.add_argument("--key", action="append", default=[], metavar="PREFIX",
                         help="only this entry (repeatable)")
     filters(export)
 
-    imports = command("import", _cmd_import, "add the entries of a bundle, each checked first")
+    imports = command("import", cmd_import, "add the entries of a bundle, each checked first")
     imports.add_argument("file", help="bundle to read")
 
-    fuse = command("fuse", _cmd_fuse, "compile the fused libraries (AOTInductor) of stored "
+    fuse = command("fuse", cmd_fuse, "compile the fused libraries (AOTInductor) of stored "
                    "graphs ahead; Ctrl-C stops, running it again continues")
     fuse.add_argument("--retry", action="store_true",
                       help="compile again the graphs whose fused entry is a refusal")

@@ -149,7 +149,7 @@ class LtcBackend:
         name = self._name or model_name(gm)
         training = _needs_grad(example_inputs)
         if is_dynamic(gm):
-            return PerShape(self, gm, name, training)
+            return PerShape(self._static, gm, name, training)
         try:
             gm = canonical(gm, example_inputs)
         except Unspecializable as exc:

@@ -17,20 +17,11 @@ from typing import Any
 
 import torch
 
+from .decompose_where import masked_where
+
 __all__ = ["decompositions"]
 
 aten = torch.ops.aten
-def _where(cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    dtype = torch.result_type(a, b)
-    shape = torch.broadcast_shapes(cond.shape, a.shape, b.shape)
-    cond = aten.expand.default(cond, shape)
-    a = aten.expand.default(aten._to_copy.default(a, dtype=dtype), shape)
-    b = aten.expand.default(aten._to_copy.default(b, dtype=dtype), shape)
-    picked_a = aten.masked_fill.Scalar(a, aten.eq.Scalar(cond, 0), 0)
-    picked_b = aten.masked_fill.Scalar(b, cond, 0)
-    if dtype == torch.bool:
-        return aten.bitwise_or.Tensor(picked_a, picked_b)
-    return aten.add.Tensor(picked_a, picked_b)
 
 
 def _logical_not(x: torch.Tensor) -> torch.Tensor:
@@ -185,7 +176,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
         aten._safe_softmax.default,
     ])
     table.update({
-        aten.where.self: _where,
+        aten.where.self: masked_where,
         aten.logical_not.default: _logical_not,
         aten.logical_and.default: _logical_and,
         aten.logical_or.default: _logical_or,

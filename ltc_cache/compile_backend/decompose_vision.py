@@ -9,11 +9,13 @@ training, as eager computes it (:func:`_batch_norm_training`); Swin's
 ``roll`` and the functional ``copy`` of its pooler's gradient, and
 GhostNet's ``hardsigmoid_backward`` (facts 76 and 77).
 
-Kept apart from :mod:`ltc_cache.decompose` (which merges this table into
-its own), so that each can change without the other; the plan key hashes
-this module's code too (:func:`ltc_cache.plan.plan_key`). Like those, each
-is exact for every input it accepts, and returns ``NotImplemented``
-(leaving the op whole) for the inputs it does not handle.
+Kept apart from :mod:`ltc_cache.compile_backend.decompose` (which merges
+this table into its own), so that each can change without the other (the
+``where`` both build with is :mod:`ltc_cache.compile_backend.decompose_where`);
+the plan key hashes this module's code too
+(:func:`ltc_cache.compile_backend.plan.plan_key`). Like those, each is exact
+for every input it accepts, and returns ``NotImplemented`` (leaving the op
+whole) for the inputs it does not handle.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .decompose import _where
+from .decompose_where import masked_where
 
 __all__ = ["vision_decompositions"]
 
@@ -53,7 +55,7 @@ def _hardswish_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     # The CPU kernel's vectorised loop: 0 up to -3, the gradient from 3 on,
     # grad * (x / 3 + 0.5) between them (and for NaN).
     middle = aten.mul.Tensor(grad, aten.add.Scalar(aten.div.Scalar(x, 3), 0.5))
-    upper = _where(aten.ge.Scalar(x, 3), grad, middle)
+    upper = masked_where(aten.ge.Scalar(x, 3), grad, middle)
     return aten.masked_fill.Scalar(upper, aten.le.Scalar(x, -3), 0)
 
 
@@ -196,7 +198,7 @@ def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..
 
 def vision_decompositions() -> dict[Any, Callable[..., Any]]:
     """Ours for the vision ops LTC does not lower; merged into
-    :func:`ltc_cache.decompose.decompositions`."""
+    :func:`ltc_cache.compile_backend.decompose.decompositions`."""
     from torch._decomp import get_decompositions
 
     functional = aten._native_batch_norm_legit_functional.default

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
@@ -15,10 +15,11 @@ from torch import fx
 from ..threads import compile_lock
 from .nodes import is_symbolic, node_value
 
-if TYPE_CHECKING:
-    from .backend import LtcBackend
-
 logger = logging.getLogger("ltc_cache.dynamo")
+
+# How the backend compiles a static graph: ``(gm, example_inputs, name, *,
+# training)`` -> the compiled callable.
+CompileStatic = Callable[..., Callable[..., Any]]
 
 
 def is_dynamic(gm: fx.GraphModule) -> bool:
@@ -42,13 +43,13 @@ class PerShape:
     layout it is called with (each one is a cache entry of its own), as the
     static graph of that layout would be (:mod:`ltc_cache.compile_backend.specialize`)."""
 
-    __slots__ = ("_backend", "_compiled", "_gm", "_name", "_scalars", "_training")
+    __slots__ = ("_compile_static", "_compiled", "_gm", "_name", "_scalars", "_training")
 
-    def __init__(self, backend: LtcBackend, gm: fx.GraphModule, name: str,
+    def __init__(self, compile_static: CompileStatic, gm: fx.GraphModule, name: str,
                  training: bool) -> None:
         from .specialize import scalar_inputs
 
-        self._backend = backend
+        self._compile_static = compile_static
         self._gm = gm
         self._name = name
         self._training = training
@@ -83,7 +84,7 @@ class PerShape:
             return tuple(values[i] for i in kept)
 
         with run_time_tracing():
-            compiled = self._backend._static(gm, list(pick(args)), self._name,
-                                             training=self._training)
+            compiled = self._compile_static(gm, list(pick(args)), self._name,
+                                            training=self._training)
         self._compiled[signature] = found = (compiled, pick)
         return found

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..errors import EntryError
+from ..errors import EntryError, LtcCacheError
 from ..graph.entry import Entry, new_meta, tensor_from_wire, tensor_to_wire
 from ..graph.keys import CacheKey, code_digest, derived_key, graph_digest
 from ..wire import PLAN_FORMAT
@@ -75,7 +75,7 @@ _ENUMS = {
 }
 
 
-class PlanError(ValueError):
+class PlanError(LtcCacheError, ValueError):
     """A graph that cannot be stored as a plan (a node or value of a kind a
     plan does not hold)."""
 
@@ -97,14 +97,14 @@ def _deciding_code() -> str:
     log line keeps every stored plan, while a changed rule makes new ones;
     and by the values of the two modules' constants, which their functions
     read by name (``partition._MIN_VIEW_ELEMENTS``, ``REGION_PREFIX``)."""
-    from . import decompose, decompose_vision, partition, support
+    from . import decompose, decompose_vision, decompose_where, partition, support
 
-    modules = (decompose, decompose_vision, partition)
+    modules = (decompose, decompose_vision, decompose_where, partition)
     functions = [value for module in modules for value in vars(module).values()
                  if isinstance(value, types.FunctionType)
                  and value.__module__ == module.__name__]
-    functions += [support.op_signature, support._static_rules, support.strided_otherwise,
-                  support._strides_its_own_order, support.OpSupport.why_not]
+    functions += [support.op_signature, support.static_rules, support.strided_otherwise,
+                  support.strides_its_own_order, support.OpSupport.why_not]
     parts = [f"{f.__qualname__}={code_digest(f.__code__)}" for f in functions]
     parts += [f"{module.__name__}.{name}={value!r}" for module in modules
               for name, value in vars(module).items()
@@ -420,7 +420,7 @@ def _constants_wire(obj: Any) -> dict[str, Any]:
 
 def lazy_module_class() -> type[fx.GraphModule]:
     """torch's GraphModule that generates its code on first use, where this
-    torch has it (private: pinned by tests/test_plan.py), else GraphModule."""
+    torch has it (private: pinned by tests/compile_backend/test_plan.py), else GraphModule."""
     try:
         from torch.fx._lazy_graph_module import _LazyGraphModule
     except ImportError:

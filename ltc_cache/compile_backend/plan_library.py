@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import LtcCacheError
 from ..graph.entry import Entry
 from ..graph.fused.entries import fused_entry, refusal_entry
 from ..graph.fused.platform import compiler_id, fused_key
@@ -189,7 +190,7 @@ def _settings(plan: Entry, part: str) -> dict[str, Any]:
         and plan.payload.get("recomputes") is True else {}
 
 
-class NoLibrary(Exception):
+class NoLibrary(LtcCacheError):
     """Why a plan's graph gets no library, known before compiling it."""
 
 

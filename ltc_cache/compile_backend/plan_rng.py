@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import LtcCacheError
 from .plan import rng_wrapper_name
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ __all__ = ["RANDOM_RECOMPUTED", "Unrepeatable", "rng_state_outputs", "unwrap_rng
 RANDOM_RECOMPUTED = "a recomputed op draws random numbers"
 
 
-class Unrepeatable(Exception):
+class Unrepeatable(LtcCacheError):
     """A recomputed op that draws: its plan keeps its regions."""
 
 

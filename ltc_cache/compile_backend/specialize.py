@@ -28,13 +28,15 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..errors import LtcCacheError
+
 __all__ = ["Unspecializable", "scalar_inputs", "specialize"]
 
 _SYMBOLIC = torch.SymInt | torch.SymFloat | torch.SymBool
 _ITEM_TARGETS = ("item", torch.ops.aten._local_scalar_dense.default)
 
 
-class Unspecializable(ValueError):
+class Unspecializable(LtcCacheError, ValueError):
     """A graph whose scalar values cannot all be made concrete (a value that
     depends on tensor data, such as an unbacked size)."""
 

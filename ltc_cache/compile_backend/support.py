@@ -54,7 +54,7 @@ def op_signature(node: fx.Node) -> str | None:
     return f"{node.target}({','.join(dtypes)})"
 
 
-def _static_rules(node: fx.Node) -> str | None:
+def static_rules(node: fx.Node) -> str | None:
     """Why a node can never go into a region, whatever the backend lowers."""
     target = node.target
     if torch.Tag.nondeterministic_seeded in target.tags:
@@ -87,10 +87,10 @@ _STRIDED = frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strid
 def strided_otherwise(node: fx.Node) -> bool:
     """Whether ``node`` is an ``as_strided`` that LTC would compute otherwise
     than eager (it then runs eagerly, over its input as eager lays it out)."""
-    return node.target in _STRIDED and not _strides_its_own_order(node)
+    return node.target in _STRIDED and not strides_its_own_order(node)
 
 
-def _strides_its_own_order(node: fx.Node) -> bool:
+def strides_its_own_order(node: fx.Node) -> bool:
     """Whether an ``as_strided`` reads the same elements in LTC as in eager.
     Eager's strides address the input's storage; LTC's address the input's
     elements in logical order. They agree where the input is contiguous
@@ -208,7 +208,7 @@ class OpSupport(OperatorSupportBase):
             signature = op_signature(node)
             if signature is None or signature in self._known or signature in todo:
                 continue
-            if _static_rules(node) is None:
+            if static_rules(node) is None:
                 todo[signature] = node
         if not todo:
             return
@@ -239,7 +239,7 @@ class OpSupport(OperatorSupportBase):
         signature = op_signature(node)
         if signature is None:
             return f"not an aten op ({node.target})"
-        rule = _static_rules(node)
+        rule = static_rules(node)
         if rule is not None:
             return rule
         self._load()

@@ -37,11 +37,16 @@ from torch._dynamo.eval_frame import OptimizedModule
 
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward, pad_generate
+from .fsdp2 import refuse_sharding_the_stand_in
 
 if TYPE_CHECKING:
     from .programs import Programs
 
-__all__ = ["CompiledModule", "class_named_like", "forward_replaced", "stand_in"]
+__all__ = ["CompileAgain", "CompiledModule", "class_named_like", "forward_replaced", "stand_in"]
+
+# ``ltc_cache.compile(model, **compile_kwargs)``, handed in by its module
+# (:func:`ltc_cache.program.precompile.compile_again`), which imports this one.
+CompileAgain = Callable[[Any, Mapping[str, Any]], Any]
 
 
 class CompiledModule(OptimizedModule):
@@ -71,7 +76,8 @@ class CompiledModule(OptimizedModule):
 
     def __init__(self, module: torch.nn.Module, programs: Programs,
                  buckets: Buckets | None = None,
-                 compile_kwargs: Mapping[str, Any] | None = None) -> None:
+                 compile_kwargs: Mapping[str, Any] | None = None,
+                 compile_again: CompileAgain | None = None) -> None:
         # OptimizedModule.__init__ builds Dynamo's context; this sets what
         # its methods read (``_orig_mod`` first: attribute access goes
         # through it), as that does.
@@ -83,6 +89,7 @@ class CompiledModule(OptimizedModule):
         self.__dict__["_ltc_programs"] = programs
         self.__dict__["_ltc_buckets"] = buckets
         self.__dict__["_ltc_compile_kwargs"] = dict(compile_kwargs or {})
+        self.__dict__["_ltc_compile_again"] = compile_again
         own = module.__dict__.get("forward")
         if own is not None:  # a forward set on the instance (a hook, a patch)
             self.__dict__["forward"] = _forward_like(own, programs)
@@ -105,14 +112,13 @@ class CompiledModule(OptimizedModule):
             raise AttributeError("ltc_cache.compile(module): its module cannot be replaced; "
                                  "compile the new module instead")
         if name == "__class__":  # fully_shard(stand-in) sets FSDP's class last
-            from .fully_sharded import refuse_sharding_the_stand_in
-
             refuse_sharding_the_stand_in(value)
         super().__setattr__(name, value)
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         # Pickled (and deep-copied) as "compile this module again".
-        return (_compile_again, (self._orig_mod, self.__dict__["_ltc_compile_kwargs"]))
+        return (self.__dict__["_ltc_compile_again"],
+                (self._orig_mod, self.__dict__["_ltc_compile_kwargs"]))
 
     # -- the module's names, never the wrapper's ---------------------------------
 
@@ -163,11 +169,10 @@ class CompiledModule(OptimizedModule):
                     # The module's forward method, compiled: its fallback calls
                     # the method, not the module, whose forward is this one
                     # meanwhile.
-                    from .precompile import compile
-
+                    compile_again = self.__dict__.get("_ltc_compile_again")
                     module, programs = self._orig_mod, self.__dict__["_ltc_programs"]
-                    forward = compile(types.MethodType(programs._fn, module), buckets=None,
-                                      **programs._kwargs)
+                    forward = compile_again(types.MethodType(programs.fn, module),
+                                            dict(programs.compile_kwargs, buckets=None))
                     patch = SharedPatch(lambda: forward_replaced(module, forward))
                     self.__dict__["_ltc_generating"] = patch
         return patch
@@ -292,13 +297,10 @@ def _through_programs(compiled: CompiledModule, args: tuple[Any, ...],
 
 
 def stand_in(module: torch.nn.Module, programs: Programs, buckets: Buckets | None,
-             compile_kwargs: Mapping[str, Any]) -> CompiledModule:
+             compile_kwargs: Mapping[str, Any], compile_again: CompileAgain) -> CompiledModule:
     """The CompiledModule of ``module``, computing through ``programs``
-    (sequences padded to ``buckets``)."""
-    return _stand_in_class(type(module))(module, programs, buckets, compile_kwargs)
-
-
-def _compile_again(module: torch.nn.Module, compile_kwargs: Mapping[str, Any]) -> Any:
-    from .precompile import compile
-
-    return compile(module, **compile_kwargs)
+    (sequences padded to ``buckets``); ``compile_again(model, kwargs)`` is
+    ``ltc_cache.compile(model, **kwargs)``, how the stand-in pickles (with
+    ``compile_kwargs``) and compiles its module's forward for generate()."""
+    return _stand_in_class(type(module))(module, programs, buckets, compile_kwargs,
+                                         compile_again)

@@ -35,41 +35,21 @@ from ..errors import first_line
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward
 from .compiled_module import CompiledModule, class_named_like, forward_replaced
+from .fsdp2 import fsdp_module_class
 
 __all__ = ["CompiledFullyShardedModule", "compiled_fully_sharded", "compiled_units",
-           "is_fully_sharded", "refuse_sharding_the_stand_in", "sharded_modules"]
+           "is_fully_sharded", "sharded_modules"]
 
 logger = logging.getLogger("ltc_cache.precompile")
-
-
-def _fsdp_module_class() -> type | None:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # torch built without distributed
-        return None
-    return FSDPModule
 
 
 def sharded_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules under ``model`` (itself included) that ``fully_shard``
     has sharded, in ``modules()`` order."""
-    fsdp = _fsdp_module_class()
+    fsdp = fsdp_module_class()
     if fsdp is None:
         return []
     return [module for module in model.modules() if isinstance(module, fsdp)]
-
-
-def refuse_sharding_the_stand_in(cls: type) -> None:
-    """``fully_shard(ltc_cache.compile(model))`` made the stand-in an FSDP
-    root whose first forward fails inside FSDP's hook (fact 75): refused
-    where ``fully_shard`` sets its class, its last step, with the order
-    that works."""
-    fsdp = _fsdp_module_class()
-    if fsdp is not None and isinstance(cls, type) and issubclass(cls, fsdp):
-        raise TypeError(
-            "fully_shard(ltc_cache.compile(model)) is not supported: FSDP2 must shard the "
-            "model itself. Call fully_shard on the blocks and on the model first, then "
-            "ltc_cache.compile(model) (the README's FSDP2 recipe)")
 
 
 def is_fully_sharded(model: Any) -> bool:
@@ -165,7 +145,7 @@ class CompiledFullyShardedModule(CompiledModule):
 def _unsharded_class(module: torch.nn.Module) -> type[torch.nn.Module]:
     """The module's class before ``fully_shard`` made it ``FSDP<class>``."""
     cls = type(module)
-    fsdp = _fsdp_module_class()
+    fsdp = fsdp_module_class()
     if fsdp is None or not isinstance(module, fsdp):
         return cls
     return cls.__mro__[cls._orig_cls_mro_index]  # type: ignore[attr-defined]

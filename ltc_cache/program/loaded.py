@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..errors import LtcCacheError
 from .describe import OBJECT_DEPTH, plain_object
 from .guards import Checks
 
@@ -91,6 +92,6 @@ def call_layout(value: Any, depth: int = 0) -> Any:
     return (type(value), id(value))
 
 
-class GrowingLayout(Exception):
+class GrowingLayout(LtcCacheError):
     """An argument whose layout changes on every call (a dynamic key/value
     cache): a program per call would be a capture per decoding step."""

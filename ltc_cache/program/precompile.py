@@ -38,7 +38,8 @@ from __future__ import annotations
 import functools
 import logging
 import types
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar, overload
 
 import torch
 
@@ -49,7 +50,7 @@ from .fully_sharded import compiled_fully_sharded, is_fully_sharded
 from .programs import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS, Programs
 
 __all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "PROGRAM_LOOKUPS",
-           "CompiledModule", "compile"]
+           "CompiledModule", "compile", "compile_again"]
 
 logger = logging.getLogger("ltc_cache.precompile")
 
@@ -70,6 +71,34 @@ def _traced_fn(model: Any) -> tuple[types.FunctionType, Any]:
     from torch._dynamo.convert_frame import get_traced_fn
 
     return get_traced_fn(model)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class _Compiler(Protocol):
+    """What :func:`compile` returns called with no model (as a decorator
+    with arguments): it compiles what it is given, as :func:`compile` does."""
+
+    @overload
+    def __call__(self, model: torch.nn.Module, /) -> CompiledModule: ...
+
+    @overload
+    def __call__(self, model: _F, /) -> _F: ...
+
+
+@overload
+def compile(model: torch.nn.Module, *, buckets: Buckets | str | None = ...,
+            **kwargs: Any) -> CompiledModule: ...
+
+
+@overload
+def compile(model: _F, *, buckets: Buckets | str | None = ..., **kwargs: Any) -> _F: ...
+
+
+@overload
+def compile(model: None = None, *, buckets: Buckets | str | None = ...,
+            **kwargs: Any) -> _Compiler: ...
 
 
 def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwargs: Any) -> Any:
@@ -126,7 +155,7 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
         # wraps it with the stand-in's) would call the programs again.
         fallback = types.MethodType(fn, owner) if owner is not None else fn
         programs = Programs(fn, owner, name, kwargs, fallback)
-        return stand_in(model, programs, padding, dict(kwargs, buckets=buckets))
+        return stand_in(model, programs, padding, dict(kwargs, buckets=buckets), compile_again)
     if isinstance(model, types.FunctionType):
         programs = Programs(model, None, model.__qualname__, kwargs, model)
 
@@ -156,3 +185,10 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
     from ..compile_backend.backend import backend
 
     return torch.compile(model, backend=backend, **kwargs)
+
+
+def compile_again(model: Any, compile_kwargs: Mapping[str, Any]) -> Any:
+    """``compile(model, **compile_kwargs)``: how a module's stand-in
+    pickles (and deep-copies), and how it compiles its module's forward for
+    ``generate()`` (:mod:`ltc_cache.program.compiled_module`)."""
+    return compile(model, **compile_kwargs)

@@ -106,6 +106,16 @@ class Programs:
     def cache(self) -> GraphCache:
         return self._cache if self._cache is not None else default_cache()
 
+    @property
+    def fn(self) -> types.FunctionType:
+        """The function the programs compute (a module's forward unbound)."""
+        return self._fn
+
+    @property
+    def compile_kwargs(self) -> dict[str, Any]:
+        """``torch.compile``'s arguments the programs were made with."""
+        return self._kwargs
+
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             layout = (torch.is_grad_enabled(), call_layout(args), call_layout(kwargs))
@@ -388,7 +398,7 @@ class Programs:
                     self._name, key.digest[:12], len(sources), len(guard_filter.checks))
         return program
 
-    # -- several frames (ltc_cache.frames) ----------------------------------------
+    # -- several frames (ltc_cache.program.frames) --------------------------------
 
     def _load_frames(self, parts: ProgramParts, key: CacheKey) -> FramesProgram | None:
         program = load_program(self._fn, self._name, program_backend(self._name),

@@ -1,6 +1,6 @@
 """Reading whole entries: ``show`` and ``verify``.
 
-These decode entry bodies, and decoding imports torch (ltc_cache.entry);
+These decode entry bodies, and decoding imports torch (ltc_cache.graph.entry);
 the import happens on the first call, so a listing never pays for it.
 """
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import LtcCacheError
 from ..units import parse_age, parse_size
 from ..wire import is_entry_key
 from .listing import EntryInfo
@@ -89,7 +90,7 @@ def sort_entries(entries: Iterable[EntryInfo], by: str = "accessed", *,
     return sorted(entries, key=operator.attrgetter(attribute), reverse=descending != reverse)
 
 
-class AmbiguousKey(ValueError):
+class AmbiguousKey(LtcCacheError, ValueError):
     def __init__(self, prefix: str, candidates: Sequence[str]) -> None:
         super().__init__(f"{prefix!r} matches {len(candidates)} entries: "
                          f"{', '.join(c[:12] for c in candidates[:5])}"

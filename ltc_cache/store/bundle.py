@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from ..errors import LtcCacheError
 from ..wire import BUNDLE_FORMAT, MAX_ENTRY_BYTES
 
 __all__ = ["BUNDLE_VERSION", "BundleError", "BundleHeader", "read_bundle",
@@ -28,7 +29,7 @@ BUNDLE_VERSION = 1
 _MAX_RECORD_BYTES = MAX_ENTRY_BYTES + (1 << 20)
 
 
-class BundleError(ValueError):
+class BundleError(LtcCacheError, ValueError):
     """A file that is not a bundle, or a damaged one."""
 
 

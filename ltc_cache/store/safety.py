@@ -23,7 +23,7 @@ from pathlib import Path
 
 import diskcache
 
-from ..errors import EntryError
+from ..errors import EntryError, LtcCacheError
 
 __all__ = [
     "UnsafeDirectory",
@@ -61,7 +61,7 @@ _ENVIRONMENT = {
 }
 
 
-class UnsafeDirectory(PermissionError):
+class UnsafeDirectory(LtcCacheError, PermissionError):
     """A cache directory that another user could write into."""
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..diagnostics import warn_once
+from ..errors import LtcCacheError
 from .base import Store
 from .disk import DiskStore
 from .readonly import ReadOnlyDiskStore
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["NoCache", "Tiers", "open_directory", "open_tiers"]
 
 
-class NoCache(FileNotFoundError):
+class NoCache(LtcCacheError, FileNotFoundError):
     """The directory is missing or is not a cache directory."""
 
 

@@ -1,6 +1,8 @@
 """The package's layers, as its imports draw them (README, "Layout"): no
-module imports from a layer above its own, no two modules import each other,
-and nothing outside the package imports one of its private names."""
+module imports from a layer above its own, no modules import one another in
+a circle (imports inside functions included), no module imports or reads
+another module's private names, and nothing outside the package imports
+one of its private names."""
 from __future__ import annotations
 
 import ast
@@ -93,3 +95,134 @@ def test_the_checks_see_the_layers():
     assert _layer("ltc_cache.program.precompile") == "program"
     assert _layer("ltc_cache.config") == "ground"
     assert RANKS[_layer("ltc_cache.program.frames")] > RANKS[_layer("ltc_cache.graph.keys")]
+
+
+# Every import in the package, function-level ones included, read once: the
+# checks below see what runs when any function runs, not only at import time.
+MODULES = {_module(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    parts = package.split(".")
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _uses(path: Path) -> tuple[set[str], list[str]]:
+    """The ltc_cache modules ``path`` imports anywhere in it (type-checking
+    imports left out), and each private name of another ltc_cache module it
+    imports or reads as ``module._name``."""
+    return _uses_in(_module(path), path, path.read_text())
+
+
+def _uses_in(module: str, path: Path, text: str) -> tuple[set[str], list[str]]:
+    tree = ast.parse(text)
+    skip = _type_checking_lines(tree)
+    targets: set[str] = set()
+    private: list[str] = []
+    bound: dict[str, str] = {}  # a local name -> the ltc_cache module it is bound to
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    targets.add(alias.name)
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    if any(_private(part) for part in alias.name.split(".")):
+                        private.append(f"{module}:{node.lineno} imports {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, path, node)
+            if source not in MODULES:
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in MODULES:  # from . import a: a is a module
+                    targets.add(submodule)
+                    bound[alias.asname or alias.name] = submodule
+                    continue
+                targets.add(source)
+                if _private(alias.name) and source != module:
+                    private.append(f"{module}:{node.lineno} imports {source}.{alias.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in bound and _private(node.attr)
+                and bound[node.value.id] != module):
+            private.append(f"{module}:{node.lineno} reads {bound[node.value.id]}.{node.attr}")
+    return targets - {module}, private
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = [use for path in MODULES.values() for use in _uses(path)[1]]
+    assert not found, found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_modules_import_each_other_in_a_circle_even_inside_functions():
+    graph = {module: _uses(path)[0] for module, path in MODULES.items()}
+    cycles = _cycles(graph)
+    assert not cycles, cycles
+
+
+def test_the_checks_see_private_names_and_circles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert _private("_where") and not _private("__all__") and not _private("where")
+    # A function-level import counts: backend.py imports plan.py inside methods.
+    backend = PACKAGE / "compile_backend" / "backend.py"
+    assert "ltc_cache.compile_backend.plan" in _uses(backend)[0]
+    # What the private-name check reports, on a module written for it.
+    plan = PACKAGE / "compile_backend" / "plan.py"
+    targets, private = _uses_in("ltc_cache.compile_backend.plan", plan, (
+        "from typing import TYPE_CHECKING\n"
+        "from .support import _rules, op_signature\n"
+        "from . import support as s\n"
+        "if TYPE_CHECKING:\n    from ..program.precompile import _hidden\n"
+        "def f():\n    from ..graph.cache import GraphCache\n"
+        "    return s._table, s.__name__, _own\n"))
+    assert targets == {"ltc_cache.compile_backend.support", "ltc_cache.graph.cache"}
+    support = "ltc_cache.compile_backend.support"
+    assert private == [f"ltc_cache.compile_backend.plan:2 imports {support}._rules",
+                       f"ltc_cache.compile_backend.plan:8 reads {support}._table"]

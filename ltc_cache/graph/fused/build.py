@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ...errors import LtcCacheError
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import build_function
@@ -74,7 +75,7 @@ _BUILD_RTOL = 1e-3
 _REASON_CHARS = 600
 
 
-class FuseFailed(RuntimeError):
+class FuseFailed(LtcCacheError, RuntimeError):
     """A graph that cannot be given a library; its message is the reason stored."""
 
 
@@ -149,12 +150,12 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     fused = FusedFunction(runner, reference, aliases=aliases, restride=restride,
                           check=lambda expected, got, error: True)
     with torch.no_grad(), torch.jit.optimized_execution(False):
-        got = fused._fused(inputs) + tuple(inputs[i].clone() for i in writes)
+        got = fused.run_library(inputs) + tuple(inputs[i].clone() for i in writes)
         problem = mismatch(expected + written, got, rtol=_BUILD_RTOL)
         put_back(inputs, writes, before)
         if problem and not no_further_from_exact(graph, inputs, writes, expected + written, got):
             raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
-        script_ms, fused_ms = _time_both(reference, fused._fused, inputs, writes)
+        script_ms, fused_ms = _time_both(reference, fused.run_library, inputs, writes)
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
     slower = None

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..layout import Source
-from .ir import _calls, _op, _real_dtype, _scalar_value, _stored_constants, _swap_in
+from .ir import is_real_dtype, nodes_calling, op_facts, scalar_value, stored_constants, swap_in
 
 
 class _Matcher:
@@ -20,19 +20,19 @@ class _Matcher:
     it is the product or the sum of."""
 
     def __init__(self, graph: torch._C.Graph, inputs: list[Source]) -> None:
-        self.stored = {k: t for k, t in _stored_constants(graph, inputs).items()
-                       if t.dim() == 0}
+        self.stored = {k: t for k, t in stored_constants(graph, inputs).items()
+                      if t.dim() == 0}
 
     def number(self, value: torch._C.Value) -> float | None:
         if value.node().kind() == "prim::Constant":
             constant = value.toIValue()
             return constant if type(constant) in (int, float) else None
         tensor = self.stored.get(value.unique())
-        return _scalar_value(tensor) if tensor is not None and _real_dtype(tensor.dtype) \
+        return scalar_value(tensor) if tensor is not None and is_real_dtype(tensor.dtype) \
             else None
 
     def is_op(self, value: torch._C.Value, name: str) -> bool:
-        op = _op(value.node())
+        op = op_facts(value.node())
         return op is not None and op.name == name
 
     def times(self, value: torch._C.Value, factor: float) -> torch._C.Value | None:
@@ -175,12 +175,12 @@ def _replace_products(graph: torch._C.Graph,
     ``find(a, b)`` (or ``find(b, a)``) gives the arguments, inserting at the
     product; returns how many."""
     replaced = 0
-    for node in _calls(graph, "aten::mul.Tensor"):
+    for node in nodes_calling(graph, "aten::mul.Tensor"):
         a, b = node.inputs()
         for pair in ((a, b), (b, a)):
             with graph.insert_point_guard(node):
                 args = find(*pair)
             if args is not None:
-                replaced += _swap_in(graph, node, op_name, args, op_name)
+                replaced += swap_in(graph, node, op_name, args, op_name)
                 break
     return replaced

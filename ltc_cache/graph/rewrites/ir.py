@@ -23,10 +23,10 @@ _LAYOUT_READERS = ("as_strided", "_reshape_alias", "_unsafe_view", "view_as_real
 
 
 # Nodes without a schema that only build or take apart containers.
-_CONTAINERS = frozenset({"prim::ListConstruct", "prim::TupleConstruct"})
+CONTAINERS = frozenset({"prim::ListConstruct", "prim::TupleConstruct"})
 
 
-_STRUCTURAL = _CONTAINERS | {"prim::Constant", "prim::ListUnpack", "prim::TupleUnpack"}
+_STRUCTURAL = CONTAINERS | {"prim::Constant", "prim::ListUnpack", "prim::TupleUnpack"}
 
 
 class _Op(NamedTuple):
@@ -54,17 +54,18 @@ def _op_of(schema_text: str) -> _Op | None:
                tuple(str(a.type) for a in schema.arguments))
 
 
-def _op(node: torch._C.Node) -> _Op | None:
+def op_facts(node: torch._C.Node) -> _Op | None:
     return _op_of(node.schema())
 
 
-def _calls(graph: torch._C.Graph, name: str) -> list[torch._C.Node]:
+def nodes_calling(graph: torch._C.Graph, name: str) -> list[torch._C.Node]:
     """The nodes of ``graph`` that call op ``name`` (with its overload),
     listed before a rewrite replaces any."""
-    return [node for node in graph.nodes() if (op := _op(node)) is not None and op.name == name]
+    return [node for node in graph.nodes()
+            if (op := op_facts(node)) is not None and op.name == name]
 
 
-def _writes(node: torch._C.Node) -> bool:
+def may_write(node: torch._C.Node) -> bool:
     """Whether ``node`` may write to memory it did not allocate (or is an
     op this module does not know, which is treated the same)."""
     kind = node.kind()
@@ -72,18 +73,18 @@ def _writes(node: torch._C.Node) -> bool:
         return False
     if kind.startswith("prim::"):  # control flow (blocks) and the like
         return True
-    op = _op(node)
+    op = op_facts(node)
     return op is None or op.writes
 
 
-def _reads_values_only(node: torch._C.Node) -> bool:
+def reads_values_only(node: torch._C.Node) -> bool:
     """Whether ``node`` reads its tensor inputs as values: its result neither
     aliases them nor depends on their strides."""
-    op = _op(node)
+    op = op_facts(node)
     return op is not None and op.reads_values_only
 
 
-def _take_place(node: torch._C.Node, value: torch._C.Value) -> None:
+def take_place(node: torch._C.Node, value: torch._C.Value) -> None:
     """``value`` stands in for ``node``'s single output, with its type, and
     ``node`` goes."""
     value.setType(node.output().type())
@@ -91,22 +92,22 @@ def _take_place(node: torch._C.Node, value: torch._C.Value) -> None:
     node.destroy()
 
 
-def _swap_in(graph: torch._C.Graph, node: torch._C.Node, kind: str,
-             inputs: list[torch._C.Value], overload: str) -> bool:
+def swap_in(graph: torch._C.Graph, node: torch._C.Node, kind: str,
+            inputs: list[torch._C.Value], overload: str) -> bool:
     """Put a ``kind`` node reading ``inputs`` in ``node``'s place if it
     resolves to ``overload``; whether it did (else the graph is as it was,
     but for constants made for it, which :func:`drop_dead_code` removes)."""
     with graph.insert_point_guard(node):
         new = graph.insertNode(graph.create(kind, inputs, 1))
-    made = _op(new)
+    made = op_facts(new)
     if made is None or made.name != overload:
         new.destroy()
         return False
-    _take_place(node, new.output())
+    take_place(node, new.output())
     return True
 
 
-def _stored_constants(graph: torch._C.Graph, inputs: list[Source]) -> dict[int, torch.Tensor]:
+def stored_constants(graph: torch._C.Graph, inputs: list[Source]) -> dict[int, torch.Tensor]:
     """The tensors stored with the entry, by the ``unique()`` of the graph
     input they are bound to."""
     params = list(graph.inputs())
@@ -114,7 +115,7 @@ def _stored_constants(graph: torch._C.Graph, inputs: list[Source]) -> dict[int, 
             if s.kind == "const" and isinstance(s.ref, torch.Tensor)}
 
 
-def _tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
+def tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
     node = value.node()
     if node.kind() != "prim::Constant" or not isinstance(value.type(), torch._C.TensorType):
         return None
@@ -122,11 +123,11 @@ def _tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
     return constant if isinstance(constant, torch.Tensor) else None
 
 
-def _real_dtype(dtype: torch.dtype) -> bool:
+def is_real_dtype(dtype: torch.dtype) -> bool:
     return dtype != torch.bool and not dtype.is_complex
 
 
-def _scalar_value(t: torch.Tensor) -> bool | int | float | None:
+def scalar_value(t: torch.Tensor) -> bool | int | float | None:
     value = t.item()
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -150,11 +151,11 @@ def parse_traced(ir: str) -> torch._C.Graph:
     graph = torch._C.parse_ir(ir, parse_tensor_constants=True)
     written = _TENSOR_CONSTANT.findall(ir)
     parsed = [node for node in graph.nodes() if node.kind() == "prim::Constant"
-              and _tensor_constant(node.output()) is not None]
+              and tensor_constant(node.output()) is not None]
     if len(written) != len(parsed):
         raise ValueError(f"{len(written)} tensor constants written, {len(parsed)} parsed")
     for text, node in zip(written, parsed, strict=True):
-        tensor = _tensor_constant(node.output())
+        tensor = tensor_constant(node.output())
         value = _written_number(text)
         if tensor is None or value is None or tensor.numel() != 1 or tensor.item() == value:
             continue

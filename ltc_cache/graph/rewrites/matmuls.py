@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .ir import _op, _swap_in
+from .ir import op_facts, swap_in
 
 
 def linears(graph: torch._C.Graph) -> int:
@@ -29,7 +29,7 @@ def linears(graph: torch._C.Graph) -> int:
     """
     replaced = 0
     for node in list(graph.nodes()):
-        op = _op(node)
+        op = op_facts(node)
         if op is not None and op.name == "aten::addmm":
             bias, x, weight_t, beta, alpha = node.inputs()
             if not (_is_one(beta) and _is_one(alpha)):
@@ -39,15 +39,15 @@ def linears(graph: torch._C.Graph) -> int:
             bias = None
         else:
             continue
-        transpose = _op(weight_t.node())
+        transpose = op_facts(weight_t.node())
         if transpose is None or transpose.name != "aten::t":
             continue
         if bias is None:
             with graph.insert_point_guard(node):
                 bias = graph.insertConstant(None)
         # Always resolves (all are tensors); checked like the other swaps.
-        replaced += _swap_in(graph, node, "aten::linear",
-                             [x, weight_t.node().inputsAt(0), bias], "aten::linear")
+        replaced += swap_in(graph, node, "aten::linear",
+                            [x, weight_t.node().inputsAt(0), bias], "aten::linear")
     return replaced
 
 

@@ -12,13 +12,13 @@ import torch
 
 from ..layout import Source
 from .ir import (
-    _calls,
-    _real_dtype,
-    _scalar_value,
-    _stored_constants,
-    _swap_in,
-    _take_place,
-    _tensor_constant,
+    is_real_dtype,
+    nodes_calling,
+    scalar_value,
+    stored_constants,
+    swap_in,
+    take_place,
+    tensor_constant,
 )
 
 # Ops that unwrap a one-element tensor into a number, and which dtypes each
@@ -45,7 +45,7 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
     text carries it exactly (finite values print with 17 significant
     digits); complex and non-finite values stay.
     """
-    stored = {k: t for k, t in _stored_constants(graph, inputs).items() if t.dim() == 0}
+    stored = {k: t for k, t in stored_constants(graph, inputs).items() if t.dim() == 0}
     folded = 0
     resolved: dict[tuple[Any, ...], str] = {}
     for node in list(graph.nodes()):
@@ -79,17 +79,17 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
     eager's own (the tensor-exponent kernel differs from it by up to an ulp).
     Integer and floating exponents only.
     """
-    stored = {k: t for k, t in _stored_constants(graph, inputs).items() if t.dim() == 0}
+    stored = {k: t for k, t in stored_constants(graph, inputs).items() if t.dim() == 0}
     replaced = 0
-    for node in _calls(graph, "aten::pow.Tensor_Tensor"):
+    for node in nodes_calling(graph, "aten::pow.Tensor_Tensor"):
         base, exponent = node.inputs()
-        value = _number_of(exponent, stored, _real_dtype)
+        value = _number_of(exponent, stored, is_real_dtype)
         if value is None:
             continue
         with graph.insert_point_guard(node):
             exponent_value = graph.insertConstant(value)
-        replaced += _swap_in(graph, node, "aten::pow", [base, exponent_value],
-                             "aten::pow.Tensor_Scalar")
+        replaced += swap_in(graph, node, "aten::pow", [base, exponent_value],
+                            "aten::pow.Tensor_Scalar")
     return replaced
 
 
@@ -131,10 +131,10 @@ def _number_of(value: torch._C.Value, stored: dict[int, torch.Tensor],
     else None (and for a non-finite or complex number)."""
     tensor = stored.get(value.unique())
     if tensor is None:
-        tensor = _tensor_constant(value)
+        tensor = tensor_constant(value)
     if tensor is None or tensor.numel() != 1 or not accepts(tensor.dtype):
         return None
-    return _scalar_value(tensor)
+    return scalar_value(tensor)
 
 
 def bool_list_constants(graph: torch._C.Graph) -> int:
@@ -155,7 +155,7 @@ def bool_list_constants(graph: torch._C.Graph) -> int:
         with graph.insert_point_guard(node):
             items = [graph.insertConstant(bool(v)) for v in values]
             construct = graph.insertNode(graph.create("prim::ListConstruct", items, 1))
-        _take_place(node, construct.output())
+        take_place(node, construct.output())
         rebuilt += 1
     return rebuilt
 

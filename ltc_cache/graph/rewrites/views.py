@@ -8,14 +8,14 @@ import torch
 
 from ..layout import Source
 from .ir import (
-    _CONTAINERS,
-    _calls,
-    _op,
-    _reads_values_only,
-    _stored_constants,
-    _swap_in,
-    _take_place,
-    _writes,
+    CONTAINERS,
+    may_write,
+    nodes_calling,
+    op_facts,
+    reads_values_only,
+    stored_constants,
+    swap_in,
+    take_place,
 )
 
 # A copy op (with overload) -> the view op whose result it copies; the two
@@ -58,9 +58,9 @@ def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
     constant's memory any more. The constant goes when nothing else reads it
     (see :func:`drop_dead_code`).
     """
-    stored = _stored_constants(graph, inputs)
+    stored = stored_constants(graph, inputs)
     replaced = 0
-    for node in _calls(graph, "aten::arange.start_out"):
+    for node in nodes_calling(graph, "aten::arange.start_out"):
         start, end, step, out = node.inputs()
         tensor = stored.get(out.unique())
         if tensor is None:
@@ -69,7 +69,7 @@ def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
             none = graph.insertConstant(None)
             args = [start, end, step, graph.insertConstant(tensor.dtype), none,
                     graph.insertConstant(tensor.device), none]
-        replaced += _swap_in(graph, node, "aten::arange", args, "aten::arange.start_step")
+        replaced += swap_in(graph, node, "aten::arange", args, "aten::arange.start_step")
     return replaced
 
 
@@ -99,11 +99,11 @@ def views_for_copies(graph: torch._C.Graph) -> int:
       ``t_copy`` then ``mul`` in the IR, and its caller may ``view`` it.
     """
     nodes = list(graph.nodes())
-    if any(_writes(n) for n in nodes):
+    if any(may_write(n) for n in nodes):
         return 0
     views: set[int] = set()  # Value.unique() of the new views
     for node in nodes:
-        op = _op(node)
+        op = op_facts(node)
         target = VIEW_OF_COPY.get(op.name) if op is not None else None
         if target is not None and _view_is_safe(node):
             view = _replace_with_view(graph, node, target)
@@ -132,7 +132,7 @@ def _root(value: torch._C.Value) -> torch._C.Value:
     """What ``value`` may share memory with: followed back through views and
     view copies alike."""
     while True:
-        op = _op(value.node())
+        op = op_facts(value.node())
         if op is None or not (op.name in VIEW_OF_COPY or op.name in _VIEW_OPS):
             return value
         value = next(value.node().inputs())
@@ -157,11 +157,11 @@ def _returned_views(graph: torch._C.Graph) -> set[int]:
     new: set[int] = set()
     for value in dict.fromkeys(ret.inputs()):  # each value once, in order
         node = value.node()
-        op = _op(node)
+        op = op_facts(node)
         if op is None or op.name not in _WHOLE_VIEWS:
             continue
         root = _root(value)
-        made = _op(root.node())
+        made = op_facts(root.node())
         if made is None or made.aliases or made.writes or roots[root.unique()] != 1 \
                 or not _view_is_safe(node, returned=True):
             continue
@@ -180,10 +180,10 @@ def _view_is_safe(node: torch._C.Node, *, returned: bool = False) -> bool:
             if returned:
                 continue
             return False
-        if user.kind() in _CONTAINERS:
-            if not all(_reads_values_only(u.user) for u in user.output().uses()):
+        if user.kind() in CONTAINERS:
+            if not all(reads_values_only(u.user) for u in user.output().uses()):
                 return False
-        elif not (_is_view_copy(user) or _reads_values_only(user)):
+        elif not (_is_view_copy(user) or reads_values_only(user)):
             return False
     return True
 
@@ -225,7 +225,7 @@ def _keep_output_layouts(graph: torch._C.Graph, views: set[int], returned: set[i
 
 
 def _is_view_copy(node: torch._C.Node) -> bool:
-    op = _op(node)
+    op = op_facts(node)
     return op is not None and op.name in VIEW_OF_COPY
 
 
@@ -236,9 +236,9 @@ def _replace_with_view(graph: torch._C.Graph, node: torch._C.Node,
     kind = target.split(".")[0]
     view = graph.create(kind, list(node.inputs()), 1)
     view.insertBefore(node)
-    new, old = _op(view), _op(node)
+    new, old = op_facts(view), op_facts(node)
     if new is None or new.name != target or new.arg_types != old.arg_types:
         view.destroy()
         return None
-    _take_place(node, view.output())
+    take_place(node, view.output())
     return view
