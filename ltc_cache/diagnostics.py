@@ -14,6 +14,17 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .counter_names import (
+    AOT_TRACES,
+    ERRORS,
+    HITS,
+    MISSES,
+    PLAN_HITS,
+    PLAN_MISSES,
+    STORES,
+    TRACES,
+)
+
 if TYPE_CHECKING:
     from .store.base import Store
 
@@ -29,10 +40,11 @@ __all__ = [
 
 logger = logging.getLogger("ltc_cache")
 
-COUNTER_NAMES = ("hits", "misses", "traces", "stores", "errors")
+# Every counter is declared, with what it counts, in counter_names.py.
+COUNTER_NAMES = (HITS, MISSES, TRACES, STORES, ERRORS)
 # Events of the torch.compile backend: AOTAutograd traces that ran, graphs
 # built from a stored plan instead, and plan lookups that found none.
-BACKEND_EVENTS = ("aot_traces", "plan_hits", "plan_misses")
+BACKEND_EVENTS = (AOT_TRACES, PLAN_HITS, PLAN_MISSES)
 # What a store's ledger counts as well as the process, for ``ltc-cache
 # stats``; the other counters (aten ops, negative hits, ...) are per process.
 LEDGER_EVENTS = frozenset((*COUNTER_NAMES, *BACKEND_EVENTS))

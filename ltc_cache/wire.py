@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from .errors import EntryError
+from .kinds import KINDS, EntryKind
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -57,11 +58,7 @@ FORMAT = "ltc_cache.entry"
 # old one are never decoded, only misses, and ``ltc-cache prune --stale``
 # removes them.
 SCHEMA_VERSION = 2
-# What an entry holds: a replayable graph (IR and layout), a negative entry
-# (why LTC could not extract the graph, or why a program is not kept), a
-# partitioning plan (plan.py, joint.py), a whole program (program.py), a
-# graph's fused library or why it has none (graph/fused/entries.py).
-KINDS = ("graph", "negative", "plan", "program", "fused")
+# What an entry holds, KINDS: kinds.py's EntryKind, stored as its string.
 # No entry is decoded, and no stored value read, past this many bytes; no
 # entry we write comes near it.
 MAX_ENTRY_BYTES = 1 << 30
@@ -156,7 +153,7 @@ def summarise(data: bytes) -> dict[str, Any]:
         # Kept in the summary so that `ls` and `stats` tell libraries from
         # refusals without reading megabytes of libraries.
         fused = {"fused": "library" if "library" in (body.get("payload") or {})
-                 else "refusal"} if kind == "fused" else {}
+                 else "refusal"} if kind == EntryKind.FUSED else {}
         return {
             "graph_name": str(meta.get("graph_name", "?")),
             "kind": kind,

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CacheConfig
+from ..counter_names import HITS, MISSES
 from ..errors import EntryError
+from ..kinds import EntryKind
 from ..report import (
     STAT_LABELS,
     STAT_NAMES,
@@ -83,10 +85,10 @@ def cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> i
     good = [e for e in shown if not e.problem]
     # Graphs are the rule; the column appears where there are other kinds
     # (negative entries: graphs LTC cannot extract, remembered as such).
-    with_kind = any(e.kind not in (None, "graph") for e in good)
+    with_kind = any(e.kind not in (None, EntryKind.GRAPH) for e in good)
     headers = ["KEY", "NAME", *(["KIND"] if with_kind else []), "OPS", "INPUTS", "SIZE",
                "CREATED", "LAST USED", "HITS", "TORCH"]
-    rows = [[e.short_key, e.graph_name, *([e.kind or "graph"] if with_kind else []),
+    rows = [[e.short_key, e.graph_name, *([e.kind or EntryKind.GRAPH] if with_kind else []),
              str(e.node_count), str(e.num_inputs), e.size_str, e.created_str,
              e.last_used_str, str(e.hits), e.torch_version] for e in good]
     first_number = 3 if with_kind else 2
@@ -124,11 +126,11 @@ def cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
         ("Internal records", f"{stats.internal_records} ({stats.internal_size_str})"),
         ("Disk usage", stats.disk_usage_str),
         ("Size limit", stats.size_limit_str + _LIMIT_SOURCES[stats.size_limit_source]),
-        ("Hits", str(c["hits"])),
-        ("Misses", str(c["misses"])),
+        ("Hits", str(c[HITS])),
+        ("Misses", str(c[MISSES])),
         ("Hit rate", stats.hit_rate_str),
         *((STAT_LABELS.get(name, name.capitalize()), str(c[name])) for name in STAT_NAMES
-          if name not in ("hits", "misses")),
+          if name not in (HITS, MISSES)),
         ("Counting since", "first use" if stats.zeroed_at is None
          else f"{stats.zeroed_at_str} (stats --zero)"),
     ]
@@ -141,7 +143,7 @@ def _kind_rows(kinds: Sequence[KindTotal]) -> list[tuple[str, str]]:
     """A row per kind under Entries, where there are kinds besides graphs
     (as ``ls`` shows its KIND column); a fused row splits libraries from
     refusals."""
-    if all(total.kind == "graph" for total in kinds):
+    if all(total.kind == EntryKind.GRAPH for total in kinds):
         return []
     rows = []
     for total in kinds:
@@ -192,12 +194,12 @@ def cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) ->
         print_error(f"entry {key[:12]} cannot be read: {exc}")
         return PROBLEMS
     meta, payload = dict(entry.meta), dict(entry.payload)
-    if entry.kind == "program":  # a pickle: its size here, never its bytes
+    if entry.kind == EntryKind.PROGRAM:  # a pickle: its size here, never its bytes
         artifact = payload.pop("artifact", b"")
         payload["artifact_size"] = len(artifact) if isinstance(artifact, bytes) else None
         payload.pop("hmac", None)
     fused = None
-    if entry.kind == "fused":  # machine code: its size and digest here, never its bytes
+    if entry.kind == EntryKind.FUSED:  # machine code: its size and digest here, never its bytes
         fused = fused_info(payload)
         payload.pop("library", None)
         payload.pop("hmac", None)
@@ -237,7 +239,7 @@ def cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) ->
         fields += _payload_fields(entry.kind, payload)
     width = max(len(name) for name, _ in fields)
     lines = [f"{name:<{width}}  {value}" for name, value in fields]
-    if entry.kind == "graph":
+    if entry.kind == EntryKind.GRAPH:
         lines += ["", f"Inputs ({len(inputs)}), in graph parameter order:"]
         lines += [f"  %p{i:<4} {text}" for i, text in enumerate(inputs)]
         lines += ["", f"Outputs ({len(outputs)}):"]
@@ -256,9 +258,9 @@ def cmd_show(args: argparse.Namespace, store: DiskStore, config: CacheConfig) ->
 def _payload_fields(kind: str, payload: dict[str, Any]) -> list[tuple[str, str]]:
     """What an entry of ``kind`` other than a graph holds, a line each (the
     whole of it: --json)."""
-    if kind == "negative":
+    if kind == EntryKind.NEGATIVE:
         return [("Reason", str(payload.get("reason", "?")))]
-    if kind == "program":
+    if kind == EntryKind.PROGRAM:
         frames = payload.get("frames")
         if isinstance(frames, dict):  # a function Dynamo compiles as several frames
             return _frames_fields(payload, frames)
@@ -329,21 +331,25 @@ def _partitioned_summary(wire: dict[str, Any]) -> str:
 
 
 _KINDS = {
-    "negative": "A negative entry: this graph (or program) could not be compiled (Reason above), "
-                "so no process\ntries again; the graph is partitioned or runs eagerly, the "
-                "program runs through torch.compile.\nIt holds no inputs, outputs or IR.",
-    "plan": "A plan: AOTAutograd's graphs, split into LTC regions and an eager rest, as data "
-            "(Plan above),\nwhich a warm process runs instead of running AOTAutograd and "
-            "partitioning; its LTC regions'\ncompiled graphs are entries of their own. "
-            "The graphs: --json.",
-    "program": "A program: what Dynamo captured of a function (ltc_cache.compile), signed, "
-               "which a warm process\nloads instead of capturing; its graphs and plan are "
-               "entries of their own.",
-    "fused": "A fused entry: the graph above compiled ahead by AOTInductor into a shared "
-             "library (signed),\nwhich a process of the same torch, compiler and CPU calls "
-             "instead of its TorchScript function;\nor, refused, why the graph has none, so "
-             "no process compiles it again (`ltc-cache fuse --retry` does).\nIt holds no "
-             "inputs, outputs or IR.",
+    EntryKind.NEGATIVE: (
+        "A negative entry: this graph (or program) could not be compiled (Reason above), "
+        "so no process\ntries again; the graph is partitioned or runs eagerly, the "
+        "program runs through torch.compile.\nIt holds no inputs, outputs or IR."),
+    EntryKind.PLAN: (
+        "A plan: AOTAutograd's graphs, split into LTC regions and an eager rest, as data "
+        "(Plan above),\nwhich a warm process runs instead of running AOTAutograd and "
+        "partitioning; its LTC regions'\ncompiled graphs are entries of their own. "
+        "The graphs: --json."),
+    EntryKind.PROGRAM: (
+        "A program: what Dynamo captured of a function (ltc_cache.compile), signed, "
+        "which a warm process\nloads instead of capturing; its graphs and plan are "
+        "entries of their own."),
+    EntryKind.FUSED: (
+        "A fused entry: the graph above compiled ahead by AOTInductor into a shared "
+        "library (signed),\nwhich a process of the same torch, compiler and CPU calls "
+        "instead of its TorchScript function;\nor, refused, why the graph has none, so "
+        "no process compiles it again (`ltc-cache fuse --retry` does).\nIt holds no "
+        "inputs, outputs or IR."),
 }
 
 

@@ -39,6 +39,15 @@ from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..collector import holding_off
+from ..counter_names import (
+    AOT_GRAPHS,
+    AOT_TRACES,
+    ATEN_OPS,
+    DYNAMO_GRAPHS,
+    ERRORS,
+    PLAN_HITS,
+    PLAN_MISSES,
+)
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, first_line
 from ..graph.cache import GraphCache, default_cache
@@ -55,26 +64,26 @@ if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
     from .support import OpSupport
 
 __all__ = ["AOT_GRAPHS", "AOT_TRACES", "ATEN_OPS", "DYNAMO_GRAPHS", "LTC_OPS", "PLAN_HITS",
-           "LtcBackend", "backend", "run_time_tracing"]
+           "PLAN_MISSES", "LtcBackend", "backend", "lookup_plan", "run_time_tracing"]
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
-# Per-process counters (``ltc_cache.stats()``): aten ops in the graphs this
-# backend compiled, and those of them that run inside LTC; graphs that went
-# through AOTAutograd, and inference graphs partitioned from a stored plan
-# instead.
-ATEN_OPS = "aten_ops"
-AOT_GRAPHS = "aot_graphs"
-# Also recorded in the store (``ltc-cache stats``): AOTAutograd traces that
-# ran, and graphs built from a stored plan instead of one.
-AOT_TRACES = "aot_traces"
-PLAN_HITS = "plan_hits"
-# Graphs Dynamo handed the backend: what "graphs" means, as opposed to the
-# cache lookups they make (a plan, a negative entry and a region are three).
-DYNAMO_GRAPHS = "dynamo_graphs"
+# The backend's counters (ATEN_OPS, AOT_GRAPHS, AOT_TRACES, PLAN_HITS,
+# PLAN_MISSES, DYNAMO_GRAPHS, LTC_OPS) are declared, with what each counts,
+# in counter_names.py.
 
 
 _Rebuilt = TypeVar("_Rebuilt")
+
+
+def lookup_plan(cache: GraphCache, key: CacheKey) -> Entry | None:
+    """:meth:`GraphCache.lookup_entry` for a partitioning plan, counting a
+    plan miss where it finds none (the backend counts the plan hits: a plan
+    found may still turn out unusable)."""
+    entry = cache.lookup_entry(key)
+    if entry is None:
+        cache.record(PLAN_MISSES)
+    return entry
 
 
 def _stored_plan(cache: GraphCache, key: CacheKey,
@@ -83,7 +92,7 @@ def _stored_plan(cache: GraphCache, key: CacheKey,
     there is none, or where it is bad (then it is dropped). Its graphs are
     rebuilt with the cyclic collector held off (fact 46 in docs/design.md)."""
     with holding_off():
-        entry = cache.lookup_plan(key)
+        entry = lookup_plan(cache, key)
         if entry is None:
             return None
         try:
@@ -194,7 +203,7 @@ class LtcBackend:
             logger.debug("%s: compiling failed", name, exc_info=True)
             warn_once(f"backend:{name}", f"{name}: cannot compile this graph "
                       f"({type(exc).__name__}: {first_line(exc)}); it runs eagerly")
-            cache.record("errors")
+            cache.record(ERRORS)
             return gm.forward
 
     def _whole(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str,
@@ -372,14 +381,9 @@ class LtcBackend:
         its backward's library, :mod:`.plan_library`)."""
         from torch._guards import TracingContext
 
+        from .graph_wire import PlanError
         from .joint import joint_layout, trainable
-        from .plan import (
-            PlanError,
-            bare_inference,
-            partitioned_from_wire,
-            partitioned_to_wire,
-            plan_entry,
-        )
+        from .plan import bare_inference, partitioned_from_wire, partitioned_to_wire, plan_entry
 
         metadata = None
         graph = parted.module

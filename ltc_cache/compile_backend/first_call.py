@@ -14,6 +14,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..counter_names import ERRORS, LTC_OPS
 from ..diagnostics import counters, warn_once
 from ..errors import first_line
 from ..graph.replay import CompiledGraph
@@ -21,15 +22,10 @@ from .nodes import is_symbolic
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache
+    from .graph_wire import StoredRegion
     from .partition import Partitioned
-    from .plan import StoredRegion
 
 logger = logging.getLogger("ltc_cache.dynamo")
-
-
-# The counter of aten ops that ran inside LTC (the others of `ltc_cache.stats()`
-# are in :mod:`.backend`).
-LTC_OPS = "ltc_ops"
 
 
 class FirstCall:
@@ -84,7 +80,7 @@ class Guarded(FirstCall):
             logger.debug("%s: first replay failed", self._name, exc_info=True)
             warn_once(f"replay:{self._name}", f"{self._name}: the compiled graph does not run "
                       f"({type(exc).__name__}: {first_line(exc)}); running it eagerly")
-            self._cache.record("errors")
+            self._cache.record(ERRORS)
             if isinstance(self._compiled, CompiledGraph):
                 # Remembered, so no later process fails the same way.
                 try:
@@ -104,7 +100,7 @@ class Region(FirstCall):
     """One LTC region of a partitioned graph: extracted through the cache on
     its first call, when real tensors arrive; returns a tuple, as the fused
     submodule it replaces does. A region of a stored plan
-    (:class:`~ltc_cache.compile_backend.plan.StoredRegion`) is keyed by the
+    (:class:`~ltc_cache.compile_backend.graph_wire.StoredRegion`) is keyed by the
     digest the plan holds and its graph built only to trace it or to run
     it eagerly."""
 

@@ -29,8 +29,9 @@ from torch import fx
 from ..errors import EntryError
 from ..graph.entry import Entry
 from .boxed import boxed
+from .graph_wire import PlanError
 from .partition import Partitioned
-from .plan import PlanError, partitioned_from_wire, runs_bare
+from .plan import partitioned_from_wire, runs_bare
 
 __all__ = ["JointFunction", "JointLayout", "joint_graphs", "joint_layout", "trainable"]
 

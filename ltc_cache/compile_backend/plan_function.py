@@ -17,12 +17,20 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from ..counter_names import (
+    ERRORS,
+    FUSED_PLAN_CHECKS,
+    FUSED_PLAN_LOADS,
+    FUSED_PLAN_QUEUED,
+    FUSED_PLAN_REFUSED,
+)
 from ..diagnostics import count_event, warn_once
 from ..errors import EntryError
 from ..graph.entry import Entry, new_meta
 from ..graph.fused.entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry, usable_library
 from ..graph.fused.runner import FusedFunction, load_runner, mismatch, runner_available
 from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
+from ..kinds import EntryKind
 from ..signing import program_secret
 from .plan_examples import Example, integer_inputs, keep_example
 from .plan_library import (
@@ -43,14 +51,10 @@ if TYPE_CHECKING:
     from ..graph.cache import GraphCache
     from ..graph.keys import CacheKey
 
-__all__ = ["PLAN_CHECKS", "PLAN_LOADS", "PLAN_QUEUED", "PLAN_REFUSED", "PlanFunction",
-           "bind_plan"]
+__all__ = ["PlanFunction", "bind_plan"]
 
 logger = logging.getLogger("ltc_cache.fused")
 
-# This process's counts (ltc_cache.stats()).
-PLAN_LOADS, PLAN_REFUSED, PLAN_QUEUED, PLAN_CHECKS = (
-    "fused_plan_loads", "fused_plan_refused", "fused_plan_queued", "fused_plan_checks")
 # Refusals that are no failure: no warning.
 _QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW, ONE_REGION, RANDOM_RECOMPUTED)
 
@@ -155,7 +159,7 @@ class PlanFunction:
         try:
             return self._obtain(args, example, ahead)
         except Exception as exc:  # a store, a loader: never the user's failure
-            self._cache.record("errors")
+            self._cache.record(ERRORS)
             warn_once("fused-plan", f"the fused library of {self._name}: {exc}; running its "
                       "regions")
             return self._per_region
@@ -178,7 +182,7 @@ class PlanFunction:
                 in_a_clean_thread(fuse_stored, cache, self._plan_key.digest)
                 stored = cache.lookup_entry(key, count=False)
             if stored is None:
-                self._cache.fused.queue(self._plan_key.digest, PLAN_QUEUED)
+                self._cache.fused.queue(self._plan_key.digest, FUSED_PLAN_QUEUED)
                 return self._per_region
         secret = program_secret(config.secret, config.directory)
         try:
@@ -200,7 +204,7 @@ class PlanFunction:
             logger.info("%s: no plan library (no recorded input layouts)", self._name)
             return self._per_region
         runner = _LaidOutRunner(load_runner(library.data), strides, self._writes)
-        count_event(PLAN_LOADS)
+        count_event(FUSED_PLAN_LOADS)
         logger.info("%s: running the plan library %s", self._name, key.digest[:12])
         signature = bytes(stored.payload["hmac"])  # verified by usable_library
         fused = FusedFunction(runner, tensors_of(self._per_region, outputs.states),
@@ -219,17 +223,17 @@ class PlanFunction:
         """The verdict on the library's first call: kept where its outputs
         match the per-region path's, refused for good where they differ
         (or it raised)."""
-        count_event(PLAN_CHECKS)
+        count_event(FUSED_PLAN_CHECKS)
         problem = mismatch(expected, got, rtol=RTOL, error=error)
         if problem is None:
             keep_verdict(self._cache, key.digest, self._plan_key.digest, signature)
             return True
-        count_event(PLAN_REFUSED)
+        count_event(FUSED_PLAN_REFUSED)
         warn_once(f"fused:{key.digest}", f"the fused library of {self._name} "
                   f"({self._plan_key.digest[:12]}) is not used: {problem}; running its regions")
         plan = Entry(self._plan_key.digest, "", (), (), (),
                      new_meta(graph_name=self._name, node_count=0, graph_hash="",
-                              key_parts=self._plan_key.parts), kind="plan")
+                              key_parts=self._plan_key.parts), kind=EntryKind.PLAN)
         self._cache.store_entry(refusal_entry(key, plan, f"on first use: {problem}"), key)
         return False
 

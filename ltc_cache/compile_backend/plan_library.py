@@ -53,6 +53,7 @@ from ..graph.entry import Entry
 from ..graph.fused.entries import fused_entry, refusal_entry
 from ..graph.fused.platform import compiler_id, fused_key
 from ..graph.keys import CacheKey, derived_key
+from ..kinds import EntryKind
 from ..signing import program_secret
 from .plan_examples import example_values
 from .plan_rng import Unrepeatable, rng_state_outputs, unwrap_rng
@@ -111,7 +112,7 @@ def fuse_stored(cache: GraphCache, key: str, *, retry: bool = False,
     from ..graph.fused.tier import fuse_graph
 
     stored = cache.lookup_entry(CacheKey(key, {}), count=False)
-    if stored is not None and stored.kind == "plan":
+    if stored is not None and stored.kind == EntryKind.PLAN:
         return fuse_plan(cache, stored, retry=retry, timeout=timeout)
     return fuse_graph(cache, key, retry=retry, timeout=timeout)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import LtcCacheError
-from .plan import rng_wrapper_name
+from .graph_wire import rng_wrapper_name
 
 if TYPE_CHECKING:
     from torch import fx

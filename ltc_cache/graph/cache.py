@@ -19,8 +19,10 @@ from torch import fx
 
 from ..collector import holding_off
 from ..config import CacheConfig
+from ..counter_names import ERRORS, HITS, MISSES, NEGATIVE_HITS, STORES, TRACES
 from ..diagnostics import count_event, counters, warn_once
 from ..errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
+from ..kinds import EntryKind
 from ..store import Store, TieredStore, open_tiers
 from ..threads import trace_lock
 from .entry import Entry, decode, encode, input_specs, new_meta
@@ -37,10 +39,6 @@ __all__ = ["GraphCache", "default_cache", "extract_compiled_graph", "stats"]
 logger = logging.getLogger("ltc_cache.cache")
 
 _REASON_CHARS = 2000
-
-# A plan lookup (the torch.compile backend's) that found none: AOTAutograd runs.
-PLAN_MISSES = "plan_misses"
-
 
 class Built(NamedTuple):
     """An entry with its IR parsed, kept per process."""
@@ -128,7 +126,7 @@ class GraphCache:
                 # Another thread or process may have made it while we waited.
                 built = self._lookup(store, key.digest, tensors, len(example_inputs))
                 if built is None:
-                    self.record("misses", key.digest)
+                    self.record(MISSES, key.digest)
                     model = _built(model)
                     graph_name = name or type(model).__name__
                     from .names import explain_miss
@@ -144,7 +142,7 @@ class GraphCache:
                     self._put(store, built.entry)
                     self._remember_name(store, key, graph_name)
                     return self._bind(built, tensors)
-        self.record("hits", key.digest)
+        self.record(HITS, key.digest)
         logger.info("hit %s (%s)", key.digest[:12], built.entry.graph_name)
         return self._bind(built, tensors)
 
@@ -168,16 +166,7 @@ class GraphCache:
             return self._error("read", f"cannot read the cache ({exc}); continuing without it"
                                f"{self._where()}")
         if entry is not None and count:
-            self.record("hits", key.digest)
-        return entry
-
-    def lookup_plan(self, key: CacheKey) -> Entry | None:
-        """:meth:`lookup_entry` for a partitioning plan, counting a plan
-        miss where it finds none (the backend counts the plan hits: a plan
-        found may still turn out unusable)."""
-        entry = self.lookup_entry(key)
-        if entry is None:
-            self.record(PLAN_MISSES)
+            self.record(HITS, key.digest)
         return entry
 
     def store_entry(self, entry: Entry, key: CacheKey, *, local_only: bool = False) -> None:
@@ -211,7 +200,7 @@ class GraphCache:
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None, tensors: Mapping[str, torch.Tensor]) -> Built:
-        self.record("traces", key.digest if key else None)
+        self.record(TRACES, key.digest if key else None)
         from .extract import trace
         from .rewrites import rewrite
 
@@ -257,7 +246,7 @@ class GraphCache:
             return self._corrupt(store, key, str(exc))
         except RuntimeError as exc:  # the stored IR does not parse
             return self._corrupt(store, key, f"entry {key[:12]}: IR does not parse ({exc})")
-        if entry.kind == "negative" \
+        if entry.kind == EntryKind.NEGATIVE \
                 and not is_graph_failure(RuntimeError(str(entry.payload.get("reason", "")))):
             # Stored before such failures were told apart: it remembers what
             # the process was, not what the graph is. Dropped, traced again.
@@ -286,7 +275,7 @@ class GraphCache:
             self._error("write", f"cannot write the cache ({exc}); continuing uncached"
                         f"{self._where()}")
             return
-        self.record("stores", entry.key)
+        self.record(STORES, entry.key)
 
     def _remember_failure(self, store: Store, key: CacheKey, graph_name: str,
                           exc: BaseException) -> None:
@@ -294,7 +283,7 @@ class GraphCache:
         meta = new_meta(graph_name=graph_name, node_count=0, graph_hash="",
                         key_parts=key.parts)
         reason = str(exc)[:_REASON_CHARS] or type(exc).__name__
-        self._put(store, Entry(key.digest, "", (), (), (), meta, kind="negative",
+        self._put(store, Entry(key.digest, "", (), (), (), meta, kind=EntryKind.NEGATIVE,
                                payload={"reason": reason}))
         self._remember_name(store, key, graph_name)
 
@@ -305,7 +294,7 @@ class GraphCache:
         key and its parts come from the entry itself)."""
         entry = compiled.entry
         store = self.store
-        if store is None or not entry.key or entry.kind == "negative":
+        if store is None or not entry.key or entry.kind == EntryKind.NEGATIVE:
             return
         self._built.pop(entry.key, None)
         key = CacheKey(entry.key, dict(entry.meta.get("key_parts") or {}))
@@ -335,8 +324,8 @@ class GraphCache:
 
     def _bind(self, built: Built, tensors: Mapping[str, torch.Tensor]) -> CompiledGraph:
         entry = built.entry
-        if entry.kind == "negative":
-            self.record("negative_hits")
+        if entry.kind == EntryKind.NEGATIVE:
+            self.record(NEGATIVE_HITS)
             raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
                                f"(remembered in entry {entry.key[:12]})")
         return CompiledGraph(entry, self.fused.function(entry, built.function), None,
@@ -348,7 +337,7 @@ class GraphCache:
         return f" (the cache: LTC_CACHE_DIR={self.config.directory}{remote})"
 
     def _error(self, topic: str, message: str) -> None:
-        self.record("errors")
+        self.record(ERRORS)
         warn_once(topic, message)
         return None
 

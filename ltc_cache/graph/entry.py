@@ -20,6 +20,7 @@ import msgpack
 import torch
 
 from ..errors import EntryError
+from ..kinds import EntryKind
 from ..wire import KINDS, pack_envelope, read_envelope, unpack
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
 
@@ -43,7 +44,7 @@ class Entry:
     updates: tuple[Update, ...]
     # graph_name, node_count, created, torch_version, graph_hash, key_parts …
     meta: Mapping[str, Any] = field(default_factory=dict)
-    kind: str = "graph"
+    kind: str = EntryKind.GRAPH
     payload: Mapping[str, Any] = field(default_factory=dict)
 
     @property

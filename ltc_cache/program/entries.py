@@ -44,6 +44,7 @@ import torch
 from ..errors import EntryError, UncacheableGraph
 from ..graph.entry import Entry, new_meta
 from ..graph.keys import CacheKey, hash_lines, key_from_parts, tensor_signature
+from ..kinds import EntryKind
 from ..signing import key_path, read_key
 from ..wire import PROGRAM_FORMAT
 from .describe import OBJECT_DEPTH, plain_object, source_stats
@@ -205,7 +206,7 @@ def program_entry(key: CacheKey, name: str, *, sources: list[Any], checks: list[
         payload["checks_code"] = checks_code
     if stats:
         payload["source_stats"] = stats
-    return Entry(key.digest, "", (), (), (), meta, kind="program", payload=payload)
+    return Entry(key.digest, "", (), (), (), meta, kind=EntryKind.PROGRAM, payload=payload)
 
 
 def negative_program_entry(key: CacheKey, name: str, reason: str,
@@ -214,7 +215,7 @@ def negative_program_entry(key: CacheKey, name: str, reason: str,
     saved): remembered, so a warm start goes straight to ``torch.compile``
     until ``sources`` (the compiled function's own) change."""
     meta = new_meta(graph_name=name, node_count=0, graph_hash="", key_parts=key.parts)
-    return Entry(key.digest, "", (), (), (), meta, kind="negative",
+    return Entry(key.digest, "", (), (), (), meta, kind=EntryKind.NEGATIVE,
                  payload={"reason": reason[:2000], "program_sources": sources})
 
 
@@ -222,7 +223,7 @@ def program_parts(entry: Entry, secret: bytes) -> ProgramParts:
     """The parts of a program entry whose signature holds; raises
     EntryError for anything else. Nothing is unpickled here."""
     program = entry.payload
-    if entry.kind != "program" or program.get("format") != PROGRAM_FORMAT \
+    if entry.kind != EntryKind.PROGRAM or program.get("format") != PROGRAM_FORMAT \
             or program.get("version") != VERSION:
         raise EntryError("not a program of this ltc_cache", entry.key)
     sources, checks = program.get("sources"), program.get("checks")
@@ -258,7 +259,7 @@ def check_program(entry: Entry, shared: bytes | None, cache_dir: Path) -> None:
     except OSError:
         secret = None
     if secret is None:
-        if entry.kind != "program" or not isinstance(entry.payload.get("artifact"), bytes):
+        if entry.kind != EntryKind.PROGRAM or not isinstance(entry.payload.get("artifact"), bytes):
             raise EntryError("program: malformed", entry.key)
         return
     program_parts(entry, secret)

@@ -50,12 +50,12 @@ from ..threads import compile_lock
 from .entries import ProgramParts, program_entry
 from .frame_names import advance_unique_ids, apply_skips
 from .frame_package import (
+    FramePackage,
     StoredBackend,
     add_checks,
     graph_break_reasons,
     install_package,
     log_misfits,
-    package_class,
     plain_backend,
     recording,
 )
@@ -104,7 +104,7 @@ class FramesProgram:
     @classmethod
     def fresh(cls, fn: types.FunctionType, name: str, backend: Callable[..., Any],
               guard_filter: Any) -> FramesProgram:
-        package = package_class()(fn, None, guard_filter)
+        package = FramePackage(fn, None, guard_filter)
         return cls(fn, name, backend, package, guard_filter)
 
     def frame_count(self) -> int:
@@ -213,7 +213,7 @@ def load_frames(fn: types.FunctionType, name: str, backend: Callable[..., Any],
     # Only ever reached from a program entry whose signature held.
     state = pickle.loads(artifact)
     dynamo, blobs = state["dynamo"], state["backends"]
-    package = package_class()(fn, dynamo, guard_filter)
+    package = FramePackage(fn, dynamo, guard_filter)
     backends = {key: StoredBackend(LtcProgramGraph.deserialize_compile_artifacts(blob))
                 for key, blob in blobs.items()}
     by_frame: dict[tuple[int, int], list[Any]] = {}

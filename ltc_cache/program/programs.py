@@ -14,10 +14,12 @@ from typing import Any
 import torch
 
 from ..collector import holding_off
+from ..counter_names import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS
 from ..diagnostics import counters, warn_once
 from ..errors import EntryError, UncacheableGraph, Unportable, first_line
 from ..graph.cache import GraphCache, default_cache
 from ..graph.keys import CacheKey, derived_key
+from ..kinds import EntryKind
 from ..signing import program_secret
 from ..threads import compile_lock
 from .capture import (
@@ -42,12 +44,6 @@ from .loaded import GrowingLayout, LoadedProgram, call_layout
 from .program_graph import LtcProgramGraph, program_backend
 
 logger = logging.getLogger("ltc_cache.precompile")
-
-# Per-process counters (``ltc_cache.stats()``).
-PROGRAM_HITS = "program_hits"  # programs loaded from the cache
-PROGRAM_CAPTURES = "program_captures"  # programs captured (and stored)
-PROGRAM_FALLBACKS = "program_fallbacks"  # calls routed to torch.compile
-PROGRAM_LOOKUPS = "program_lookups"  # program (or negative program) entries found
 
 
 # Programs kept per input layout before the layout goes to torch.compile
@@ -229,7 +225,7 @@ class Programs:
                     empty = slot
                     break
                 counters.bump(PROGRAM_LOOKUPS)  # a cache hit, apart from the LTC graphs'
-                if entry.kind == "negative":
+                if entry.kind == EntryKind.NEGATIVE:
                     changed = changed_source(entry.payload.get("program_sources") or [])
                     if changed is None:
                         self._to_torch_compile(layout, f"{entry.payload.get('reason')} "

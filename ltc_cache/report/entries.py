@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EntryError
+from ..kinds import EntryKind
 from ..store.disk import DiskStore
 
 if TYPE_CHECKING:
@@ -93,13 +94,13 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
             entry = decode_entry(data, key, secret)
             if entry.ir:
                 torch._C.parse_ir(entry.ir)
-            if entry.kind == "plan" and "joint" in entry.payload:
+            if entry.kind == EntryKind.PLAN and "joint" in entry.payload:
                 joint_graphs(entry)  # a training plan: both graphs and their layout
-            elif entry.kind == "plan":
+            elif entry.kind == EntryKind.PLAN:
                 plan_graph(entry)
-            elif entry.kind == "program":
+            elif entry.kind == EntryKind.PROGRAM:
                 check_program(entry, secret, store.directory)
-            elif entry.kind == "fused":
+            elif entry.kind == EntryKind.FUSED:
                 check_fused(entry, secret)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EntryError
+from ..kinds import EntryKind
 from ..signing import key_path, program_secret, read_key
 from ..store.disk import DiskStore
 from ..units import format_size
@@ -191,10 +192,11 @@ def plan_fuse(selected: Sequence[EntryInfo], every: Sequence[EntryInfo]
     machine; from the listing alone, nothing decoded."""
     from ..graph.fused.platform import fused_key
 
-    fused = {e.key: e.fused or "library" for e in every if e.kind == "fused"}
+    fused = {e.key: e.fused or "library" for e in every if e.kind == EntryKind.FUSED}
     targets = []
     for graph in selected:
-        if graph.kind not in ("graph", "plan") or graph.problem:  # a plan: its whole graphs
+        # A plan: its whole graphs.
+        if graph.kind not in (EntryKind.GRAPH, EntryKind.PLAN) or graph.problem:
             continue
         key = fused_key(graph.key).digest
         targets.append(FuseTarget(graph, key, fused.get(key)))

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from ..kinds import EntryKind
 from ..store.disk import DiskStore
 from ..store.ledger import EntryRecord
 from ..units import format_age, format_size
@@ -110,7 +111,7 @@ def summary_of(store: DiskStore, key: str, record: EntryRecord | None) -> Mappin
     summary = record.summary if record else None
     # A fused entry summarised before summaries told libraries from
     # refusals is read once more too.
-    if summary is None or (summary.get("kind") == "fused" and "fused" not in summary):
+    if summary is None or (summary.get("kind") == EntryKind.FUSED and "fused" not in summary):
         return _summary(store, key)
     return summary
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LtcCacheError
+from ..kinds import EntryKind
 from ..units import parse_age, parse_size
 from ..wire import is_entry_key
 from .listing import EntryInfo
@@ -53,7 +54,7 @@ class EntryFilter:
             actual = (now or time.time()) - actual
         elif self.compare == "text":
             # An entry without a kind is a graph.
-            matched = fnmatch.fnmatchcase(str(actual if actual is not None else "graph"),
+            matched = fnmatch.fnmatchcase(str(actual if actual is not None else EntryKind.GRAPH),
                                           self.value)
             return matched if self.op in ("=", "==") else not matched
         return _OPERATORS[self.op](actual, self.value)

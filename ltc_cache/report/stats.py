@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..counter_names import COUNTERS, EVICTIONS, HITS, MISSES
 from ..diagnostics import BACKEND_EVENTS, COUNTER_NAMES
+from ..kinds import EntryKind
 from ..store.disk import DiskStore, StoredRow
 from ..units import format_size
 from ..wire import KINDS, is_entry_key
@@ -19,9 +21,9 @@ __all__ = ["STAT_LABELS", "STAT_NAMES", "KindTotal", "StatsReport", "collect_sta
 
 # The cache's own events, the directory's evictions, and the torch.compile
 # backend's events (diagnostics.BACKEND_EVENTS).
-STAT_NAMES = (*COUNTER_NAMES, "evictions", *BACKEND_EVENTS)
-STAT_LABELS = {"aot_traces": "AOT traces", "plan_hits": "Plan hits",
-               "plan_misses": "Plan misses"}
+STAT_NAMES = (*COUNTER_NAMES, EVICTIONS, *BACKEND_EVENTS)
+# Their labels where not the name capitalised (counter_names.py's).
+STAT_LABELS = {name: COUNTERS[name].label for name in STAT_NAMES if COUNTERS[name].label}
 
 
 # What a fused entry holds (wire.summarise's "fused"), in the order shown.
@@ -67,8 +69,8 @@ class StatsReport:
 
     @property
     def hit_rate(self) -> float | None:
-        lookups = self.counters["hits"] + self.counters["misses"]
-        return self.counters["hits"] / lookups if lookups else None
+        lookups = self.counters[HITS] + self.counters[MISSES]
+        return self.counters[HITS] / lookups if lookups else None
 
     @property
     def hit_rate_str(self) -> str:
@@ -148,13 +150,14 @@ def _kind_totals(store: DiskStore, rows: Sequence[StoredRow]) -> tuple[KindTotal
         summary = summary_of(store, row.key, records.get(row.key))
         if summary is None:  # deleted since the index was read
             continue
-        kind = "unreadable" if summary.get("problem") else str(summary.get("kind") or "graph")
+        kind = ("unreadable" if summary.get("problem")
+                else str(summary.get("kind") or EntryKind.GRAPH))
         _add(totals, kind, row.size)
-        if kind == "fused":
+        if kind == EntryKind.FUSED:
             _add(fused, str(summary.get("fused")), row.size)
     order = [*(kind for kind in KINDS if kind in totals), *sorted(set(totals) - set(KINDS))]
     return tuple(KindTotal(kind, *totals[kind], parts=tuple(
-        KindTotal(part, *fused[part]) for part in FUSED_PARTS) if kind == "fused" else ())
+        KindTotal(part, *fused[part]) for part in FUSED_PARTS) if kind == EntryKind.FUSED else ())
         for kind in order)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import diskcache
 
+from ..counter_names import ERRORS, EVICTIONS
 from ..diagnostics import count_event, warn_once
 from ..errors import EntryError, LockTimeout
 from ..wire import MAX_ENTRY_BYTES, is_entry_key
@@ -150,7 +151,7 @@ class DiskStore(Store):
                       f"({type(exc).__name__}: {exc}); replaced it with an empty one "
                       "(the cache directory is LTC_CACHE_DIR)")
             self._reopen()
-            count_event("errors", self)
+            count_event(ERRORS, self)
 
     def _refuse_linked_index(self) -> None:
         db = self._entries / "cache.db"
@@ -358,7 +359,7 @@ class DiskStore(Store):
                 evicted.append(key)
         logger.info("evicted %d least recently used entries to stay under %d bytes",
                     len(evicted), limit)
-        self.ledger.add("evictions", len(evicted))
+        self.ledger.add(EVICTIONS, len(evicted))
         with contextlib.suppress(Exception):
             self.ledger.forget(evicted)
         return evicted

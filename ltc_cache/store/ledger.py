@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from ..counter_names import HITS
 from ..wire import summarise
 
 __all__ = ["LEDGER_NAME", "EntryRecord", "Ledger"]
@@ -127,7 +128,7 @@ class Ledger:
                 con.execute("BEGIN IMMEDIATE")
                 con.execute("INSERT INTO counters VALUES (?, 1) "
                             "ON CONFLICT(name) DO UPDATE SET value = value + 1", (event,))
-                if event == "hits" and key is not None:
+                if event == HITS and key is not None:
                     con.execute("INSERT INTO entries (key, hits, last_used) VALUES (?, 1, ?) "
                                 "ON CONFLICT(key) DO UPDATE SET hits = hits + 1, "
                                 "last_used = excluded.last_used", (key, now or time.time()))

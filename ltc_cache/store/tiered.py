@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from ..counter_names import ERRORS
 from ..diagnostics import count_event, warn_once
 from ..errors import LockTimeout
 from ..wire import is_entry_key
@@ -77,7 +78,7 @@ class TieredStore(Store):
     def _went_down(self, what: str, exc: OSError) -> None:
         with self._down_lock:
             self._down_until = time.monotonic() + self._retry_after
-        count_event("errors", self.local)
+        count_event(ERRORS, self.local)
         warn_once("remote", f"remote cache {self.remote!r} unavailable ({what}: {exc}); "
                   f"using the local cache only, trying it again in {self._retry_after:g}s "
                   "(the remote cache is LTC_CACHE_REMOTE; unset it to use the local one "
@@ -109,7 +110,7 @@ class TieredStore(Store):
             try:
                 self.local.put(key, data)
             except Exception as exc:  # the entry is still good for this process
-                count_event("errors", self.local)
+                count_event(ERRORS, self.local)
                 warn_once("write", f"cannot copy a remote entry to the local cache "
                           f"{self.local!r} ({exc}); the local cache is LTC_CACHE_DIR")
         return data

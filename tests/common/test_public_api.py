@@ -35,7 +35,7 @@ EXCEPTIONS = [
     ("ltc_cache.errors", "LtcUnavailable", RuntimeError),
     ("ltc_cache.errors", "Unportable", ValueError),
     ("ltc_cache.cli.output", "UsageError", Exception),
-    ("ltc_cache.compile_backend.plan", "PlanError", ValueError),
+    ("ltc_cache.compile_backend.graph_wire", "PlanError", ValueError),
     ("ltc_cache.compile_backend.plan_library", "NoLibrary", Exception),
     ("ltc_cache.compile_backend.plan_rng", "Unrepeatable", Exception),
     ("ltc_cache.compile_backend.specialize", "Unspecializable", ValueError),

@@ -18,13 +18,9 @@ from torch._dynamo.backends.common import aot_autograd
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.compile_backend.decompose import decompositions
+from ltc_cache.compile_backend.graph_wire import graph_from_wire, graph_to_wire
 from ltc_cache.compile_backend.partition import partition
-from ltc_cache.compile_backend.plan import (
-    graph_from_wire,
-    graph_to_wire,
-    partitioned_from_wire,
-    partitioned_to_wire,
-)
+from ltc_cache.compile_backend.plan import partitioned_from_wire, partitioned_to_wire
 from ltc_cache.compile_backend.support import OpSupport
 from ltc_cache.errors import EntryError
 from ltc_cache.graph.entry import Entry, decode, encode
@@ -168,7 +164,7 @@ def test_a_bad_stored_region_is_an_entry_error_at_load_not_when_built(how):
     """A stored region builds its graph only when first needed (a miss, an
     eager fallback: maybe inside a backward pass), so its entry is checked
     as fully when the plan loads (fact 49 in docs/design.md)."""
-    from ltc_cache.compile_backend.plan import StoredRegion
+    from ltc_cache.compile_backend.graph_wire import StoredRegion
 
     gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
     good = round_trip(graph_to_wire(gm))
@@ -252,9 +248,9 @@ def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_d
     so the parent's recompile of its submodules does not generate it twice."""
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
-    from ltc_cache.compile_backend.plan import lazy_module_class
+    from ltc_cache.compile_backend.graph_wire import lazy_module_class
 
-    assert lazy_module_class() is _LazyGraphModule  # torch changed: see plan.py
+    assert lazy_module_class() is _LazyGraphModule  # torch changed: see graph_wire.py
     model, x = Mixed().eval(), torch.randn(3, 4)
     gm, _ = inference_graph(model, x)
     parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))
@@ -270,7 +266,7 @@ def test_a_plan_holds_its_regions_key_digests(cache_dir):
     what their code hashes to, and binds their constants: the same keys,
     and no region's graph built for them (fact 49 in docs/design.md). A
     plan stored before digests still loads (its regions hash their code)."""
-    from ltc_cache.compile_backend.plan import StoredRegion
+    from ltc_cache.compile_backend.graph_wire import StoredRegion
     from ltc_cache.graph.keys import module_tensors
 
     model, x = Mixed().eval(), torch.randn(3, 4)

@@ -14,6 +14,7 @@ from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
+from ltc_cache.compile_backend.backend import lookup_plan
 from ltc_cache.graph.entry import Entry, decode, new_meta
 from ltc_cache.graph.keys import compute_key, derived_key
 from ltc_cache.store import MemoryStore
@@ -125,11 +126,11 @@ def test_an_entry_made_elsewhere_is_stored_looked_up_counted_and_dropped(tmp_pat
     gm, shapes = build("weighted")
     key = derived_key(compute_key(gm, random_inputs(shapes, seed=1)), made="elsewhere")
     before = ltc_cache.stats()
-    assert cache.lookup_plan(key) is None  # a plan miss
+    assert lookup_plan(cache, key) is None  # a plan miss
     meta = new_meta(graph_name="made.plan", node_count=0, graph_hash="", key_parts=key.parts)
     cache.store_entry(Entry(key.digest, "", (), (), (), meta), key)
     assert entry_keys(store) == [key.digest]
-    found = cache.lookup_plan(key)
+    found = lookup_plan(cache, key)
     assert found is not None and found.graph_name == "made.plan"
     cache.record("plan_hits")
     with pytest.warns(RuntimeWarning, match="unusable here"):

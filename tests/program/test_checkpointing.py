@@ -95,7 +95,7 @@ def _rng_graph() -> fx.GraphModule:
 
 
 def test_a_plan_holds_the_wrappers_of_a_recomputed_random_op():
-    from ltc_cache.compile_backend.plan import graph_from_wire, graph_to_wire
+    from ltc_cache.compile_backend.graph_wire import graph_from_wire, graph_to_wire
 
     wire = msgpack.unpackb(msgpack.packb(graph_to_wire(_rng_graph())))
     rebuilt = graph_from_wire(wire)
@@ -107,7 +107,7 @@ def test_a_plan_holds_the_wrappers_of_a_recomputed_random_op():
 def test_a_plan_resolves_only_the_two_wrappers_and_operator_overloads():
     from torch._higher_order_ops.wrap import tag_activation_checkpoint
 
-    from ltc_cache.compile_backend.plan import PlanError, graph_from_wire, graph_to_wire
+    from ltc_cache.compile_backend.graph_wire import PlanError, graph_from_wire, graph_to_wire
 
     wire = graph_to_wire(_rng_graph())
     for target, arg in [("higher_order.tag_activation_checkpoint", None),

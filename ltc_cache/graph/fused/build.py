@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ...errors import LtcCacheError
+from ...kinds import EntryKind
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import build_function
@@ -94,7 +95,7 @@ def build_entry(graph: Entry, key: CacheKey, secret: bytes) -> Entry:
 
 
 def _build(graph: Entry, key: CacheKey, secret: bytes, started: float) -> Entry:
-    if graph.kind != "graph" or not graph.ir:
+    if graph.kind != EntryKind.GRAPH or not graph.ir:
         raise FuseFailed(f"a {graph.kind} entry holds no graph to compile")
     if compiler_id() == "none":
         raise FuseFailed("no C++ compiler ($CXX, else g++) on PATH")

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import msgpack
 
 from ...errors import EntryError
+from ...kinds import EntryKind
 from ..entry import Entry, new_meta
 from ..keys import CacheKey
 from .platform import FUSED_VERSION, isa_runs_here
@@ -78,7 +79,8 @@ def fused_entry(key: CacheKey, graph: Entry, *, library: bytes, isa: str,
         "hmac": _sign(secret, key.digest, graph.key, library, isa, aliases, restride),
         "library_sha256": hashlib.sha256(library).hexdigest(), **stats,
     }
-    return Entry(key.digest, "", (), (), (), _meta(key, graph), kind="fused", payload=payload)
+    return Entry(key.digest, "", (), (), (), _meta(key, graph), kind=EntryKind.FUSED,
+                 payload=payload)
 
 
 def refusal_entry(key: CacheKey, graph: Entry, reason: str,
@@ -87,7 +89,8 @@ def refusal_entry(key: CacheKey, graph: Entry, reason: str,
     process tries again (``ltc-cache fuse --retry`` does)."""
     payload = {"format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": graph.key,
                "reason": reason[:2000], **(stats or {})}
-    return Entry(key.digest, "", (), (), (), _meta(key, graph), kind="fused", payload=payload)
+    return Entry(key.digest, "", (), (), (), _meta(key, graph), kind=EntryKind.FUSED,
+                 payload=payload)
 
 
 def _meta(key: CacheKey, graph: Entry) -> dict[str, Any]:
@@ -103,7 +106,7 @@ def stored_library(entry: Entry, graph_key: str, *, check_sha256: bool = True
     graph, a malformed one, or (``check_sha256``) one whose bytes differ
     from their recorded sha256."""
     p = entry.payload
-    if entry.kind != "fused" or p.get("format") != FUSED_FORMAT \
+    if entry.kind != EntryKind.FUSED or p.get("format") != FUSED_FORMAT \
             or p.get("version") != FUSED_VERSION:
         raise EntryError("not a fused library of this ltc_cache", entry.key)
     if p.get("graph_key") != graph_key:

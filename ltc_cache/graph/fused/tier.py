@@ -34,8 +34,17 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ...counter_names import (
+    ERRORS,
+    FUSED_CHECKS,
+    FUSED_LOADS,
+    FUSED_PICKUPS,
+    FUSED_QUEUED,
+    FUSED_REFUSED,
+)
 from ...diagnostics import count_event, warn_once
 from ...errors import EntryError
+from ...kinds import EntryKind
 from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
@@ -56,14 +65,6 @@ logger = logging.getLogger("ltc_cache.fused")
 
 _T = TypeVar("_T")
 
-# This process's counts (ltc_cache.stats()): libraries loaded, refused,
-# graphs queued, libraries picked up from the worker while running, and
-# comparisons of a library with TorchScript (a first call without a stored
-# verdict, or a call where the library raised).
-LOADS, REFUSED, QUEUED = "fused_loads", "fused_refused", "fused_queued"
-PICKUPS, CHECKS = "fused_pickups", "fused_checks"
-
-
 class FusedTier:
     """The fused libraries of one :class:`~ltc_cache.graph.cache.GraphCache`."""
 
@@ -77,7 +78,7 @@ class FusedTier:
         """What replays ``entry``: its library where one is to be had,
         else ``script`` (its TorchScript function). Never raises."""
         config = self._cache.config
-        if config.fuse == "off" or script is None or entry.kind != "graph" or not entry.key:
+        if config.fuse == "off" or script is None or entry.kind != EntryKind.GRAPH or not entry.key:
             return script
         with self._lock:  # one lookup and load per graph and process, whatever the threads
             if entry.key not in self._functions:
@@ -89,7 +90,7 @@ class FusedTier:
         try:
             return obtain(entry, script)
         except Exception as exc:  # a store, a loader: never the user's failure
-            self._cache.record("errors")
+            self._cache.record(ERRORS)
             warn_once("fused", f"fused library of {entry.graph_name}: {exc}; "
                       "replaying with TorchScript")
             return script
@@ -119,7 +120,7 @@ class FusedTier:
                 return script
             function = self._loaded(entry, key, stored, script)
             if function is not script:
-                count_event(PICKUPS)
+                count_event(FUSED_PICKUPS)
                 logger.info("picked up the fused library of %s (%s)", entry.graph_name,
                             entry.key[:12])
             return function
@@ -150,7 +151,7 @@ class FusedTier:
         signature = bytes(stored.payload["hmac"])
         checked = verdict_held(self._cache, key.digest, entry.key, signature)
         runner = load_runner(library.data)
-        count_event(LOADS)
+        count_event(FUSED_LOADS)
         return FusedFunction(runner, script, aliases=library.aliases, restride=library.restride,
                              checked=checked,
                              check=lambda expected, got, error: self._checked(
@@ -161,18 +162,18 @@ class FusedTier:
         """The verdict on a library's first call (or a call where it
         raised): kept where its outputs match TorchScript's, refused for
         good where they differ or it raised."""
-        count_event(CHECKS)
+        count_event(FUSED_CHECKS)
         problem = mismatch(expected, got, rtol=RTOL, error=error)
         if problem is None:
             keep_verdict(self._cache, key.digest, entry.key, signature)
             return True
-        count_event(REFUSED)
+        count_event(FUSED_REFUSED)
         warn_once(f"fused:{key.digest}", f"the fused library of {entry.graph_name} "
                   f"({entry.key[:12]}) is not used: {problem}; replaying with TorchScript")
         self._cache.store_entry(refusal_entry(key, entry, f"on first use: {problem}"), key)
         return False
 
-    def queue(self, key: str, counter: str = QUEUED) -> str | None:
+    def queue(self, key: str, counter: str = FUSED_QUEUED) -> str | None:
         """Queue the graph or plan stored under ``key`` for the background
         worker (started once a process, whatever it was queued for),
         counting it under ``counter``; the path of its file in the queue,
@@ -208,7 +209,7 @@ def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
         return stored
     if graph is None:
         graph = cache.lookup_entry(CacheKey(graph_key, {}), count=False)
-        if graph is None or graph.kind != "graph":
+        if graph is None or graph.kind != EntryKind.GRAPH:
             return None
     secret = program_secret(cache.config.secret, cache.config.directory)
     entry = built_within(timeout, lambda: build_entry(graph, key, secret), key, graph)
