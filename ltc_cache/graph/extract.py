@@ -65,6 +65,20 @@ def normalize_ir(ir: str) -> str:
         field.split(" : ", 1)[-1].strip() for field in m.group(1).split(",")) + ")", ir)
 
 
+def _shadow(module: torch.nn.Module, made: dict[int, torch.nn.Module]) -> torch.nn.Module:
+    """A copy of ``module``'s tree whose modules hold the same tensors in
+    dictionaries of their own (a module met twice is shadowed once)."""
+    found = made.get(id(module))
+    if found is None:
+        found = made[id(module)] = object.__new__(type(module))
+        found.__dict__.update(module.__dict__)
+        found._parameters = dict(module._parameters)
+        found._buffers = dict(module._buffers)
+        found._modules = {name: None if child is None else _shadow(child, made)
+                          for name, child in module._modules.items()}
+    return found
+
+
 def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     """Trace ``model`` on the lazy device and sync it, as the original does.
 
@@ -73,8 +87,11 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     """
     init_lazy_backend()
     # A new GraphModule over a copy of the graph shares the weights, so
-    # forcing factory calls onto the lazy device copies no tensor.
-    lazy_model = fx.GraphModule(model, copy.deepcopy(model.graph))
+    # forcing factory calls onto the lazy device copies no tensor. Its
+    # modules are shadows of the model's: the trace swaps lazy tensors in
+    # for their weights, and the model itself, which other threads may be
+    # reading or running meanwhile, must keep its own.
+    lazy_model = fx.GraphModule(_shadow(model, {}), copy.deepcopy(model.graph))
     force_lazy_device(lazy_model)
 
     # Detached copies: the trace records the forward computation only.

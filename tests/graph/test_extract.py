@@ -195,3 +195,31 @@ def test_four_processes_on_one_cold_key_trace_once(cache_dir):
     assert all(r["failures"] == {} for r in reports), reports
     assert sum(r["stats"]["traces"] for r in reports) == 1
     assert sum(r["stats"]["hits"] for r in reports) == 3
+
+
+def test_a_trace_leaves_the_models_own_weights_in_place(monkeypatch):
+    """The trace swaps lazy tensors in for the weights of shadows of the
+    model's modules: another thread reading or running the model meanwhile
+    (a server's other workers) still finds its CPU weights. Before, a
+    thread that took the module's tensors during a trace bound lazy ones,
+    and every call of its replay failed ("Input tensor is not a lazy tensor")."""
+    import contextlib
+
+    from ltc_cache.graph import extract
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    gm = torch.fx.symbolic_trace(model)
+    seen: list[set[str]] = []
+    swap = extract._reparametrize_module
+
+    @contextlib.contextmanager
+    def watched(module, state, **kwargs):
+        with swap(module, state, **kwargs):
+            seen.append({t.device.type for t in [*gm.parameters(), *model.parameters()]})
+            yield
+
+    monkeypatch.setattr(extract, "_reparametrize_module", watched)
+    x = torch.randn(3, 4)
+    extraction = extract.trace(gm, [x])
+    assert seen == [{"cpu"}]
+    assert extraction.ir
