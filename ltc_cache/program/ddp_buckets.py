@@ -55,6 +55,16 @@ def cut_at_buckets(ddp: Any, gm: fx.GraphModule, args: Sequence[Any], name: str,
     one bucket holds every parameter."""
     if not torch.is_grad_enabled():
         return None
+    try:
+        return _cut(ddp, gm, args, name, piece)
+    except Exception as exc:  # the graph is compiled whole, as before the cut
+        logger.warning("%s: not cut at DDP's buckets (%s: %s)", name, type(exc).__name__,
+                       first_line(exc))
+        return None
+
+
+def _cut(ddp: Any, gm: fx.GraphModule, args: Sequence[Any], name: str,
+         piece: Callable[[fx.GraphModule, str], Callable[..., Any]]) -> fx.GraphModule | None:
     params = {node: arg for node, arg in zip(gm.graph.find_nodes(op="placeholder"), args,
                                              strict=True)
               if isinstance(arg, torch.nn.Parameter) and arg.requires_grad
@@ -67,12 +77,7 @@ def cut_at_buckets(ddp: Any, gm: fx.GraphModule, args: Sequence[Any], name: str,
     count = max(piece_of.values(), default=0) + 1
     if count == 1:
         return None
-    try:
-        cut = _split(gm, piece_of, count, name, piece)
-    except Exception as exc:  # the graph is compiled whole, as before the cut
-        logger.warning("%s: not cut at DDP's buckets (%s: %s)", name, type(exc).__name__,
-                       first_line(exc))
-        return None
+    cut = _split(gm, piece_of, count, name, piece)
     logger.info("%s: cut into %d pieces at DDP's gradient buckets", name, count)
     return cut
 

@@ -185,3 +185,9 @@ def test_a_dynamo_graph_of_checkpointed_blocks_is_cut_and_computes_the_same():
     assert torch.equal(got, want)
     for p, grad in zip(net.parameters(), expected, strict=True):
         assert torch.equal(p.grad, grad)
+
+
+def test_arguments_that_do_not_fit_the_graph_leave_it_whole(caplog):
+    gm, args = graph_and_args()
+    assert cut(fake_ddp(cap=1), gm, args[:2], []) is None
+    assert "not cut at DDP's buckets (ValueError" in caplog.text
