@@ -62,8 +62,8 @@ def build(name: str) -> torch.nn.Module:
         num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
         vocab_size=VOCAB, max_position_embeddings=SEQ, num_labels=LABELS,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        # Set here, or the classifier sets it on its first call: a program
-        # made then would not fit the calls after it (see README).
+        # Set here, or the classifier sets it on its first call, and the
+        # calls after it need a second program (docs/recipes.md, Trainer).
         problem_type="single_label_classification")
     return transformers.BertForSequenceClassification(config)
 

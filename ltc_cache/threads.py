@@ -1,7 +1,7 @@
 """The locks that let many threads call compiled callables at once.
 
 A compiled callable's steady call takes no lock. What is not thread-safe
-is the work a first call does (README, "Threads"): Dynamo's capture,
+is the work a first call does (docs/serving.md, "Threads"): Dynamo's capture,
 AOTAutograd's trace, loading a program, LTC's trace. Each runs at most
 once per program, plan and graph in a process: the first thread to need
 it takes a lock, looks again (another thread may have made it while it

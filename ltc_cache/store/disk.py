@@ -173,7 +173,7 @@ class DiskStore(Store):
             # start ~60 ms of waiting on the disk, longer than the rest of
             # it. A killed process loses nothing without them (the kernel
             # holds the writes); a power loss can damage the index, which
-            # is then detected and replaced (README, Reliability).
+            # is then detected and replaced (docs/reliability.md).
             sqlite_synchronous=0,
         )
 
