@@ -70,8 +70,8 @@ def cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> i
         })
         return OK
     good = [e for e in shown if not e.problem]
-    # Graphs are the rule; the column appears where there are other kinds
-    # (negative entries: graphs LTC cannot extract, remembered as such).
+    # Graphs are the rule (an entry without a kind is one); the column
+    # appears where there are entries of other kinds.
     with_kind = any(e.kind not in (None, EntryKind.GRAPH) for e in good)
     headers = ["KEY", "NAME", *(["KIND"] if with_kind else []), "OPS", "INPUTS", "SIZE",
                "CREATED", "LAST USED", "HITS", "TORCH"]
@@ -128,8 +128,8 @@ def cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
 
 def _kind_rows(kinds: Sequence[KindTotal]) -> list[tuple[str, str]]:
     """A row per kind under Entries, where there are kinds besides graphs
-    (as ``ls`` shows its KIND column); a fused row splits libraries from
-    refusals."""
+    (as ``ls`` shows its KIND column), split into the parts its kind
+    counts apart (a fused row: libraries and refusals)."""
     if all(total.kind == EntryKind.GRAPH for total in kinds):
         return []
     rows = []
