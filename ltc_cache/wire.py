@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 
 from .errors import EntryError
-from .kinds import KINDS, EntryKind
+from .kinds import KINDS, handlers_of
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -141,19 +141,18 @@ def read_envelope(data: bytes, *, secret: bytes | None = None) -> dict[str, Any]
 def summarise(data: bytes) -> dict[str, Any]:
     """The listing fields of entry bytes, read leniently (any schema, no
     checksum): graph_name, kind, node_count, inputs (count per source kind),
-    created, torch_version, schema and size; for a fused entry, ``fused``:
-    whether it holds a ``library`` or is a ``refusal``. ``problem`` where the
-    bytes are not an entry at all. For display only: ``ltc-cache verify``
-    checks."""
+    created, torch_version, schema and size; and the fields of the entry's
+    kind (its registration's ``summarise``: a fused entry's ``fused``,
+    whether it holds a ``library`` or is a ``refusal``). ``problem`` where
+    the bytes are not an entry at all. For display only: ``ltc-cache
+    verify`` checks."""
     try:
         envelope = unpack(data)
         body = unpack(envelope["body"])
         meta = body["meta"]
         kind = body.get("kind", meta.get("kind"))  # schema 1: in meta
-        # Kept in the summary so that `ls` and `stats` tell libraries from
-        # refusals without reading megabytes of libraries.
-        fused = {"fused": "library" if "library" in (body.get("payload") or {})
-                 else "refusal"} if kind == EntryKind.FUSED else {}
+        handled = handlers_of(kind)
+        own = handled.summarise(body) if handled is not None else {}
         return {
             "graph_name": str(meta.get("graph_name", "?")),
             "kind": kind,
@@ -163,7 +162,7 @@ def summarise(data: bytes) -> dict[str, Any]:
             "torch_version": str(meta.get("torch_version", "?")),
             "schema": envelope.get("schema"),
             "size": len(data),
-            **fused,
+            **own,
         }
     except Exception as exc:  # any shape of garbage
         return {"size": len(data), "problem": f"unreadable entry ({type(exc).__name__}: {exc})"}

@@ -9,8 +9,10 @@ LTC_CACHE_REMOTE (``--remote`` without ``--dir``: Redis alone).
 
 The only package of ltc_cache that prints; what it shows comes from the
 report package. Here: ``main`` and opening the tiers a command runs on;
-``parser.py`` the arguments, ``commands.py`` the commands (``fuse.py``
-the one that compiles), ``output.py`` what they write. Exit status: 0
+``parser.py`` the arguments, ``inspection.py`` the commands that look
+(``ls``, ``stats``, ``show``, ``verify``), ``maintenance.py`` those that
+change the cache (``fuse.py`` the one that compiles), ``output.py`` what
+they write. Exit status: 0
 fine; 1 problems found (bad entries, rejected imports, a declined prompt,
 an I/O failure); 2 usage errors (bad arguments, no cache directory, an
 unknown key, a read-only cache for ``fuse``); 130 interrupted (Ctrl-C).

@@ -23,7 +23,7 @@ from ..report import FuseOutcome, FuseTarget, fuse_one, plan_fuse, scan, sort_en
 from ..report.fused import GONE, LIBRARY, NOT_STORED, REFUSED
 from ..signing import program_secret
 from ..store.disk import DiskStore
-from .commands import filtered_entries
+from .maintenance import filtered_entries
 from .output import OK, PROBLEMS, UsageError, counted, print_line
 
 __all__ = ["INTERRUPTED", "cmd_fuse"]

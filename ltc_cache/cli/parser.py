@@ -9,17 +9,9 @@ from typing import Any, NoReturn
 
 from ..report import SORT_FIELDS, parse_filter
 from ..units import SIZE_RULE, parse_age, parse_size
-from .commands import (
-    cmd_clear,
-    cmd_export,
-    cmd_import,
-    cmd_ls,
-    cmd_prune,
-    cmd_show,
-    cmd_stats,
-    cmd_verify,
-)
 from .fuse import cmd_fuse
+from .inspection import cmd_ls, cmd_show, cmd_stats, cmd_verify
+from .maintenance import cmd_clear, cmd_export, cmd_import, cmd_prune
 from .output import USAGE
 
 

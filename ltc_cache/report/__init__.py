@@ -8,30 +8,32 @@ an abort.
 - listing.py: ``scan`` into EntryInfo rows (``ls``)
 - stats.py: totals and every process's counters (``stats``)
 - selection.py: ``--filter``, ``--sort``, key prefixes
-- entries.py: reading whole entries (``show``, ``verify``)
+- entries.py: reading whole entries (``show``, ``verify``), each kind's
+  part of them by its registration (kinds.py)
 - deletion.py: deletion plans (``prune``, ``clear``)
 - bundles.py: ``export`` and ``import``
-- fused.py: ``fuse``, and what ``show`` and ``verify`` say of fused entries
+- fused.py: ``fuse``
 - remote.py: the Redis tier, shaped for the same reports
 
-Only entries.py, deletion.py (``--stale``), bundles.py and fused.py import
-torch, and only inside the calls that decode entries, compile or need
-torch's version, so ``ls`` and ``stats`` never do.
+Only entries.py (and the kinds' handlers it calls), deletion.py
+(``--stale``), bundles.py and fused.py import torch, and only inside the
+calls that decode entries, compile or need torch's version, so ``ls`` and
+``stats`` never do.
 """
 
+from ..graph.fused.entry_kind import FusedInfo, check_fused, fused_info, signature_str
 from .bundles import ImportReport, export_bundle, import_bundle
 from .deletion import DeletePlan, plan_clear, plan_prune, remove_free_lock_files
-from .entries import EntryProblem, Progress, VerifyReport, describe_source, load_entry, verify
-from .fused import (
-    FusedInfo,
-    FuseOutcome,
-    FuseTarget,
-    check_fused,
-    fuse_one,
-    fused_info,
-    plan_fuse,
-    signature_str,
+from .entries import (
+    EntryProblem,
+    Progress,
+    VerifyReport,
+    describe_source,
+    kind_view,
+    load_entry,
+    verify,
 )
+from .fused import FuseOutcome, FuseTarget, fuse_one, plan_fuse
 from .listing import CacheReport, EntryInfo, scan
 from .selection import (
     SORT_FIELDS,
@@ -68,6 +70,7 @@ __all__ = [
     "fuse_one",
     "fused_info",
     "import_bundle",
+    "kind_view",
     "load_entry",
     "parse_filter",
     "plan_clear",

@@ -1,4 +1,5 @@
-"""Reading whole entries: ``show`` and ``verify``.
+"""Reading whole entries: ``show`` and ``verify``, each kind's part of them
+by its registration (kinds.py).
 
 These decode entry bodies, and decoding imports torch (ltc_cache.graph.entry);
 the import happens on the first call, so a listing never pays for it.
@@ -6,19 +7,21 @@ the import happens on the first call, so a listing never pays for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import EntryError
-from ..kinds import EntryKind
+from ..graph.entry_kind import describe_source
+from ..kinds import KindView, ShowContext, handlers
 from ..store.disk import DiskStore
+from .listing import EntryInfo
 
 if TYPE_CHECKING:
     from ..graph.entry import Entry
 
 __all__ = ["EntryProblem", "Progress", "VerifyReport", "decode_entry", "describe_source",
-           "load_entry", "verify"]
+           "kind_view", "load_entry", "verify"]
 
 # Progress callbacks get the number of items just done.
 Progress = Callable[[int], None]
@@ -48,18 +51,12 @@ def load_entry(store: DiskStore, key: str, *, secret: bytes | None = None) -> En
     return decode_entry(data, key, secret)
 
 
-def describe_source(source: Any) -> str:
-    """A graph input or output in a word: ``arg 0``, ``attr fc.weight``,
-    ``const float64[] = 2.5``."""
-    kind, ref = source
-    if kind == "const" and hasattr(ref, "dtype"):
-        dtype = str(ref.dtype).removeprefix("torch.")
-        shape = ",".join(str(d) for d in ref.shape)
-        value = f" = {ref.item():g}" if ref.numel() == 1 else ""
-        return f"const {dtype}[{shape}]{value}"
-    if kind == "none":
-        return "none"
-    return f"{kind} {ref}"
+def kind_view(entry: Entry, listed: Sequence[EntryInfo], *, secret: bytes | None = None,
+              with_ir: bool = True) -> KindView:
+    """What ``show`` gives of ``entry`` besides the fields every entry has:
+    its kind's view, which may name other entries of the listing ``listed``."""
+    names = {e.key: e.graph_name for e in listed}
+    return handlers(entry.kind).show(entry, ShowContext(secret, names.get, with_ir))
 
 
 @dataclass(frozen=True)
@@ -75,15 +72,11 @@ class VerifyReport:
 def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None,
            progress: Progress | None = None) -> VerifyReport:
     """Check each entry: readable, checksum (and signature), body decodes,
-    stored under its own key, and its IR (or a plan's graph) parses; a
-    program's or a fused library's signature holds (where this user has
-    the key that signs them; nothing is unpickled, no library loaded)."""
+    stored under its own key, its IR parses, and what its kind checks
+    (a plan's graphs rebuild; a program's or a fused library's signature
+    holds where this user has the key that signs them; nothing is
+    unpickled, no library loaded)."""
     import torch
-
-    from ..compile_backend.joint import joint_graphs
-    from ..compile_backend.plan import plan_graph
-    from ..program.entries import check_program
-    from .fused import check_fused
 
     checked, problems = 0, []
     for key in keys:
@@ -94,14 +87,7 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
             entry = decode_entry(data, key, secret)
             if entry.ir:
                 torch._C.parse_ir(entry.ir)
-            if entry.kind == EntryKind.PLAN and "joint" in entry.payload:
-                joint_graphs(entry)  # a training plan: both graphs and their layout
-            elif entry.kind == EntryKind.PLAN:
-                plan_graph(entry)
-            elif entry.kind == EntryKind.PROGRAM:
-                check_program(entry, secret, store.directory)
-            elif entry.kind == EntryKind.FUSED:
-                check_fused(entry, secret)
+            handlers(entry.kind).verify(entry, secret, store.directory)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))
         except RuntimeError as exc:  # parse_ir

@@ -1,6 +1,6 @@
-"""The fused tier as ``ltc-cache`` sees it: ``fuse`` (compile the fused
-libraries of stored graphs ahead), and what ``show`` and ``verify`` say of
-a fused entry (ltc_cache/graph/fused/entries.py).
+"""``ltc-cache fuse``: compile the fused libraries of stored graphs ahead.
+What ``show`` and ``verify`` say of a fused entry is its kind's
+(ltc_cache/graph/fused/entry_kind.py).
 
 torch is imported inside the calls that compile, key or decode, never at
 import: ``ls`` and ``stats`` import this package.
@@ -9,166 +9,27 @@ import: ``ls`` and ``stats`` import this package.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import EntryError
-from ..kinds import EntryKind
-from ..signing import key_path, program_secret, read_key
+from ..graph.fused.entry_kind import FusedInfo, fused_info
+from ..kinds import EntryKind, handlers_of
+from ..signing import program_secret
 from ..store.disk import DiskStore
-from ..units import format_size
-from ..wire import is_entry_key
-from .listing import EntryInfo, shown
+from .listing import EntryInfo
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache
     from ..graph.entry import Entry
 
-__all__ = ["FuseOutcome", "FuseTarget", "FusedInfo", "check_fused", "fuse_one", "fused_info",
-           "plan_fuse", "signature_str"]
+__all__ = ["FuseOutcome", "FuseTarget", "fuse_one", "plan_fuse"]
 
 # What fuse_one did with a graph (FuseOutcome.status).
 LIBRARY, REFUSED = "library", "refused"
 ALREADY_FUSED, ALREADY_REFUSED = "already fused", "already refused"
 GONE, NOT_STORED = "gone", "not stored"
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f} s"
-
-
-@dataclass(frozen=True)
-class FusedInfo:
-    """What a fused entry holds: a library (its size, digest, ISA) or the
-    reason it has none, and the numbers of its compile, for ``show`` and
-    the lines of ``fuse``. Timings are None where the compile never got
-    as far as timing both tiers."""
-
-    graph_key: str
-    library_size: int | None  # None: a refusal
-    library_sha256: str | None
-    isa: str | None
-    reason: str | None
-    compile_seconds: float | None
-    compiler: str | None
-    script_ms: float | None  # TorchScript's milliseconds a call
-    fused_ms: float | None  # the library's
-    runs_here: bool | None = None  # whether this CPU has the library's ISA
-
-    @property
-    def refused(self) -> bool:
-        return self.library_size is None
-
-    @property
-    def ratio(self) -> float | None:
-        """The library's time a call as a fraction of TorchScript's."""
-        if self.script_ms and self.fused_ms is not None:
-            return self.fused_ms / self.script_ms
-        return None
-
-    @property
-    def timing_str(self) -> str:
-        """``0.45x of TorchScript's time (0.101 ms vs 0.224 ms)``, or ``-``."""
-        if self.ratio is None:
-            return "-"
-        return (f"{self.ratio:.2f}x of TorchScript's time ({self.fused_ms:.3f} ms vs "
-                f"{self.script_ms:.3f} ms)")
-
-    @property
-    def isa_str(self) -> str:
-        """``AVX2 (this CPU runs it)``."""
-        if self.isa is None:
-            return "-"
-        if self.runs_here is None:
-            return self.isa or "any"
-        return f"{self.isa or 'any'} " + ("(this CPU runs it)" if self.runs_here
-                                          else "(this CPU lacks it: not used here)")
-
-    compile_seconds_str = shown("compile_seconds", _seconds)
-    library_size_str = shown("library_size", format_size, none="-")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "graph_key": self.graph_key, "refused": self.refused, "reason": self.reason,
-            "library_size": self.library_size, "library_size_str": self.library_size_str,
-            "library_sha256": self.library_sha256, "isa": self.isa,
-            "compile_seconds": self.compile_seconds, "compiler": self.compiler,
-            "script_ms": self.script_ms, "fused_ms": self.fused_ms, "ratio": self.ratio,
-            "runs_here": self.runs_here,
-        }
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def fused_info(payload: Mapping[str, Any]) -> FusedInfo:
-    """The FusedInfo of a fused entry's payload, read leniently (what is
-    missing or of the wrong type is None): a display, not a check."""
-    from ..graph.fused.platform import isa_runs_here
-
-    library, isa = payload.get("library"), _text(payload.get("isa"))
-    return FusedInfo(
-        graph_key=str(payload.get("graph_key", "?")),
-        library_size=len(library) if isinstance(library, bytes) else None,
-        library_sha256=_text(payload.get("library_sha256")),
-        isa=isa,
-        reason=_text(payload.get("reason")),
-        compile_seconds=_number(payload.get("compile_seconds")),
-        compiler=_text(payload.get("compiler")),
-        script_ms=_number(payload.get("script_ms")),
-        fused_ms=_number(payload.get("fused_ms")),
-        runs_here=isa_runs_here(isa) if isa is not None else None,
-    )
-
-
-def _signing_key(shared: bytes | None) -> bytes | None:
-    """The key fused libraries are signed with here, never created (as
-    ``check_program`` reads it): None where this user has none."""
-    try:
-        return shared or read_key(key_path())
-    except OSError:
-        return None
-
-
-def check_fused(entry: Entry, shared: bytes | None) -> bool:
-    """Raise EntryError unless ``entry`` is a well-formed fused entry whose
-    library's signature holds under this user's key (``shared``:
-    LTC_CACHE_SECRET, else the per-user key). Returns whether the signature
-    was checked: False where there is no key to check it with (a
-    well-formed entry then passes, as a program does). Never creates the
-    key, never loads the library."""
-    from ..graph.fused.entries import library_of, stored_library
-
-    graph_key = entry.payload.get("graph_key")
-    if not is_entry_key(graph_key):
-        raise EntryError("fused entry: malformed (no graph key)", entry.key)
-    if stored_library(entry, graph_key) is None:
-        return True  # a refusal is data: nothing in it is signed, nothing runs
-    secret = _signing_key(shared)
-    if secret is None:
-        return False
-    library_of(entry, secret, graph_key)
-    return True
-
-
-def signature_str(entry: Entry, shared: bytes | None) -> str:
-    """What ``check_fused`` finds, in words, for ``show``."""
-    try:
-        checked = check_fused(entry, shared)
-    except EntryError as exc:
-        return f"BAD: {exc} (`ltc-cache verify --fix` removes it)"
-    if "library" not in entry.payload:
-        return "- (a refusal holds no code)"
-    if not checked:
-        return (f"not checked: no signing key here (LTC_CACHE_SECRET, or {key_path()}); "
-                "a process loads the library only once it holds")
-    return "holds under this user's key" + (" (LTC_CACHE_SECRET)" if shared else "")
 
 
 @dataclass(frozen=True)
@@ -187,16 +48,17 @@ class FuseTarget:
 
 def plan_fuse(selected: Sequence[EntryInfo], every: Sequence[EntryInfo]
               ) -> tuple[FuseTarget, ...]:
-    """The graph and plan entries among ``selected``, each with the fused entry
-    ``every`` (the whole listing) holds under its fused key on this
-    machine; from the listing alone, nothing decoded."""
+    """The entries among ``selected`` of a kind that fuses (graphs, and
+    plans: their whole graphs), each with the fused entry ``every`` (the
+    whole listing) holds under its fused key on this machine; from the
+    listing alone, nothing decoded."""
     from ..graph.fused.platform import fused_key
 
     fused = {e.key: e.fused or "library" for e in every if e.kind == EntryKind.FUSED}
     targets = []
     for graph in selected:
-        # A plan: its whole graphs.
-        if graph.kind not in (EntryKind.GRAPH, EntryKind.PLAN) or graph.problem:
+        handled = handlers_of(graph.kind)
+        if handled is None or not handled.fuses or graph.problem:
             continue
         key = fused_key(graph.key).digest
         targets.append(FuseTarget(graph, key, fused.get(key)))

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ..kinds import EntryKind
+from ..kinds import handlers_of
 from ..store.disk import DiskStore
 from ..store.ledger import EntryRecord
 from ..units import format_age, format_size
@@ -52,13 +52,14 @@ class EntryInfo(NamedTuple):
     last_used: float  # last hit, or when stored if never hit
     hits: int
     graph_name: str = "?"
-    kind: str | None = None  # what the entry holds (wire.KINDS); None where unreadable
+    kind: str | None = None  # what the entry holds (kinds.py); None where unreadable
     node_count: int = 0
     inputs: Mapping[str, int] = MappingProxyType({})  # source kind -> count
     torch_version: str = "?"
     schema: int | None = None
     problem: str | None = None
-    # A fused entry's contents: "library", or "refusal" (why there is none).
+    # A fused entry's part (its kind's SummaryParts): "library", or
+    # "refusal" (why there is none).
     fused: str | None = None
 
     @property
@@ -109,9 +110,12 @@ def summary_of(store: DiskStore, key: str, record: EntryRecord | None) -> Mappin
     """The listing fields of entry ``key``: its ledger ``record``'s summary,
     else read from its bytes; None where it was deleted meanwhile."""
     summary = record.summary if record else None
-    # A fused entry summarised before summaries told libraries from
-    # refusals is read once more too.
-    if summary is None or (summary.get("kind") == EntryKind.FUSED and "fused" not in summary):
+    if summary is None:
+        return _summary(store, key)
+    # An entry summarised before its kind's summary named its part (a
+    # fused library or refusal) is read once more too.
+    handled = handlers_of(summary.get("kind"))
+    if handled is not None and handled.parts and handled.parts.field not in summary:
         return _summary(store, key)
     return summary
 

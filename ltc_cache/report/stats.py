@@ -11,7 +11,7 @@ from typing import Any
 
 from ..counter_names import COUNTERS, EVICTIONS, HITS, MISSES
 from ..diagnostics import BACKEND_EVENTS, COUNTER_NAMES
-from ..kinds import EntryKind
+from ..kinds import EntryKind, SummaryParts, handlers_of
 from ..store.disk import DiskStore, StoredRow
 from ..units import format_size
 from ..wire import KINDS, is_entry_key
@@ -26,15 +26,11 @@ STAT_NAMES = (*COUNTER_NAMES, EVICTIONS, *BACKEND_EVENTS)
 STAT_LABELS = {name: COUNTERS[name].label for name in STAT_NAMES if COUNTERS[name].label}
 
 
-# What a fused entry holds (wire.summarise's "fused"), in the order shown.
-FUSED_PARTS = ("library", "refusal")
-
-
 @dataclass(frozen=True)
 class KindTotal:
-    """The entries of one kind (wire.KINDS; "unreadable" for entries that
-    are not) and their bytes; a fused entry's libraries and refusals apart
-    in ``parts``."""
+    """The entries of one kind (kinds.py; "unreadable" for entries that
+    are not) and their bytes; the parts its kind counts apart (a fused
+    entry's libraries and refusals: SummaryParts) in ``parts``."""
 
     kind: str
     entries: int
@@ -143,7 +139,7 @@ def _kind_totals(store: DiskStore, rows: Sequence[StoredRow]) -> tuple[KindTotal
     except (sqlite3.Error, OSError):
         records = {}
     totals: dict[str, list[int]] = {}  # kind -> [entries, bytes]
-    fused: dict[str, list[int]] = {part: [0, 0] for part in FUSED_PARTS}
+    parts: dict[str, dict[str, list[int]]] = {}  # kind -> part -> [entries, bytes]
     for row in rows:
         if not is_entry_key(row.key):
             continue
@@ -153,12 +149,24 @@ def _kind_totals(store: DiskStore, rows: Sequence[StoredRow]) -> tuple[KindTotal
         kind = ("unreadable" if summary.get("problem")
                 else str(summary.get("kind") or EntryKind.GRAPH))
         _add(totals, kind, row.size)
-        if kind == EntryKind.FUSED:
-            _add(fused, str(summary.get("fused")), row.size)
+        split = _parts(kind)
+        if split is not None:
+            _add(parts.setdefault(kind, {}), str(summary.get(split.field)), row.size)
     order = [*(kind for kind in KINDS if kind in totals), *sorted(set(totals) - set(KINDS))]
-    return tuple(KindTotal(kind, *totals[kind], parts=tuple(
-        KindTotal(part, *fused[part]) for part in FUSED_PARTS) if kind == EntryKind.FUSED else ())
-        for kind in order)
+    return tuple(KindTotal(kind, *totals[kind], parts=_part_totals(kind, parts.get(kind, {})))
+                 for kind in order)
+
+
+def _parts(kind: str) -> SummaryParts | None:
+    handled = handlers_of(kind)
+    return handled.parts if handled is not None else None
+
+
+def _part_totals(kind: str, counted: dict[str, list[int]]) -> tuple[KindTotal, ...]:
+    """A KindTotal per part of ``kind``, in its order, none missing."""
+    split = _parts(kind)
+    return () if split is None else tuple(KindTotal(part, *counted.get(part, [0, 0]))
+                                          for part in split.names)
 
 
 def _add(totals: dict[str, list[int]], name: str, size: int) -> None:
