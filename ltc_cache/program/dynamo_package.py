@@ -1,10 +1,13 @@
 """Dynamo's precompile and package, as ltc_cache.program uses them: every
-piece of ``torch._dynamo``'s AOT precompile (``aot_compile``,
+use in ``program/`` of Dynamo's AOT precompile (``torch._dynamo.aot_compile``,
 ``aot_compile_types``), its ``CompilePackage`` (``package``), the frame
 conversion around them (``convert_frame``, ``eval_frame``, ``output_graph``,
-``bytecode_transformation``, ``symbolic_convert``, ``side_effects``,
-``variables``) and the eval-frame hook (``torch._C._dynamo``) that the
-package touches goes through this module, and no other.
+``bytecode_transformation``, ``side_effects``, ``variables``) and the
+eval-frame hook (``torch._C._dynamo``) goes through this module, and no
+other. Two modules below ``program/`` in the layers cannot import it and
+reach Dynamo themselves: ``ltc_cache/threads.py`` (``convert_frame``'s
+compile lock) and ``compile_backend/model_names.py`` (``eval_frame``'s
+``OptimizedModule``, ``symbolic_convert``'s current frame, as a hint).
 
 Written against torch 2.13.0. None of it is public torch API: each piece is
 pinned, by name and shape, in ``tests/common/test_torch_private.py``
@@ -14,7 +17,6 @@ breaks first. Dynamo's guards are :mod:`.guards`'s surface, not this one's.
 Importing this module imports Dynamo (seconds, in a process that has not):
 the modules that import it at their top need Dynamo loaded anyway.
 """
-
 from __future__ import annotations
 
 import builtins

@@ -39,6 +39,7 @@ class Program(Protocol):
         ...
 
     def run(self, call: Call) -> Any:
+        """The function's result for ``call``, computed by this program."""
         ...
 
 

@@ -85,6 +85,8 @@ class SingleGraphRoute:
         self._tried: dict[Any, dict[int, LoadedProgram]] = {}
 
     def obtain(self, call: Call, programs: list[Program]) -> Program | None:
+        """The layout's stored program that fits the call, else one captured
+        for it (as :meth:`~ltc_cache.program.route.Route.obtain` says)."""
         store = self._store(call, programs)
         if store is None:
             return None
@@ -153,7 +155,7 @@ class SingleGraphRoute:
                     return (slot if replaced is None else replaced), None
                 counters.bump(PROGRAM_LOOKUPS)  # a cache hit, apart from the LTC graphs'
                 if entry.kind == EntryKind.NEGATIVE:
-                    if not self._refused_again(call, entry, key):
+                    if not self._captured_again(call, entry, key):
                         return None
                     return (slot if replaced is None else replaced), None
                 program = self._load(entry, key, store, call.layout)
@@ -168,9 +170,10 @@ class SingleGraphRoute:
         # Every slot serves other calls: the last is replaced.
         return (MAX_PROGRAMS - 1 if replaced is None else replaced), None
 
-    def _refused_again(self, call: Call, entry: Any, key: CacheKey) -> bool:
-        """Whether a negative entry's refusal is to be tried again (a source
-        it recorded changed); where not, the layout goes to torch.compile."""
+    def _captured_again(self, call: Call, entry: Any, key: CacheKey) -> bool:
+        """Whether the layout of a negative entry is captured again (a
+        source the entry recorded changed); where not, it goes to
+        torch.compile."""
         changed = changed_source(entry.payload.get("program_sources") or [])
         if changed is None:
             self._target.fallback.send(call.layout, f"{entry.payload.get('reason')} "
