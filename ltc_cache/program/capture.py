@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from .describe import code_record
+from .dynamo_package import SourceInfo, side_effect_pieces
+from .guards import state_pickler
 
 
 @contextlib.contextmanager
@@ -22,8 +24,6 @@ def recording_traced_code(codes: list[types.CodeType]) -> Iterator[None]:
     ``SourceInfo.add_code``, which reads the whole module's source into the
     artifact and skips code without a module; this records every one and
     stores nothing (the sources are recorded by :func:`code_record`)."""
-    from torch._dynamo.package import SourceInfo
-
     original = SourceInfo.add_code
 
     def add_code(self: Any, code: types.CodeType) -> None:
@@ -63,9 +63,8 @@ def shared_constants_saved() -> Iterator[None]:
     in the state missing, tensors' dtypes included, and the program fails
     to load (``empty_strided(): argument 'dtype' must be torch.dtype, not
     _Missing``). Those constants are kept: they pickle by name."""
-    from torch._dynamo.guards import GuardsStatePickler
-
-    original = GuardsStatePickler.reducer_override
+    pickler = state_pickler()
+    original = pickler.reducer_override
 
     def reducer_override(self: Any, obj: Any) -> Any:
         result = original(self, obj)
@@ -75,11 +74,11 @@ def shared_constants_saved() -> Iterator[None]:
                 del self.missing_values[key]
         return result
 
-    GuardsStatePickler.reducer_override = reducer_override  # type: ignore[method-assign]
+    pickler.reducer_override = reducer_override
     try:
         yield
     finally:
-        GuardsStatePickler.reducer_override = original  # type: ignore[method-assign]
+        pickler.reducer_override = original
 
 
 def source_records(codes: Sequence[types.CodeType]) -> list[Any]:
@@ -115,24 +114,6 @@ _DEFERRING = "_ltc_cache_deferring"  # on a SideEffects: depth of its deferred c
 _UNCHECKED = "_ltc_cache_unchecked"  # on a SideEffects: the object of the store under way
 
 
-def _restoring_allowed() -> tuple[Any, ...] | None:
-    """Dynamo's pieces :func:`restored_attributes_allowed` relies on, or
-    None where this torch lacks one (then nothing is patched)."""
-    try:
-        from torch._dynamo.side_effects import SideEffects
-        from torch._dynamo.variables.base import AttributeMutationExisting, is_side_effect_safe
-        from torch._dynamo.variables.misc import AutogradFunctionContextVariable
-    except ImportError:
-        return None
-    needed = ("store_attr", "check_allowed_side_effect", "defer_side_effect_checks",
-              "validate_deferred_attr_mutations", "should_allow_side_effects_in_hop",
-              "should_allow_externally_visible_side_effects_in_subtracer", "output_graph_weakref")
-    if not all(hasattr(SideEffects, name) for name in needed[:-1]):
-        return None
-    return SideEffects, AttributeMutationExisting, is_side_effect_safe, \
-        AutogradFunctionContextVariable
-
-
 @contextlib.contextmanager
 def restored_attributes_allowed() -> Iterator[None]:
     """Let a higher-order op's body (a checkpointed block) set an attribute
@@ -151,7 +132,7 @@ def restored_attributes_allowed() -> Iterator[None]:
     else it refuses the block as before. Eager's checkpoint runs the block
     again in the backward; a restored attribute is the same after it (fact
     62 in docs/design.md)."""
-    pieces = _restoring_allowed()
+    pieces = side_effect_pieces()
     if pieces is None:
         yield
         return

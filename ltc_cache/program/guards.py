@@ -1,7 +1,14 @@
 """The guards of a program that Dynamo cannot save (object identities, and
 the guards reached through such objects), and the portable checks that stand
 in for them: what each object is (:func:`.describe.describe`), compared on
-load and, as one generated function, on every call."""
+load and, as one generated function, on every call.
+
+Dynamo's guards (``torch._dynamo.guards``, ``torch._dynamo.source``) are
+this module's surface: every use of them in ltc_cache.program goes through
+it (:func:`state_pickler` for the modules that patch the guard state's
+pickler). Written against torch 2.13.0; each private piece is pinned in
+``tests/common/test_torch_private.py`` (section "Dynamo's guards"), which is
+where a torch upgrade breaks first."""
 
 from __future__ import annotations
 
@@ -64,6 +71,16 @@ def _global_root(source: Any) -> str | None:
     from torch._dynamo.source import get_global_source_name
 
     return get_global_source_name(source)
+
+
+def state_pickler() -> Any:
+    """Dynamo's ``GuardsStatePickler``, which pickles a program's guard
+    state: patched while a program is captured
+    (:func:`.capture.shared_constants_saved`) and loaded
+    (:func:`.load_costs.one_fake_mode`)."""
+    from torch._dynamo.guards import GuardsStatePickler
+
+    return GuardsStatePickler
 
 
 class GuardFilter:

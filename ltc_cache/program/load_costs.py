@@ -9,7 +9,7 @@
   walks of a stack sixty frames deep for ViT's forty parameters.
 
 Both are in fact 48 of docs/design.md; the private piece the second relies
-on is pinned by ``tests/program/test_program.py``.
+on comes through :mod:`.guards` (:func:`~.guards.state_pickler`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from .guards import state_pickler
 
 
 @contextlib.contextmanager
@@ -44,9 +46,8 @@ def one_fake_mode() -> Iterator[None]:
     (they are read for their metadata only: size, stride, dtype, device,
     dispatch keys). Where this torch unpickles them otherwise, nothing
     changes."""
-    from torch._dynamo.guards import GuardsStatePickler
-
-    original = GuardsStatePickler.__dict__.get("_unpickle_tensor")
+    pickler = state_pickler()
+    original = pickler.__dict__.get("_unpickle_tensor")
     if not isinstance(original, classmethod):
         yield
         return
@@ -62,8 +63,8 @@ def one_fake_mode() -> Iterator[None]:
         tensor.grad = grad
         return tensor
 
-    GuardsStatePickler._unpickle_tensor = classmethod(unpickle_tensor)  # type: ignore[assignment]
+    pickler._unpickle_tensor = classmethod(unpickle_tensor)
     try:
         yield
     finally:
-        GuardsStatePickler._unpickle_tensor = original  # type: ignore[assignment]
+        pickler._unpickle_tensor = original

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import LtcCacheError
 from .describe import OBJECT_DEPTH, plain_object
+from .dynamo_package import program_guards
 from .guards import Checks
+
+if TYPE_CHECKING:
+    from .route import Call
 
 
 class LoadedProgram:
@@ -25,7 +29,7 @@ class LoadedProgram:
                  direct_globals: Sequence[str]) -> None:
         self.artifact = artifact
         self._fn = artifact.fn
-        self._guards = artifact._artifacts.guard_manager
+        self._guards = program_guards(artifact)
         self._checks = checks
         self._live = live_globals
         # The bytecode and its guards read a copy of the module's globals
@@ -66,8 +70,13 @@ class LoadedProgram:
         fast = self._checks.fast
         return fast is not None and self._guards.check(f_locals) and fast(f_locals, self._snapshot)
 
-    def run(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-        return self._fn(*args, **kwargs)
+    def fits(self, call: Call) -> bool:
+        """Whether the guards and checks hold for ``call`` (once
+        :meth:`resolve` has compiled the checks)."""
+        return self.check(self.bind(call.full, call.kwargs))
+
+    def run(self, call: Call) -> Any:
+        return self._fn(*call.full, **call.kwargs)
 
 
 def call_layout(value: Any, depth: int = 0) -> Any:

@@ -43,11 +43,13 @@ from typing import Any, Protocol, TypeVar, overload
 
 import torch
 
+from ..counter_names import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS
 from .buckets import Buckets, pad_forward, resolve
 from .compiled_module import CompiledModule, stand_in
 from .data_parallel import compiled_data_parallel, is_data_parallel
+from .dynamo_package import traced_fn
 from .fully_sharded import compiled_fully_sharded, is_fully_sharded
-from .programs import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS, Programs
+from .programs import Programs
 
 __all__ = ["PROGRAM_CAPTURES", "PROGRAM_FALLBACKS", "PROGRAM_HITS", "PROGRAM_LOOKUPS",
            "CompiledModule", "compile", "compile_again"]
@@ -57,20 +59,6 @@ logger = logging.getLogger("ltc_cache.precompile")
 
 # torch.compile's arguments besides the backend.
 _COMPILE_KWARGS = frozenset({"fullgraph", "dynamic", "mode", "options", "disable"})
-
-
-# --- the programs of one function ---------------------------------------------
-
-
-# --- the public wrapper --------------------------------------------------------
-
-
-def _traced_fn(model: Any) -> tuple[types.FunctionType, Any]:
-    """The function Dynamo traces for ``model`` and what comes first in its
-    arguments (the module, for a module's forward)."""
-    from torch._dynamo.convert_frame import get_traced_fn
-
-    return get_traced_fn(model)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -148,7 +136,7 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
         if compiled is not None:
             return compiled
     if isinstance(model, torch.nn.Module):
-        fn, owner = _traced_fn(model)
+        fn, owner = traced_fn(model)
         name = type(model).__name__
         # What falls back to torch.compile is the function the programs
         # run, bound, not the module: a forward replaced after this (Lightning

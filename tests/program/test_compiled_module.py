@@ -262,21 +262,3 @@ def test_a_forward_wrapped_with_dynamo_ctx_falls_back_without_recursion(cache_di
     assert compiled.dynamo_ctx(model.layer.forward) is not None  # other methods: as they are
     assert torch.allclose(model(x), want, atol=1e-6)
     assert ltc_cache.stats().get("program_fallbacks") == 1
-
-
-def test_private_torch_apis_the_stand_in_relies_on():
-    """Fails by name when torch changes what CompiledModule and the capture
-    lean on."""
-    from torch._dynamo.eval_frame import OptimizedModule
-    from torch._dynamo.guards import GuardsStatePickler
-
-    # CompiledModule sets what OptimizedModule's methods read, without its __init__.
-    assert "_orig_mod" in OptimizedModule._opt_mod_attributes
-    assert isinstance(OptimizedModule.__dict__["training"], property)
-    for name in ("__getattr__", "__setattr__", "__reduce__"):
-        assert name in OptimizedModule.__dict__, name
-    # The capture skips once-only log calls through this setting ...
-    assert isinstance(torch._dynamo.config.ignore_logging_functions, set)
-    # ... and keeps torch's constants in the saved guard state through these.
-    assert "reducer_override" in GuardsStatePickler.__dict__
-    assert "missing_values" in inspect.signature(GuardsStatePickler.__init__).parameters

@@ -203,7 +203,7 @@ def test_a_branch_on_an_item_is_a_graph_break_to_dynamo(dynamo_reset):
     """Under ``fullgraph=True`` a branch on ``item()`` is a ``UserError``
     raised while handling ``GuardOnDataDependentSymNode``; ltc_cache takes
     it for a graph break (fact 42 in docs/design.md)."""
-    from ltc_cache.program.programs import breaks_the_graph
+    from ltc_cache.program.frames import breaks_the_graph
 
     def flagged(x):
         if (x > 0).flatten().any().item():
@@ -333,59 +333,11 @@ def test_frames_entries_are_signed_with_their_frames(tmp_path):
             program_parts(forged, secret)
 
 
-def test_private_torch_apis_frames_rely_on(dynamo_reset):
-    """Fails loudly when torch changes what ltc_cache.program.frames relies on."""
-    import dataclasses as dc
-    import inspect
-
-    from torch._C._dynamo.eval_frame import _FrameAction, set_code_exec_strategy
-    from torch._dynamo import bytecode_transformation, convert_frame, output_graph, package
-    from torch._dynamo.types import ConvertFrameReturn
-
-    from ltc_cache.program import frame_names, frame_package
-
-    apis = frame_package.pinned_apis()
-    package_class = apis["CompilePackage"]
-    assert list(inspect.signature(package_class.__init__).parameters) == [
-        "self", "fn", "dynamo", "ignore_inlined_sources"]
-    for name in ("add_guarded_code", "add_inlined_source", "code_context", "_add_user_function",
-                 "_add_function", "install", "cache_entry", "cached_backends"):
-        assert hasattr(package_class, name), name
-
-    def f(x):
-        return x + 1
-
-    made = package_class(f)
-    for name in ("_codes", "_current_entry", "_resume_codes"):
-        assert hasattr(made, name), name
-    assert list(inspect.signature(package.load_guard_manager).parameters) == [
-        "guards_state", "target_code", "runtime_global_scope"]
-    # install() builds each frame's guard manager through the module global.
-    assert "load_guard_manager" in package_class.install.__code__.co_names
-    assert {f.name for f in dc.fields(package._DynamoCodeCacheEntry)} >= {
-        "python_code", "python_module", "function_names", "guarded_codes", "import_sources",
-        "backend_ids", "code_source", "install_to_global", "bypassed"}
-    assert "package" in inspect.signature(torch._dynamo.eval_frame._optimize).parameters
-    # The backend wrapper frames.py swaps for a plain one while optimize() runs.
-    assert "get_compiler_fn" in torch._dynamo.eval_frame._optimize.__code__.co_names
-    # Resume functions and the builtins dict are named from this counter.
-    assert "_unique_id_counter" in bytecode_transformation.unique_id.__code__.co_names
-    assert next(apis["unique_id_counter"]) >= 0
-    assert int(_FrameAction.SKIP) == frame_names.SKIP
-    assert callable(set_code_exec_strategy)
-    assert {"frame_exec_strategy", "apply_to_code", "guarded_code"} <= set(
-        ConvertFrameReturn.__dataclass_fields__)
-    assert callable(convert_frame.ConvertFrame.__call__)
-    assert list(inspect.signature(output_graph.OutputGraph.install_global_unsafe).parameters) \
-        == ["self", "name", "value"]
-    assert hasattr(torch._C._dynamo.guards.RootGuardManager, "add_lambda_guard")
-
-
 def test_names_after_a_load_do_not_collide(dynamo_reset):
     """A recompile after a load picks names past the installed ones."""
     from torch._dynamo.bytecode_transformation import unique_id
 
-    from ltc_cache.program.frame_names import advance_unique_ids
+    from ltc_cache.program.frames.names import advance_unique_ids
 
     scope = {"__resume_at_60_4000": None, "__builtins_dict___4001": {}}
     advance_unique_ids(scope)

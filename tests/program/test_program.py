@@ -550,43 +550,6 @@ def test_cli_lists_shows_counts_and_prunes_programs(stored, cache_dir, capsys):
     assert program_keys(cache_dir) == []
 
 
-def test_private_torch_apis_this_relies_on():
-    """Pins: what ltc_cache.program.precompile reaches into, by name and shape."""
-    import inspect
-
-    import torch
-    from torch._dynamo import aot_compile, convert_frame, package, source
-    from torch._dynamo.aot_compile_types import SerializableCallable
-    from torch._dynamo.guards import CheckFunctionManager, _get_closure_vars
-    from torch._dynamo.types import GuardFilterEntry
-    from torch.fx._graph_pickler import GraphPickler
-
-    from ltc_cache.program import guards, program_graph
-
-    assert callable(getattr(torch.compile(lambda x: x, backend="eager", fullgraph=True),
-                            "aot_compile", None))
-    fn = aot_compile.AOTCompiledFunction
-    for name in ("serialize", "deserialize", "prepare_f_locals"):
-        assert callable(getattr(fn, name)), name
-    assert {"external_data"} <= set(inspect.signature(fn.serialize).parameters)
-    assert {"f_globals", "external_closure_data"} <= set(
-        inspect.signature(fn.deserialize).parameters)
-    assert {"guard_manager", "runtime_env", "compiled_fn", "backend_id", "source_info"} <= {
-        f.name for f in __import__("dataclasses").fields(aot_compile.CompileArtifacts)}
-    assert {"external_refs", "import_sources", "used_globals"} <= {
-        f.name for f in __import__("dataclasses").fields(convert_frame.GraphRuntimeEnv)}
-    assert callable(package.SourceInfo.add_code)
-    assert callable(convert_frame.get_traced_fn) and callable(source.get_global_source_name)
-    assert "L" not in _get_closure_vars()
-    assert {"name", "has_value", "value", "guard_type", "derived_guard_types", "orig_guard"} <= {
-        f.name for f in __import__("dataclasses").fields(GuardFilterEntry)}
-    # What torch cannot serialise is what the guard filter replaces.
-    assert set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES) <= set(
-        guards._UNSERIALIZABLE)
-    assert callable(GraphPickler.dumps) and callable(GraphPickler.loads)
-    assert issubclass(program_graph.LtcProgramGraph, SerializableCallable)
-
-
 def test_compile_takes_torch_compile_arguments_only():
     import torch
 
@@ -804,45 +767,6 @@ def test_objects_are_described_by_what_they_are():
     assert describe(A | None) != describe(B | None)  # a union's classes by what they are
     with pytest.raises(Unportable):
         describe(object())
-
-
-def test_a_guard_states_tensors_unpickle_with_one_fake_mode():
-    """Pins torch's private GuardsStatePickler._unpickle_tensor, which
-    load_costs.one_fake_mode replaces while a program loads (fact 48 in
-    docs/design.md): Dynamo pickles each guarded tensor as a call of it,
-    which made a fake mode (and walked the stack) per tensor. Under
-    one_fake_mode the tensors come back as before, sharing one mode."""
-    import inspect
-    import io
-
-    import torch
-    from torch._dynamo.guards import GuardsStatePickler
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    from ltc_cache.program.load_costs import one_fake_mode
-
-    original = GuardsStatePickler.__dict__["_unpickle_tensor"]
-    assert isinstance(original, classmethod)  # torch changed: see load_costs.py
-    assert list(inspect.signature(original.__func__).parameters) == [
-        "cls", "meta_tensor", "device", "pytype", "dispatch_keys_raw", "grad"]
-    tensors = [torch.randn(2, 3), torch.zeros(4, dtype=torch.int64).t(),
-               torch.nn.Parameter(torch.ones(5, 2))]
-    buffer = io.BytesIO()
-    GuardsStatePickler({id(t): t for t in tensors}, {}, {}, buffer).dump(tensors)
-
-    def loaded() -> list:
-        return pickle.loads(buffer.getvalue())
-
-    with one_fake_mode():
-        shared = loaded()
-    assert GuardsStatePickler.__dict__["_unpickle_tensor"] is original  # put back
-    alone = loaded()
-    assert len({id(t.fake_mode) for t in shared}) == 1 < len({id(t.fake_mode) for t in alone})
-    for got, want, real in zip(shared, alone, tensors, strict=True):
-        assert isinstance(got, FakeTensor) and type(got) is type(want)
-        assert (got.shape, got.stride(), got.dtype, got.device, got.requires_grad) == \
-            (want.shape, want.stride(), want.dtype, want.device, want.requires_grad) == \
-            (real.shape, real.stride(), real.dtype, real.device, real.requires_grad)
 
 
 def test_the_graph_keeps_what_aotautograd_reads_through_serialisation(dynamo_reset):

@@ -323,33 +323,3 @@ def test_counters_in_the_ledger_are_exact_under_threads(cache_dir):
     store.close()
     counts = ledger_counts(cache_dir)
     assert (counts["hits"], counts["stores"]) == (400, 400)
-
-
-def test_what_torch_does_that_threads_rely_on():
-    """Facts 55 and 57 in docs/design.md: Dynamo's compile lock is a
-    reentrant lock ltc_cache can share; FX's "tracing" mark is process-wide
-    and a compile session hides it from Dynamo; Dynamo's settings are per
-    thread (so patching one around a call needs no care for other threads)."""
-    import torch.fx._symbolic_trace as fx_trace
-    from torch._dynamo import convert_frame
-
-    from ltc_cache.threads import compile_lock
-
-    assert compile_lock() is convert_frame.compile_lock
-    with compile_lock(), compile_lock():  # reentrant
-        pass
-    before = fx_trace._is_fx_tracing_flag
-    fx_trace._is_fx_tracing_flag = True
-    try:
-        assert fx_trace.is_fx_symbolic_tracing()
-        with torch.compiler._compile_session_context():
-            assert not fx_trace.is_fx_symbolic_tracing()
-    finally:
-        fx_trace._is_fx_tracing_flag = before
-    seen = []
-    with torch._dynamo.config.patch(optimize_ddp=False):
-        other = threading.Thread(target=lambda: seen.append(torch._dynamo.config.optimize_ddp))
-        other.start()
-        other.join()
-        assert torch._dynamo.config.optimize_ddp is False
-    assert seen == [True]

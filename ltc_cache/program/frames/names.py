@@ -1,31 +1,28 @@
-"""Where a later process finds a code object again, for a program of
-several frames (:mod:`ltc_cache.program.frames`): the codes Dynamo ran as they are
-(recorded by module and name, handed back to the eval-frame hook at load),
-property getters the package cannot name, and Dynamo's name counter, kept
-past the names a loaded package installed.
+"""Where a later process finds a code object again, for a program of several
+frames: the codes Dynamo ran as they are (recorded by module and name,
+handed back to the eval-frame hook at load), property getters the package
+cannot name, and Dynamo's name counter, kept past the names a loaded
+package installed.
 
-Nothing here imports a module: a code that is not where it was recorded is
-left alone.
+Finding a code imports no module: a code that is not where it was recorded
+is left alone.
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
 import re
 import sys
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["SKIP", "advance_unique_ids", "apply_skips", "find_code", "property_source",
-           "skip_record"]
+from ..dynamo_package import run_as_is, unique_ids_from
+
+__all__ = ["advance_unique_ids", "apply_skips", "find_code", "property_source", "skip_record"]
 
 # Names Dynamo numbers from its process-wide unique-id counter.
 _NUMBERED = re.compile(r"^__(?:resume_at_\d+|builtins_dict__)_(\d+)$")
-
-
-SKIP = 1  # torch._C._dynamo.eval_frame._FrameAction.SKIP (pinned by a test)
 
 
 def skip_record(code: types.CodeType, f_globals: Mapping[str, Any],
@@ -102,19 +99,12 @@ def apply_skips(records: Sequence[Any]) -> None:
     """Tell the eval-frame hook to run these codes as they are, as it was
     told in the process that captured the program (a code that is not the
     same here, or not there, is left alone)."""
-    from torch._C._dynamo.eval_frame import (
-        _FrameAction,
-        _FrameExecStrategy,
-        set_code_exec_strategy,
-    )
-
     for record in records:
         if not isinstance(record, list) or len(record) != 5:
             continue
         code = find_code(record)
         if code is not None:
-            set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction(SKIP),
-                                                            _FrameAction(int(record[4]))))
+            run_as_is(code, int(record[4]))
 
 
 def property_source(code: types.CodeType) -> tuple[str, str, str] | None:
@@ -141,9 +131,6 @@ def property_source(code: types.CodeType) -> tuple[str, str, str] | None:
 def advance_unique_ids(f_globals: Mapping[str, Any]) -> None:
     """Move Dynamo's name counter past every numbered name in ``f_globals``
     (those a package installed), so later captures pick fresh ones."""
-    from torch._dynamo import bytecode_transformation as bt
-
     top = max((int(m.group(1)) for name in f_globals
                if (m := _NUMBERED.match(name))), default=-1)
-    current = next(bt._unique_id_counter)
-    bt._unique_id_counter = itertools.count(max(current, top + 1))
+    unique_ids_from(top + 1)

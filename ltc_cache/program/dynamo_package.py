@@ -1,0 +1,205 @@
+"""Dynamo's precompile and package, as ltc_cache.program uses them: every
+use in ``program/`` of Dynamo's AOT precompile (``torch._dynamo.aot_compile``,
+``aot_compile_types``), its ``CompilePackage`` (``package``), the frame
+conversion around them (``convert_frame``, ``eval_frame``, ``output_graph``,
+``bytecode_transformation``, ``side_effects``, ``variables``) and the
+eval-frame hook (``torch._C._dynamo``) goes through this module, and no
+other. Two modules below ``program/`` in the layers cannot import it and
+reach Dynamo themselves: ``ltc_cache/threads.py`` (``convert_frame``'s
+compile lock) and ``compile_backend/model_names.py`` (``eval_frame``'s
+``OptimizedModule``, ``symbolic_convert``'s current frame, as a hint).
+
+Written against torch 2.13.0. None of it is public torch API: each piece is
+pinned, by name and shape, in ``tests/common/test_torch_private.py``
+(section "Dynamo's precompile and package"), which is where a torch upgrade
+breaks first. Dynamo's guards are :mod:`.guards`'s surface, not this one's.
+
+Importing this module imports Dynamo (seconds, in a process that has not):
+the modules that import it at their top need Dynamo loaded anyway.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import itertools
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch._C._dynamo.eval_frame import (
+    _debug_get_cache_entry_list,
+    _FrameAction,
+    _FrameExecStrategy,
+    set_code_exec_strategy,
+)
+from torch._dynamo import bytecode_transformation, convert_frame, eval_frame, package
+from torch._dynamo.aot_compile import AOTCompiledFunction
+from torch._dynamo.aot_compile_types import SerializableCallable
+from torch._dynamo.convert_frame import ConvertFrame
+from torch._dynamo.eval_frame import OptimizedModule
+from torch._dynamo.output_graph import OutputGraph
+from torch._dynamo.package import CompilePackage, SourceInfo
+
+__all__ = ["SKIP", "AOTCompiledFunction", "CompilePackage", "ConvertFrame", "OptimizedModule",
+           "OutputGraph", "SerializableCallable", "SourceInfo", "aot_compiled",
+           "backend_wrapped_by", "bypassed_entry", "cache_entries", "deserialize_program",
+           "guard_managers_built_by", "optimized", "program_graph", "program_guards",
+           "run_as_is", "serialize_program", "side_effect_pieces", "skipped_recursively",
+           "traced_fn", "unique_ids_from"]
+
+
+# --- one graph: the AOT precompile --------------------------------------------
+
+
+def traced_fn(model: Any) -> tuple[types.FunctionType, Any]:
+    """The function Dynamo traces for ``model`` and what comes first in its
+    arguments (the module, for a module's forward)."""
+    return convert_frame.get_traced_fn(model)
+
+
+def aot_compiled(fn: types.FunctionType, backend: Callable[..., Any], guard_filter: Any,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn`` captured whole (one graph, static shapes) by Dynamo's AOT
+    precompile for a call with ``args`` and ``kwargs``; raises what Dynamo
+    raises."""
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend,
+                             options={"guard_filter_fn": guard_filter})
+    return compiled.aot_compile((args, kwargs))
+
+
+def deserialize_program(artifact: bytes, f_globals: dict[str, Any],
+                        closure: Mapping[str, Any]) -> AOTCompiledFunction:
+    """A stored precompiled function, its bytecode reading ``f_globals``."""
+    return AOTCompiledFunction.deserialize(artifact, f_globals=f_globals,
+                                           external_closure_data=closure)
+
+
+def serialize_program(compiled: Any, fn_globals: Mapping[str, Any],
+                      closure: Mapping[str, Any]) -> bytes:
+    """What ``torch.compile(fn).aot_compile`` made, as stored: with the
+    globals its transformed bytecode reads that aot_compile does not save
+    (Dynamo installs some, e.g. a module it reconstructs) taken from
+    ``fn_globals``, and without the module texts of its sources (recorded
+    apart: :func:`ltc_cache.program.describe.code_record`)."""
+    artifacts = compiled._artifacts
+    env = artifacts.runtime_env
+    missing = (env.external_refs - set(env.import_sources) - set(env.used_globals)
+               - {artifacts.backend_id})
+    for name in missing:
+        if name in fn_globals and not hasattr(builtins, name):
+            env.used_globals[name] = fn_globals[name]
+    artifacts.source_info = SourceInfo(inlined_sources=set())
+    return AOTCompiledFunction.serialize(compiled, closure).serialized_data
+
+
+def program_graph(compiled: Any) -> Any:
+    """The graph a precompiled function runs (what the backend made)."""
+    return compiled._artifacts.compiled_fn
+
+
+def program_guards(compiled: Any) -> Any:
+    """The guard manager of a precompiled function."""
+    return compiled._artifacts.guard_manager
+
+
+def side_effect_pieces() -> tuple[Any, ...] | None:
+    """Dynamo's pieces :func:`ltc_cache.program.capture.restored_attributes_allowed`
+    patches (``SideEffects``, ``AttributeMutationExisting``,
+    ``is_side_effect_safe``, ``AutogradFunctionContextVariable``), or None
+    where this torch lacks one (then nothing is patched)."""
+    try:
+        from torch._dynamo.side_effects import SideEffects
+        from torch._dynamo.variables.base import AttributeMutationExisting, is_side_effect_safe
+        from torch._dynamo.variables.misc import AutogradFunctionContextVariable
+    except ImportError:
+        return None
+    needed = ("store_attr", "check_allowed_side_effect", "defer_side_effect_checks",
+              "validate_deferred_attr_mutations", "should_allow_side_effects_in_hop",
+              "should_allow_externally_visible_side_effects_in_subtracer")
+    if not all(hasattr(SideEffects, name) for name in needed):
+        return None
+    return SideEffects, AttributeMutationExisting, is_side_effect_safe, \
+        AutogradFunctionContextVariable
+
+
+# --- several frames: the package and the eval-frame hook -----------------------
+
+
+# ``_FrameAction.SKIP``: run a code as it is.
+SKIP = int(_FrameAction.SKIP)
+
+
+def optimized(fn: types.FunctionType, backend: Callable[..., Any], package_: Any,
+              guard_filter: Any) -> Callable[..., Any]:
+    """``fn`` compiled through Dynamo with ``package_`` recording (or
+    holding) its frames; static shapes, as a single-graph program: a new
+    shape is a recompile of the frames it reaches."""
+    return eval_frame.optimize(backend, package=package_, dynamic=False,
+                               guard_filter_fn=guard_filter)(fn)
+
+
+@contextlib.contextmanager
+def backend_wrapped_by(wrapper: Callable[[Callable[..., Any]], Any]) -> Iterator[None]:
+    """While :func:`optimized` runs: the backend it is given is wrapped by
+    ``wrapper`` instead of Dynamo's ``get_compiler_fn``."""
+    original = eval_frame.get_compiler_fn
+    eval_frame.get_compiler_fn = wrapper  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        eval_frame.get_compiler_fn = original
+
+
+def cache_entries(code: types.CodeType) -> list[Any]:
+    """The eval-frame hook's entries for ``code`` (each compiled frame's
+    code and guard manager)."""
+    return _debug_get_cache_entry_list(code)
+
+
+def run_as_is(code: types.CodeType, recursive_action: int) -> None:
+    """Tell the eval-frame hook to run ``code`` as it is, and the frames
+    it calls as ``recursive_action`` says."""
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction(SKIP),
+                                                    _FrameAction(recursive_action)))
+
+
+def skipped_recursively(result: Any) -> int | None:
+    """Where Dynamo's conversion of a frame (``ConvertFrame``'s ``result``)
+    decided to run its code as it is from then on: the action for the
+    frames it calls; None otherwise."""
+    strategy = result.frame_exec_strategy
+    if result.apply_to_code and result.guarded_code is None \
+            and int(strategy.cur_action) == SKIP:
+        return int(strategy.recursive_action)
+    return None
+
+
+def unique_ids_from(start: int) -> None:
+    """Move Dynamo's process-wide name counter (resume functions, the
+    builtins dict) to ``start`` at least."""
+    current = next(bytecode_transformation._unique_id_counter)
+    bytecode_transformation._unique_id_counter = itertools.count(max(current, start))
+
+
+def bypassed_entry(code: types.CodeType, module: str) -> Any:
+    """A package entry for ``code`` that takes what Dynamo records of the
+    frame and is stored nowhere."""
+    return package._DynamoCodeCacheEntry(
+        python_code=package.SerializedCode.from_code_object(code), python_module=module,
+        function_names=[], guarded_codes=[], import_sources={}, backend_ids=[],
+        code_source=None, install_to_global=False, bypassed=True)
+
+
+@contextlib.contextmanager
+def guard_managers_built_by(
+        wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    """While a package installs: each frame's guard manager is built by
+    ``wrap(Dynamo's load_guard_manager)``, called as it is
+    ``(guards_state, target_code, runtime_global_scope)``."""
+    original = package.load_guard_manager
+    package.load_guard_manager = wrap(original)
+    try:
+        yield
+    finally:
+        package.load_guard_manager = original
