@@ -75,24 +75,6 @@ def test_indexing_they_do_not_cover_keeps_the_op():
     assert table[aten.index_put.default](x, [rows], x[:5], False) is NotImplemented
 
 
-def test_aot_keeps_a_buffer_update_in_the_training_graph():
-    """Pins the private rule the training plans of BatchNorm rely on: with
-    ``keep_inference_input_mutations``, a data-only update of an input that
-    needs no gradient is ``MUTATED_IN_GRAPH`` in a training graph too. If
-    torch changes it, such graphs get no plan (AOTAutograd on every warm
-    start) and the CNN test below fails on its warm AOTAutograd count."""
-    from torch._functorch._aot_autograd.functional_utils import (
-        _check_if_mutation_can_be_in_graph,
-    )
-
-    flags = dict(keep_input_mutations=True, mutates_data=True, mutates_metadata=False,
-                 mutations_hidden_from_autograd=False,
-                 mutations_under_no_grad_or_inference_mode=False,
-                 mutates_storage_metadata=False, mutation_inductor_storage_resize=False)
-    assert _check_if_mutation_can_be_in_graph(**flags, requires_grad=False)
-    assert not _check_if_mutation_can_be_in_graph(**flags, requires_grad=True)
-
-
 class SmallCNN(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
