@@ -1,7 +1,8 @@
 """BatchNorm CNN training inside LTC: the vision decompositions
-(ltc_cache.compile_backend.decompose_vision) compute what eager's kernels do, AOTAutograd
-still keeps a buffer's update in the training graph (fact 34 in
-docs/design.md), and a small CNN's training step (BatchNorm, ReLU6,
+(ltc_cache.compile_backend.decompose_vision) compute what eager's kernels do
+(that AOTAutograd keeps a buffer's update in the training graph, fact 34 in
+docs/design.md, is pinned in tests/common/test_torch_private.py), and a
+small CNN's training step (BatchNorm, ReLU6,
 Hardswish, an indexed bias) runs in two LTC regions, its running statistics
 updated as eager's, and is stored as a training plan that the next start
 runs without AOTAutograd."""
