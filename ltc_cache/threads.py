@@ -19,7 +19,8 @@ cache directory's per-key file locks after both):
    an AOTAutograd trace (whose FX tracer patches ``nn.Module`` process-wide)
    from overlapping a capture in another thread.
 2. :data:`trace_lock`, around an LTC trace and an op probe: LTC counts the
-   ops that fall back to eager process-wide (``torch._lazy.metrics``), and
+   ops that fall back to eager process-wide (LTC's metrics, read through
+   :mod:`ltc_cache.graph.lazy_bindings`), and
    a trace reads them to refuse a graph, so two traces at once would
    swap their verdicts. It is ltc_cache's own, so that a process using
    only ``extract_compiled_graph`` never imports Dynamo (1.9 s).

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
-from torch.utils._python_dispatch import _disable_current_modes
 
 from ..counter_names import ERRORS, LTC_OPS
 from ..diagnostics import counters, warn_once
 from ..errors import first_line
 from ..graph.replay import CompiledGraph
+from .aot_autograd import real_tensors
 from .nodes import is_symbolic
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class Region(FirstCall):
         try:
             # AOTAutograd may run the compiled function under a dispatch mode;
             # lazy tracing inside one fails (fact 7 in docs/design.md).
-            with _disable_current_modes(), torch.no_grad():
+            with real_tensors(), torch.no_grad():
                 compiled = self._cache.extract_compiled_graph(
                     self._graph if stored else module, args, name=self._name,
                     digest=module.digest if stored else None,

@@ -48,8 +48,9 @@ __all__ = ["PLAN_VERSION", "PlanError", "StoredRegion", "graph_from_wire", "grap
 # 2: the partitioned graph, not AOTAutograd's graph before partitioning;
 # 3: a training plan's layout names the outputs AOTAutograd re-views;
 # 4: a training plan records whether its backward recomputes checkpointed
-# blocks (``recomputes``), which its backward's library is compiled for
-PLAN_VERSION = 4
+# blocks (``recomputes``), which its backward's library is compiled for;
+# 5: every region holds the digest of its key's graph part (fact 44)
+PLAN_VERSION = 5
 _BUILTINS = {"operator.getitem": operator.getitem}
 # The higher-order ops a plan holds, by name: AOTAutograd's partitioner wraps
 # an op tagged ``nondeterministic_seeded`` that an activation-checkpointed

@@ -78,7 +78,7 @@ class JointLayout:
 
     def to_wire(self) -> dict[str, Any]:
         wire = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-        if not self.aliases:  # plans stored before aliases read the same
+        if not self.aliases:  # most plans have none: left out, read back as none
             del wire["aliases"]
         return wire
 

@@ -17,12 +17,14 @@ import torch
 from torch import fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from .nodes import is_symbolic, node_value
+from .buffer_writes import buffer_writes_as_one
+from .nodes import node_value
+from .region_cuts import split_where_inputs_die
 
 if TYPE_CHECKING:  # FX's partitioner and the probes: only when partitioning
     from .support import OpSupport
 
-__all__ = ["REGION_PREFIX", "Partitioned", "buffer_writes_as_one", "partition"]
+__all__ = ["REGION_PREFIX", "Partitioned", "partition"]
 
 # Submodule names of the regions: ltc_region_0, ltc_region_1, ...
 REGION_PREFIX = "ltc_region_"
@@ -181,172 +183,6 @@ def _views_apart_at_edges(graph: fx.Graph, nodes: dict[fx.Node, Any]) -> None:
                 twin.meta = dict(view.meta)
         for user in outside:
             user.replace_input_with(node, twin)
-
-
-def buffer_writes_as_one(graph: fx.Graph) -> bool:
-    """Make the ``copy_`` ops that end the graph, each writing one of its
-    inputs (BatchNorm's running statistics, three a layer: fact 34 in
-    docs/design.md), one ``_foreach_copy_``, in place.
-
-    A region writes none of its inputs, so the writes run eagerly after the
-    regions whatever is done; one call makes them all, where each ``copy_``
-    is a Python call of the parent graph (51 a step for GhostNet: fact 79
-    in docs/design.md).
-    Only the run of them just before the output: nothing reads an input
-    after it is written there, so writing them together changes nothing."""
-    output = next(node for node in reversed(graph.nodes) if node.op == "output")
-    writes: list[fx.Node] = []
-    node = output.prev
-    while node.op == "call_function" and node.target is _aten.copy_.default \
-            and not node.users and len(node.args) == 2 and not node.kwargs \
-            and isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder":
-        writes.append(node)
-        node = node.prev
-    destinations = [write.args[0] for write in writes]
-    if len(writes) < 2 or len(set(destinations)) < len(destinations):
-        return False
-    writes.reverse()
-    with graph.inserting_before(output):
-        batched = graph.call_function(_aten._foreach_copy_.default,
-                                      ([w.args[0] for w in writes], [w.args[1] for w in writes]))
-    batched.meta["val"] = None
-    for write in writes:
-        graph.erase_node(write)
-    return True
-
-
-# A region is split where that lowers its peak (its inputs, which its
-# caller holds until it returns, and its values) by this much (fact 88 in
-# docs/design.md).
-_MIN_SPLIT_BYTES = 1 << 20
-
-
-def _bytes(node: Any) -> int:
-    """The bytes ``node``'s value holds of its own (a view: none), 0 where
-    unknown or symbolic."""
-    if not isinstance(node, fx.Node) or node.op == "get_attr" or (
-            node.op == "call_function" and getattr(node.target, "is_view", False)):
-        return 0
-    value = node_value(node)
-    values = value if isinstance(value, (tuple, list)) else (value,)
-    total = 0
-    for v in values:
-        if isinstance(v, torch.Tensor) and not is_symbolic(v):
-            total += v.numel() * v.element_size()
-    return total
-
-
-def _split_where_inputs_die(proposed: list[Any], order: dict[fx.Node, int]) -> list[Any]:
-    """Cut each proposed region in two where that frees most of its inputs,
-    recursively; returns the regions, in no particular order.
-
-    A region is one call: every input is held by its caller (the parent
-    graph's locals, the call's arguments) until it returns, however early
-    the region is done with it. A checkpointed backward's region ran one
-    layer's gradient down to its input and then the previous layer's
-    recomputation and gradient: the first layer's attention gradients,
-    activations and residual gradient stayed alive through the second's
-    MLP, its peak (fact 88 in docs/design.md). A prefix of a region in
-    graph order is a region, and so is the rest: a path from one of its
-    nodes to another through nodes outside it would make it no region, and
-    no path leads from a later node to an earlier one. The graph is a
-    backward, called boxed (:mod:`.boxed`): its own inputs are freed after
-    their last use too."""
-    from torch.fx.passes.infra.partitioner import Partition
-
-    done: list[Any] = []
-    todo = list(proposed)
-    while todo:
-        part = todo.pop()
-        nodes = sorted(part.nodes, key=order.__getitem__)
-        cut = _best_cut(nodes, order)
-        if cut is None:
-            done.append(part)
-            continue
-        todo.append(Partition(nodes=nodes[:cut]))
-        todo.append(Partition(nodes=nodes[cut:]))
-    return done
-
-
-def _best_cut(nodes: list[fx.Node], order: dict[fx.Node, int]) -> int | None:
-    """The index where ``nodes`` (a region, in graph order) is best cut: the
-    one that lowers the region's peak most (run in graph order, each value
-    freed after its last reader, the region's inputs held to its end), or
-    None where none lowers it by ``_MIN_SPLIT_BYTES`` or more."""
-    n = len(nodes)
-    if n < 2:
-        return None
-    position = {node: i for i, node in enumerate(nodes)}
-    start = order[nodes[0]]
-    # Each input the region alone reads last: freed by a cut after its last reader.
-    frees_at = [0] * n
-    seen: set[fx.Node] = set()
-    for node in nodes:
-        for source in node.all_input_nodes:
-            if source in position or source in seen:
-                continue
-            seen.add(source)
-            size = _bytes(source)
-            if not size or any(u not in position and order[u] > start for u in source.users):
-                continue
-            frees_at[max(position[u] for u in source.users if u in position)] += size
-    if not any(frees_at):
-        return None
-    # Each value's life in the region: to its last reader (a view's readers
-    # are its base's), to the end for an output of the region.
-    size = [_bytes(node) for node in nodes]
-    end = list(range(n))
-    for i in range(n - 1, -1, -1):
-        node = nodes[i]
-        for user in node.users:
-            if user not in position:
-                end[i] = n
-            else:
-                j = position[user]
-                end[i] = max(end[i], end[j] if getattr(user.target, "is_view", False) else j)
-    live = [0] * (n + 1)
-    for i in range(n):
-        live[i] += size[i]
-        live[min(end[i], n - 1) + 1] -= size[i]
-    for i in range(1, n):
-        live[i] += live[i - 1]
-    live = live[:n]
-    peak = max(live)
-    before = [0] * n  # max of live over the positions before each index
-    for i in range(1, n):
-        before[i] = max(before[i - 1], live[i - 1])
-    # A cut leaves computing ops on both sides and hands the second part no
-    # view (a region returns a view as a copy laid out otherwise than traced).
-    is_view = [getattr(node.target, "is_view", False) for node in nodes]
-    computing = [node.op == "call_function" and not is_view[i] for i, node in enumerate(nodes)]
-    first_computing = computing.index(True) if any(computing) else n
-    last_computing = n - 1 - computing[::-1].index(True) if any(computing) else -1
-    view_read_until = 0  # the latest reader of a view before the cut
-    best, best_gain, freed = None, 0, 0
-    for c in range(1, n):
-        freed += frees_at[c - 1]
-        if is_view[c - 1]:
-            view_read_until = max(view_read_until, max(
-                (position[u] for u in nodes[c - 1].users if u in position), default=0))
-        if not frees_at[c - 1] or view_read_until >= c \
-                or not first_computing < c <= last_computing:
-            continue
-        # After the cut, a value of the first part the second reads is held
-        # to the second's end: what it adds once its last reader ran.
-        held_after = [0] * (n + 1)
-        for i in range(c):
-            if c <= end[i] < n - 1 and size[i]:
-                held_after[end[i] + 1] += size[i]
-        second, held = 0, 0
-        for p in range(c, n):
-            held += held_after[p]
-            second = max(second, live[p] + held)
-        gain = peak - max(before[c], second - freed)
-        if gain > best_gain:
-            best, best_gain = c, gain
-    if best is None or best_gain < _MIN_SPLIT_BYTES:
-        return None
-    return best
 
 
 def _graph_order(gm: fx.GraphModule) -> dict[fx.Node, int]:
@@ -511,7 +347,7 @@ def partition(gm: fx.GraphModule, support: OpSupport, *, boxed: bool = False) ->
     proposed = [p for p in partitioner.propose_partitions() if computes(p)]
     proposed = _tails_to_their_producers(proposed)
     if boxed:
-        proposed = [p for p in _split_where_inputs_die(proposed, _graph_order(gm))
+        proposed = [p for p in split_where_inputs_die(proposed, _graph_order(gm))
                     if computes(p)]
     for part in proposed:
         _leave_out_trailing_views(part.nodes)

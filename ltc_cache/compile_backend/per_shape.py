@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import fx
 
 from ..threads import compile_lock
+from .aot_autograd import run_time_tracing
 from .nodes import is_symbolic, node_value
 
 logger = logging.getLogger("ltc_cache.dynamo")
@@ -25,17 +25,6 @@ CompileStatic = Callable[..., Callable[..., Any]]
 def is_dynamic(gm: fx.GraphModule) -> bool:
     return any(is_symbolic(node_value(node)) for node in gm.graph.nodes
                if node.op == "placeholder")
-
-
-def run_time_tracing() -> AbstractContextManager[Any]:
-    """What Dynamo gives a backend, for one compiling at run time (on a
-    graph's first real call, outside Dynamo): a tracing context with a fake
-    mode of its own, where AOTAutograd leaves the metadata a plan is made
-    from (static shapes: the graph is compiled for one input layout)."""
-    from torch._guards import TracingContext, tracing
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return tracing(TracingContext(FakeTensorMode()))
 
 
 class PerShape:

@@ -63,11 +63,20 @@ def _deciding_code() -> str:
     decompositions (what AOTAutograd makes), the partitioner, and the rules
     of what may go into a region. By bytecode, so that a changed comment or
     log line keeps every stored plan, while a changed rule makes new ones;
-    and by the values of the two modules' constants, which their functions
+    and by the values of the modules' constants, which their functions
     read by name (``partition._MIN_VIEW_ELEMENTS``, ``REGION_PREFIX``)."""
-    from . import decompose, decompose_vision, decompose_where, partition, support
+    from . import (
+        buffer_writes,
+        decompose,
+        decompose_vision,
+        decompose_where,
+        partition,
+        region_cuts,
+        support,
+    )
 
-    modules = (decompose, decompose_vision, decompose_where, partition)
+    modules = (decompose, decompose_vision, decompose_where, partition, region_cuts,
+               buffer_writes)
     functions = [value for module in modules for value in vars(module).values()
                  if isinstance(value, types.FunctionType)
                  and value.__module__ == module.__name__]
@@ -191,18 +200,13 @@ def partitioned_from_wire(obj: Any, *, values: bool = True) -> Partitioned:
     regions: dict[str, fx.GraphModule] = {}
     region_ops: dict[str, int] = {}
     for item in obj["regions"]:
-        # [name, graph, ops, digest]; plans stored before digests lack the last.
-        if not (isinstance(item, list) and len(item) in (3, 4) and isinstance(item[0], str)
+        # [name, graph, ops, digest]
+        if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
                 and item[0] == f"{REGION_PREFIX}{len(regions)}" and isinstance(item[2], int)
-                and (len(item) == 3 or isinstance(item[3], str))):
+                and isinstance(item[3], str)):
             raise EntryError(f"plan: malformed region {item!r:.80}")
-        name, wire, ops = item[:3]
-        if len(item) == 4:
-            regions[name] = StoredRegion(wire, item[3])
-        else:
-            # Lazy: the parent's GraphModule recompiles its submodules, and
-            # a region's code is read only for its key, or to run it eagerly.
-            regions[name] = graph_from_wire(wire, lazy=True)
+        name, wire, ops, digest = item
+        regions[name] = StoredRegion(wire, digest)
         region_ops[name] = ops
     module = graph_from_wire(obj.get("graph"), regions, values=values)
     total, eager = obj.get("total_ops"), obj["eager_ops"]

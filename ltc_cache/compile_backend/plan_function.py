@@ -27,8 +27,9 @@ from ..counter_names import (
 from ..diagnostics import count_event, warn_once
 from ..errors import EntryError
 from ..graph.entry import Entry, new_meta
+from ..graph.fused.aoti import runner_available
 from ..graph.fused.entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry, usable_library
-from ..graph.fused.runner import FusedFunction, load_runner, mismatch, runner_available
+from ..graph.fused.runner import FusedFunction, load_runner, mismatch
 from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
 from ..kinds import EntryKind
 from ..signing import program_secret
@@ -51,12 +52,9 @@ if TYPE_CHECKING:
     from ..graph.cache import GraphCache
     from ..graph.keys import CacheKey
 
-__all__ = ["PlanFunction", "bind_plan"]
-
 logger = logging.getLogger("ltc_cache.fused")
 
-# Refusals that are no failure: no warning.
-_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW, ONE_REGION, RANDOM_RECOMPUTED)
+__all__ = ["PlanFunction", "bind_plan"]
 
 
 def bind_plan(module: fx.GraphModule, cache: GraphCache, plan_key: CacheKey, part: str,
@@ -95,6 +93,10 @@ class _Outputs(NamedTuple):
         return cls(len(out), type(out), frozenset(i for i, n in enumerate(out) if n is None),
                    rng_state_outputs(graph),
                    frozenset(placeholders.index(n) for n in out if n in placeholders))
+
+
+# Refusals that are no failure: no warning.
+_QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW, ONE_REGION, RANDOM_RECOMPUTED)
 
 
 class PlanFunction:

@@ -215,7 +215,7 @@ def _one_region(graph: fx.GraphModule) -> bool:
 def written_inputs(graph: fx.GraphModule) -> list[int]:
     """The indices of the inputs ``graph`` writes in place (AOTAutograd
     writes an input with ``copy_`` into it, and ``_foreach_copy_`` where
-    :func:`~.partition.buffer_writes_as_one` joined BatchNorm's). Raises
+    :func:`~.buffer_writes.buffer_writes_as_one` joined BatchNorm's). Raises
     NoLibrary where an op writes a view of a value: a library would write
     where no input's copy can be put back."""
     placeholders = {node: i for i, node in

@@ -29,6 +29,7 @@ import torch
 from torch import fx
 
 from ..errors import LtcCacheError
+from .aot_autograd import is_fake
 
 __all__ = ["Unspecializable", "scalar_inputs", "specialize"]
 
@@ -143,7 +144,7 @@ def specialize(gm: fx.GraphModule, args: Sequence[Any], *,
             env[node] = graph.placeholder(node.target)
             kept.append(position[node])
         elif _is_item(node) and isinstance(args[position[node.args[0]]], torch.Tensor) \
-                and not isinstance(args[position[node.args[0]]], torch._subclasses.FakeTensor):
+                and not is_fake(args[position[node.args[0]]]):
             env[node] = args[position[node.args[0]]].item()
             _bind(bindings, _example(node), env[node])  # what arithmetic on it reads
         elif _folds(node):

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from torch import fx
 from torch.fx.passes.operator_support import OperatorSupportBase
-from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import first_line
 from ..store import Store
 from ..threads import trace_lock
 from ..wire import SUPPORT_RECORD_FORMAT, read_record, write_record
+from .aot_autograd import real_tensors
 from .nodes import is_symbolic, node_value
 
 __all__ = ["OpSupport", "encode_support_record", "op_signature", "support_record_key"]
@@ -119,10 +119,7 @@ def _lazy_zeros(value: Any) -> Any:
 
 def _probe(node: fx.Node) -> str | None:
     """Run the node's op once on lazy zeros; None if LTC lowered it, else why not."""
-    import torch._lazy
-    import torch._lazy.metrics as metrics
-    from torch._lazy.extract_compiled_graph import get_fallback_ops
-
+    from ..graph import lazy_bindings as ltc
     from ..graph.extract import init_lazy_backend
 
     init_lazy_backend()
@@ -134,17 +131,17 @@ def _probe(node: fx.Node) -> str | None:
     kwargs = dict(torch.utils._pytree.tree_map(lazy_arg, node.kwargs))
     if "device" in kwargs:
         kwargs["device"] = torch.device("lazy")
-    metrics.reset()
+    ltc.reset_metrics()
     try:
         result = node.target(*args, **kwargs)
         tensors = [t for t in torch.utils._pytree.tree_leaves(result)
                    if isinstance(t, torch.Tensor)]
-        torch._lazy.sync_multi(tensors, [])
-        fallbacks = get_fallback_ops()
+        ltc.sync_multi(tensors)
+        fallbacks = ltc.fallback_ops()
     except Exception as exc:  # LTC asserts come as several exception types
         return f"{type(exc).__name__}: {first_line(exc, 200)}"
     finally:
-        metrics.reset()
+        ltc.reset_metrics()
     return f"falls back ({', '.join(fallbacks)})" if fallbacks else None
 
 
@@ -218,7 +215,7 @@ class OpSupport(OperatorSupportBase):
         # native_batch_norm makes it an op LTC does not lower (fact 35).
         # One probe at a time in a process: LTC's fallback counts, which
         # give the verdict, are process-wide (ltc_cache/threads.py).
-        with trace_lock, _disable_current_modes(), torch._C._DisablePythonDispatcher():
+        with trace_lock, real_tensors(), torch._C._DisablePythonDispatcher():
             for signature, node in todo.items():
                 why = _probe(node)
                 self.probes += 1

@@ -248,8 +248,9 @@ class GraphCache:
             return self._corrupt(store, key, f"entry {key[:12]}: IR does not parse ({exc})")
         if entry.kind == EntryKind.NEGATIVE \
                 and not is_graph_failure(RuntimeError(str(entry.payload.get("reason", "")))):
-            # Stored before such failures were told apart: it remembers what
-            # the process was, not what the graph is. Dropped, traced again.
+            # A reason that is the process's, not the graph's (a replay that
+            # ran out of memory is remembered with what it raised): the next
+            # process may well succeed. Dropped, traced again.
             logger.info("dropping negative entry %s: %s", key[:12], entry.payload.get("reason"))
             if not self._readonly:
                 with contextlib.suppress(Exception):

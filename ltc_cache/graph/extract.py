@@ -18,16 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch._lazy as lazy
-import torch._lazy.metrics as metrics
-import torch._lazy.ts_backend
 from torch import fx
-from torch._lazy import computation
-from torch._lazy import debug as lazy_debug
-from torch._lazy.extract_compiled_graph import force_lazy_device, get_fallback_ops
 from torch.nn.utils.stateless import _reparametrize_module
 
 from ..errors import LtcUnavailable
+from . import lazy_bindings as ltc
 from .keys import module_tensors
 from .layout import Source, Update
 
@@ -92,25 +87,28 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     # for their weights, and the model itself, which other threads may be
     # reading or running meanwhile, must keep its own.
     lazy_model = fx.GraphModule(_shadow(model, {}), copy.deepcopy(model.graph))
-    force_lazy_device(lazy_model)
+    ltc.force_lazy_device(lazy_model)
 
     # Detached copies: the trace records the forward computation only.
     lazy_args = [_to_lazy(a) if isinstance(a, torch.Tensor) else a for a in example_inputs]
     lazy_state = {name: _to_lazy(t) for name, t in module_tensors(model).items()}
-    arg_ids = {lazy.get_tensor_id(a): i for i, a in enumerate(lazy_args)
+    arg_ids = {ltc.tensor_id(a): i for i, a in enumerate(lazy_args)
                if isinstance(a, torch.Tensor)}
-    attr_ids = {lazy.get_tensor_id(t): name for name, t in lazy_state.items()}
+    attr_ids = {ltc.tensor_id(t): name for name, t in lazy_state.items()}
 
-    metrics.reset()
+    ltc.reset_metrics()
     # functional_call's reparametrisation, but calling forward directly:
     # GraphModule.__call__ prints a full traceback to stderr for any
     # exception, and a graph LTC cannot trace is an expected outcome here.
     with _reparametrize_module(lazy_model, lazy_state, tie_weights=True):
         lazy_out = lazy_model.forward(*lazy_args)
-    _sync_views([*lazy_args, *lazy_state.values(),
+    # Lazy tensors are functionalized: a write through a view
+    # (``x.t().mul_(2)``) is in the graph, and in the ids that find updated
+    # inputs, only once the tensors are synced.
+    ltc.sync_functional([*lazy_args, *lazy_state.values(),
                  *(lazy_out if isinstance(lazy_out, (tuple, list)) else (lazy_out,))])
-    fallback_ops = get_fallback_ops()
-    metrics.reset()
+    fallback_ops = ltc.fallback_ops()
+    ltc.reset_metrics()
     if fallback_ops:
         raise RuntimeError(
             f"Fail to extract the compiled graph because of fallback: {','.join(fallback_ops)}"
@@ -132,32 +130,32 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     known: dict[int, Source] = {}  # id() of an input lazy tensor -> its source
     for tid, i in arg_ids.items():
         known[id(lazy_args[i])] = Source("arg", i)
-        if lazy.get_tensor_id(lazy_args[i]) != tid:
+        if ltc.tensor_id(lazy_args[i]) != tid:
             updates.append(Update(slot(lazy_args[i]), Source("arg", i)))
     for tid, name in attr_ids.items():
         known[id(lazy_state[name])] = Source("attr", name)
-        if lazy.get_tensor_id(lazy_state[name]) != tid:
+        if ltc.tensor_id(lazy_state[name]) != tid:
             updates.append(Update(slot(lazy_state[name]), Source("attr", name)))
 
     outputs = tuple(_output_source(o, known, slot) for o in lazy_out)
 
     if not graph_tensors:
         return Extraction("", (), outputs, tuple(updates), "")
-    ir = lazy_debug.dump_ir(graph_tensors, "backend")
+    ir = ltc.dump_ir(graph_tensors)
     if _returns(ir) != len(graph_tensors):
         graph_tensors = _with_ir_values(graph_tensors)
-        ir = lazy_debug.dump_ir(graph_tensors, "backend")
+        ir = ltc.dump_ir(graph_tensors)
         if _returns(ir) != len(graph_tensors):
             raise RuntimeError(f"LTC's graph returns {_returns(ir)} of the "
                                f"{len(graph_tensors)} values traced")
     ir = normalize_ir(ir)
-    input_ids, input_values = computation.get_tensors_ts_device_data_node(graph_tensors)
+    input_ids, input_values = ltc.ts_device_data(graph_tensors)
     inputs = tuple(_input_source(tid, value, arg_ids, attr_ids)
                    for tid, value in zip(input_ids, input_values, strict=True))
-    graph_hash = computation.get_graph_hash(graph_tensors).hex()
+    graph_hash = ltc.graph_hash(graph_tensors).hex()
     # Syncing makes LTC compile and run the graph: what it cannot lower
     # fails here, at trace time, rather than in a later process.
-    lazy.sync_multi(graph_tensors, [])
+    ltc.sync_multi(graph_tensors)
     return Extraction(ir, inputs, outputs, tuple(updates), graph_hash)
 
 
@@ -178,7 +176,7 @@ def _with_ir_values(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     the graph's results and its inputs, so the graph would return fewer
     values than were traced and take other parameters than were listed;
     a clone is an IR node over the data, as every other result is."""
-    return [t.clone() if not lazy_debug.dump_ir([t], "backend") else t for t in tensors]
+    return [t.clone() if not ltc.dump_ir([t]) else t for t in tensors]
 
 
 _init_lock = threading.Lock()
@@ -190,32 +188,14 @@ def init_lazy_backend() -> None:
     (as LTC's own users do), and a second init raises. A failure here says
     nothing about the graph: it is LtcUnavailable, never a negative entry."""
     with _init_lock:
-        if _backend_registered():
+        if ltc.backend_registered():
             return
         try:
-            torch._lazy.ts_backend.init()
+            ltc.init_ts_backend()
         except Exception as exc:
-            if _backend_registered():  # another thread or library got there first
+            if ltc.backend_registered():  # another thread or library got there first
                 return
             raise LtcUnavailable(f"cannot initialise LTC's TorchScript backend ({exc})") from exc
-
-
-def _backend_registered() -> bool:
-    try:
-        torch._C._lazy._get_default_device_type()
-    except RuntimeError:  # "Lazy tensor backend not registered."
-        return False
-    return True
-
-
-def _sync_views(values: Sequence[Any]) -> None:
-    # Lazy tensors are functionalized: a write through a view
-    # (``x.t().mul_(2)``) reaches its base, and a view of an updated base
-    # sees the update, only once the tensor is synced. Unsynced, the update
-    # is missing from the graph and from the ids that find updated inputs.
-    for t in values:
-        if isinstance(t, torch.Tensor) and torch._is_functional_tensor(t):
-            torch._sync(t)
 
 
 def _to_lazy(t: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from torch import fx
 
 from ..errors import UncacheableGraph
 from ..wire import SCHEMA_VERSION
+from . import lazy_bindings
 
 __all__ = ["CacheKey", "code_digest", "compute_key", "constant_text", "derived_key",
            "differing_parts", "graph_digest", "graph_parts", "key_of", "module_tensors"]
@@ -137,8 +138,8 @@ def _graph_text(model: fx.GraphModule) -> Iterator[str]:
 
 def _lazy_config_text() -> Iterator[str]:
     # Forced fallbacks and shape mode change what a trace records.
-    yield f"force_fallback={torch._C._lazy._get_force_fallback()}"
-    yield f"symbolic_shapes={torch._C._lazy._get_symbolic_shape_mode()}"
+    yield f"force_fallback={lazy_bindings.force_fallback()}"
+    yield f"symbolic_shapes={lazy_bindings.symbolic_shape_mode()}"
 
 
 def _backend_text() -> Iterator[str]:

@@ -6,8 +6,11 @@ one of its private names."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ltc_cache"
@@ -226,3 +229,132 @@ def test_the_checks_see_private_names_and_circles():
     support = "ltc_cache.compile_backend.support"
     assert private == [f"ltc_cache.compile_backend.plan:2 imports {support}._rules",
                        f"ltc_cache.compile_backend.plan:8 reads {support}._table"]
+
+
+# -- torch-private surfaces: one module each ---------------------------------------------------
+# Each private torch surface the package stands on is touched (imported, or
+# read as an attribute) by one module alone, which says which torch it was
+# written against; tests/common/test_torch_private.py pins what it uses.
+# ``within``: the part of the package held to it.
+
+
+@dataclasses.dataclass(frozen=True)
+class Surface:
+    name: str
+    owner: str
+    torch_modules: tuple[str, ...]
+    within: str = "ltc_cache"
+
+
+SURFACES = [
+    Surface("LTC bindings and lazy internals", "ltc_cache.graph.lazy_bindings",
+            ("torch._C._lazy", "torch._C._lazy_ts_backend", "torch._lazy", "torch._sync",
+             "torch._is_functional_tensor")),
+    Surface("AOTAutograd internals", "ltc_cache.compile_backend.aot_autograd",
+            ("torch._functorch", "functorch", "torch._dynamo.backends.common",
+             "torch._guards")),
+    Surface("fake tensors and dispatch modes in the backend",
+            "ltc_cache.compile_backend.aot_autograd",
+            ("torch._subclasses", "torch.utils._python_dispatch"),
+            within="ltc_cache.compile_backend"),
+    Surface("AOTInductor", "ltc_cache.graph.fused.aoti", ("torch._inductor", "torch._C._aoti")),
+    Surface("Dynamo package and precompile", "ltc_cache.program.dynamo_package",
+            ("torch._dynamo.package", "torch._dynamo.aot_compile",
+             "torch._dynamo.aot_compile_types", "torch._dynamo.convert_frame",
+             "torch._dynamo.eval_frame", "torch._dynamo.output_graph",
+             "torch._dynamo.bytecode_transformation", "torch._dynamo.symbolic_convert",
+             "torch._dynamo.side_effects", "torch._dynamo.variables", "torch._C._dynamo")),
+    Surface("Dynamo guards", "ltc_cache.program.guards",
+            ("torch._dynamo.guards", "torch._dynamo.source")),
+]
+# The Dynamo surfaces' modules are made on the program/ branch of the house
+# work; until it merges, their uses are still spread over program/.
+_PROGRAM_BRANCH = pytest.mark.xfail(
+    strict=False, reason="program/'s Dynamo package and guards surfaces are routed through "
+    "program/dynamo_package.py and program/guards.py on another branch; also "
+    "ltc_cache/threads.py (convert_frame.compile_lock) and "
+    "compile_backend/model_names.py (symbolic_convert, eval_frame) sit below program/ "
+    "and cannot import it")
+
+
+def _dotted(node: ast.expr, bound: dict[str, str]) -> str | None:
+    """``a.b.c`` with ``a`` resolved through the names imports bind."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name) or node.id not in bound:
+        return None
+    return ".".join([bound[node.id], *reversed(parts)])
+
+
+def torch_touches(text: str) -> set[tuple[str, int]]:
+    """Each torch (or functorch) module or attribute ``text`` imports or
+    reads, as a dotted name, with its line."""
+    tree = ast.parse(text)
+    bound: dict[str, str] = {}
+    found: set[tuple[str, int]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add((alias.name, node.lineno))
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:
+                    bound[alias.name.partition(".")[0]] = alias.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add((node.module, node.lineno))
+            for alias in node.names:
+                found.add((f"{node.module}.{alias.name}", node.lineno))
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = _dotted(node, bound)
+            if name is not None:
+                found.add((name, node.lineno))
+    return {(name, line) for name, line in found
+            if name.partition(".")[0] in ("torch", "functorch")}
+
+
+def _in(name: str, modules: tuple[str, ...]) -> bool:
+    return any(name == m or name.startswith(f"{m}.") for m in modules)
+
+
+@pytest.mark.parametrize("surface", [
+    pytest.param(s, id=s.name, marks=[_PROGRAM_BRANCH] if s.owner.startswith(
+        "ltc_cache.program.") else []) for s in SURFACES])
+def test_each_private_torch_surface_is_touched_by_its_module_alone(surface):
+    assert surface.owner in MODULES, f"{surface.owner} does not exist"
+    owner_text = MODULES[surface.owner].read_text()
+    assert "tests/common/test_torch_private.py" in owner_text and "torch 2." in owner_text, \
+        f"{surface.owner}'s docstring names neither its torch nor its pins"
+    elsewhere: dict[str, str] = {}  # module:line -> the shortest name touched there
+    for module, path in MODULES.items():
+        if module == surface.owner or not (module == surface.within
+                                           or module.startswith(f"{surface.within}.")):
+            continue
+        for name, line in torch_touches(path.read_text()):
+            place = f"{module}:{line}"
+            if _in(name, surface.torch_modules) and (
+                    place not in elsewhere or len(name) < len(elsewhere[place])):
+                elsewhere[place] = name
+    assert not elsewhere, sorted(f"{place} {name}" for place, name in elsewhere.items())
+
+
+def test_the_surface_check_sees_every_way_in():
+    text = ('"""torch._lazy in a docstring is no use."""\n'
+            "import torch\n"
+            "import torch._lazy.metrics as metrics\n"
+            "from torch import _inductor\n"
+            "from torch._dynamo import package\n"
+            "def f(x):\n"
+            "    from torch._functorch import config\n"
+            "    return torch._C._lazy._get_force_fallback(), torch._sync(x), config.patch\n")
+    touched = torch_touches(text)
+    names = {name for name, _ in touched}
+    assert ("torch._lazy.metrics", 3) in touched and "torch._inductor" in names
+    assert "torch._dynamo.package" in names and ("torch._C._lazy", 8) in touched
+    assert ("torch._sync", 8) in touched and ("torch._functorch.config.patch", 8) in touched
+    assert not any(line == 1 for _, line in touched)
+    assert _in("torch._C._lazy._get_force_fallback", ("torch._C._lazy",))
+    assert not _in("torch._C._lazy_ts_backend", ("torch._C._lazy",))

@@ -39,6 +39,7 @@ EXCEPTIONS = [
     ("ltc_cache.compile_backend.plan_library", "NoLibrary", Exception),
     ("ltc_cache.compile_backend.plan_rng", "Unrepeatable", Exception),
     ("ltc_cache.compile_backend.specialize", "Unspecializable", ValueError),
+    ("ltc_cache.graph.fused.aoti", "UnexpectedPackage", RuntimeError),
     ("ltc_cache.graph.fused.build", "FuseFailed", RuntimeError),
     ("ltc_cache.program.loaded", "GrowingLayout", Exception),
     ("ltc_cache.report.selection", "AmbiguousKey", ValueError),

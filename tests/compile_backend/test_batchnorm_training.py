@@ -1,7 +1,8 @@
 """BatchNorm CNN training inside LTC: the vision decompositions
-(ltc_cache.compile_backend.decompose_vision) compute what eager's kernels do, AOTAutograd
-still keeps a buffer's update in the training graph (fact 34 in
-docs/design.md), and a small CNN's training step (BatchNorm, ReLU6,
+(ltc_cache.compile_backend.decompose_vision) compute what eager's kernels do
+(that AOTAutograd keeps a buffer's update in the training graph, fact 34 in
+docs/design.md, is pinned in tests/common/test_torch_private.py), and a
+small CNN's training step (BatchNorm, ReLU6,
 Hardswish, an indexed bias) runs in two LTC regions, its running statistics
 updated as eager's, and is stored as a training plan that the next start
 runs without AOTAutograd."""
@@ -73,24 +74,6 @@ def test_indexing_they_do_not_cover_keeps_the_op():
     assert table[aten.index.Tensor](x, [rows, None, cols]) is NotImplemented  # apart
     assert table[aten.index.Tensor](x, [x[:, 0, 0] > 0]) is NotImplemented  # a mask
     assert table[aten.index_put.default](x, [rows], x[:5], False) is NotImplemented
-
-
-def test_aot_keeps_a_buffer_update_in_the_training_graph():
-    """Pins the private rule the training plans of BatchNorm rely on: with
-    ``keep_inference_input_mutations``, a data-only update of an input that
-    needs no gradient is ``MUTATED_IN_GRAPH`` in a training graph too. If
-    torch changes it, such graphs get no plan (AOTAutograd on every warm
-    start) and the CNN test below fails on its warm AOTAutograd count."""
-    from torch._functorch._aot_autograd.functional_utils import (
-        _check_if_mutation_can_be_in_graph,
-    )
-
-    flags = dict(keep_input_mutations=True, mutates_data=True, mutates_metadata=False,
-                 mutations_hidden_from_autograd=False,
-                 mutations_under_no_grad_or_inference_mode=False,
-                 mutates_storage_metadata=False, mutation_inductor_storage_resize=False)
-    assert _check_if_mutation_can_be_in_graph(**flags, requires_grad=False)
-    assert not _check_if_mutation_can_be_in_graph(**flags, requires_grad=True)
 
 
 class SmallCNN(torch.nn.Module):

@@ -45,9 +45,9 @@ def _backward_nodes(loss: torch.Tensor) -> set[str]:
 def test_cold_training_switches_to_the_joint_function_with_eager_results(cache_dir, monkeypatch,
                                                                           backward):
     if backward == "lazily":  # as on a torch without the switch
-        from ltc_cache.compile_backend import backend
+        from ltc_cache.compile_backend import aot_autograd
 
-        monkeypatch.setattr(backend, "_backward_compiled_with_forward",
+        monkeypatch.setattr(aot_autograd, "backward_compiled_with_forward",
                             lambda wanted: contextlib.nullcontext())
     torch.manual_seed(0)
     reference, x = Net(), torch.randn(8, 16)

@@ -15,8 +15,8 @@ from test_compile_backend import fresh_backend
 from torch import fx
 
 import ltc_cache
+from ltc_cache.compile_backend.buffer_writes import buffer_writes_as_one
 from ltc_cache.compile_backend.decompose_vision import vision_decompositions
-from ltc_cache.compile_backend.partition import buffer_writes_as_one
 
 aten = torch.ops.aten
 

@@ -19,7 +19,7 @@ import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.diagnostics import counters
 from ltc_cache.errors import EntryError
-from ltc_cache.graph.fused import pickup, platform, runner, tier, verdicts
+from ltc_cache.graph.fused import pickup, platform, tier, verdicts
 from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
 from ltc_cache.graph.fused.pickup import PendingFunction
 from ltc_cache.graph.fused.platform import fused_key, isa_runs_here
@@ -52,22 +52,6 @@ def stored_graph(cache: GraphCache):
     model, x = Small(), torch.randn(2, 4)
     compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
     return compiled.entry, model, x
-
-
-# -- torch's private API the tier stands on ----------------------------------------------------
-
-
-def test_torch_still_has_what_the_fused_tier_uses():
-    """Pinned: the C++ runner (load), AOTInductor's packaging and make_fx
-    (build), and the CPU capability the key names. If torch moves one of
-    these, this fails by name."""
-    assert runner.runner_available()
-    import torch._inductor
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    assert callable(torch._inductor.aoti_compile_and_package) and callable(make_fx)
-    assert platform.machine_isa().upper() in platform._RUNS
-    assert hasattr(torch._C, "_dispatch_get_all_op_names")
 
 
 # -- the key -----------------------------------------------------------------------------------
@@ -251,12 +235,13 @@ def test_a_graph_with_constant_masks_is_traced_for_its_library(tmp_path):
     constants and compare them (aten.equal), which fake tensors cannot
     answer: the build traces the graph as a replay runs it, unoptimized."""
     from ltc_cache.graph.fused import build
+    from ltc_cache.graph.fused.aten_graph import aten_graph
 
     cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
     x = torch.randn(2, 8, 8)
     entry = cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()), [x]).entry
     inputs = build.example_inputs(entry)
-    traced = build._trace(build_function(entry.ir), inputs)
+    traced = aten_graph(build_function(entry.ir), inputs)
     x = next(t for source, t in zip(entry.inputs, inputs, strict=True) if source.kind == "arg")
     torch.testing.assert_close(traced(*inputs)[0], TwoMasks()(x))
 

@@ -14,7 +14,7 @@ from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.compile_backend.backend import lookup_plan
+from ltc_cache.compile_backend.plan_compile import lookup_plan
 from ltc_cache.graph.entry import Entry, decode, new_meta
 from ltc_cache.graph.keys import compute_key, derived_key
 from ltc_cache.store import MemoryStore

@@ -2,14 +2,11 @@
 the path of a user's call).
 
 The library is compiled from the entry alone, so any process can do it:
-the stored TorchScript function is traced to an aten FX graph by running
-it under ``make_fx`` (the interpreter dispatches every op, so the trace
-records exactly what the replay computes, views and all), exported with
-``torch.export``, and compiled by AOTInductor
-(``torch._inductor.aoti_compile_and_package``) with the graph's inputs as
-the library's inputs, in the TorchScript function's order. Inputs are made
-from the layouts the entry recorded (``input_specs``); stored constants are
-used as they are.
+the stored TorchScript function is traced to an aten FX graph and exported
+(:mod:`.aten_graph`), and compiled by AOTInductor (:mod:`.aoti`) with the
+graph's inputs as the library's inputs, in the TorchScript function's
+order. Inputs are made from the layouts the entry recorded
+(``input_specs``); stored constants are used as they are.
 
 Before it is stored, the library is checked against the TorchScript
 function on those inputs and both are timed, interleaved: a library that
@@ -18,23 +15,14 @@ differs, or is not faster, is stored as a refusal instead.
 :func:`build_library` does the compile, the check and the timing for any
 function of tensors that ``make_fx`` can trace: a plan's whole graph
 against its per-region path too (:mod:`ltc_cache.compile_backend.plan_library`).
-
-Private torch APIs used here: ``make_fx``, ``torch.export`` of its graph,
-``aoti_compile_and_package`` and the layout of its package (one
-``*.wrapper.so`` with its ``*.wrapper_metadata.json``); pinned by
-``tests/graph/test_fused.py``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -44,6 +32,8 @@ from ...kinds import EntryKind
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import build_function
+from .aoti import UnexpectedPackage, compile_library
+from .aten_graph import as_tuple, aten_graph, exported_program
 from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .exact import no_further_from_exact
 from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
@@ -137,12 +127,16 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     library's outputs differ, and whatever the compile raises."""
     before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
-        expected = _as_tuple(reference(*inputs))
+        expected = as_tuple(reference(*inputs))
     written = saved_writes(inputs, writes)
     put_back(inputs, writes, before)
     aliases = output_aliases(expected, inputs)
-    graph = _trace(traced or reference, inputs)
-    library, isa = _compile(graph, inputs, settings or {})
+    graph = aten_graph(traced or reference, inputs)
+    try:
+        library, isa = compile_library(exported_program(graph, inputs),
+                                       {**INDUCTOR_OPTIONS, **(settings or {})})
+    except UnexpectedPackage as exc:
+        raise FuseFailed(str(exc)) from None
     compile_seconds = round(time.monotonic() - started, 2)
     runner = load_runner(library)
     with torch.no_grad():
@@ -209,10 +203,6 @@ def laid_out_input(dtype_name: str, shape: Sequence[int], stride: Sequence[int],
     else:
         base = torch.zeros(extent, dtype=dtype)
     return base.as_strided(shape, stride)
-
-
-def _as_tuple(results: Any) -> tuple[Any, ...]:
-    return results if isinstance(results, tuple) else (results,)
 
 
 def _restride(expected: Sequence[Any], got: Sequence[Any], aliases: list[list[Any]]
@@ -285,102 +275,6 @@ def _overlap(views: Sequence[torch.Tensor]) -> bool:
         except RuntimeError:  # a view that overlaps itself (an expanded one)
             return True
     return bool((counts > 1).any())
-
-
-class _Call(torch.nn.Module):
-    """The traced graph as the module ``torch.export`` takes."""
-
-    def __init__(self, graph: torch.fx.GraphModule) -> None:
-        super().__init__()
-        self.graph_module = graph
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.graph_module(*inputs))
-
-
-def _views_as_reshapes(traced: torch.fx.GraphModule) -> None:
-    """Each ``view`` of ``traced`` made a ``reshape``, which is that view
-    where the strides allow it and a copy where not. ``torch.export``
-    traces the graph again on fake tensors of its own, whose strides can
-    differ from the first trace's where a region's output was laid out
-    otherwise: T5's training forward failed there ("Cannot view a tensor
-    with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as (4, 16, 8)").
-    A library returns no view of its own making (aliases are taken from
-    the reference's outputs, :func:`output_aliases`), so what the view
-    shared is nobody's business."""
-    view, reshape = torch.ops.aten.view.default, torch.ops.aten.reshape.default
-    for node in traced.graph.nodes:
-        if node.op == "call_function" and node.target is view:
-            node.target = reshape
-    traced.recompile()
-
-
-def _view_copies() -> dict[Any, Any]:
-    """``x_copy`` ops (LTC's views, fact 5 in docs/design.md) as the view
-    ``x`` and a contiguous copy: Inductor lowers the views, while several
-    ``x_copy`` ops (``slice_copy``, ``select_copy``) have neither a
-    lowering nor a C shim, and a library that falls back to Python's proxy
-    executor cannot run in the C++ runner (fact 52 in docs/design.md)."""
-    aten = torch.ops.aten
-    table: dict[Any, Any] = {}
-    # Every registered op: dir(torch.ops.aten) lists only those resolved so far.
-    names = {n.removeprefix("aten::").partition(".")[0]
-             for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
-    for name in sorted(names):
-        base = name.removesuffix("_copy")
-        if name == base or name.startswith("_") or base not in names:
-            continue
-        copy_op, view_op = getattr(aten, name), getattr(aten, base)
-        for overload in copy_op.overloads():
-            if overload in view_op.overloads() and not overload.endswith("out"):
-                view = getattr(view_op, overload)
-                table[getattr(copy_op, overload)] = (
-                    lambda *a, _view=view, **k: _view(*a, **k).clone(
-                        memory_format=torch.contiguous_format))
-    # LTC's view_copy also takes inputs no view can read (a permuted
-    # tensor, flattened): what it computes is reshape's.
-    table[aten.view_copy.default] = lambda x, size: aten.reshape.default(x, size).clone(
-        memory_format=torch.contiguous_format)
-    return table
-
-
-def _trace(script: Callable[..., Any], inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
-    """The aten graph ``script`` runs on inputs laid out as ``inputs``,
-    run unoptimized, as a replay runs it: TorchScript's optimizing
-    executor folds a graph's constant parts (a mask made from ``arange``)
-    into tensors and pools equal ones, comparing them with ``aten.equal``,
-    which fake tensors cannot answer (fact 87 in docs/design.md)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    with torch.no_grad(), torch.jit.optimized_execution(False):
-        traced = make_fx(lambda *a: _as_tuple(script(*a)), decomposition_table=_view_copies(),
-                         tracing_mode="fake")(*inputs)
-    _views_as_reshapes(traced)
-    return traced
-
-
-def _compile(traced: torch.fx.GraphModule, inputs: list[torch.Tensor],
-             settings: Mapping[str, Any]) -> tuple[bytes, str]:
-    """The library's bytes and the vector ISA Inductor compiled it for."""
-    import torch._inductor
-
-    with torch.no_grad():
-        exported = torch.export.export(_Call(traced), tuple(inputs), strict=False)
-    with tempfile.TemporaryDirectory(prefix="ltc_cache-fuse-") as tmp:
-        package = Path(tmp) / "graph.pt2"
-        torch._inductor.aoti_compile_and_package(exported, package_path=str(package),
-                                                 inductor_configs={**INDUCTOR_OPTIONS, **settings})
-        with zipfile.ZipFile(package) as archive:
-            names = archive.namelist()
-            libraries = [n for n in names if n.endswith(".so")]
-            blobs = [n for n in names if n.endswith((".bin", ".blob", "constants"))]
-            if len(libraries) != 1 or not libraries[0].endswith(".wrapper.so") or blobs:
-                raise FuseFailed(f"AOTInductor's package holds {libraries + blobs}, "
-                                 "not one library")
-            library = archive.read(libraries[0])
-            meta_name = libraries[0].removesuffix(".so") + "_metadata.json"
-            meta = json.loads(archive.read(meta_name)) if meta_name in names else {}
-    return library, str(meta.get("AOTI_CPU_ISA", ""))
 
 
 def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor],

@@ -1,13 +1,12 @@
 """Load a fused library and call it in place of a TorchScript function.
 
 The library is loaded through torch's C++ AOTInductor runner
-(``torch._C._aoti.AOTIModelContainerRunnerCpu``, private), which takes a
-shared library's path and runs it on a list of tensors in about a
-millisecond, without importing Inductor (``torch._inductor.package`` costs
-over a second). The bytes come from a verified entry and are written under
-a fresh name into a private (0700) directory of this process, loaded from
-there and unlinked at once: the loader maps the file, so nothing another
-user can write is ever loaded, and nothing is left behind.
+(:func:`.aoti.cpu_runner`), which takes a shared library's path and runs it
+on a list of tensors in about a millisecond. The bytes come from a
+verified entry and are written under a fresh name into a private (0700)
+directory of this process, loaded from there and unlinked at once: the
+loader maps the file, so nothing another user can write is ever loaded,
+and nothing is left behind.
 """
 
 from __future__ import annotations
@@ -26,18 +25,13 @@ from typing import Any
 import torch
 
 from ..replay import GraphFunction
+from .aoti import cpu_runner
 
 __all__ = ["ATOL", "FusedFunction", "layout_mismatch", "load_runner", "mismatch", "put_back",
-           "runner_available", "same_non_finite", "saved_writes"]
+           "same_non_finite", "saved_writes"]
 
 _private_dir_lock = threading.Lock()
 _loaded = itertools.count()
-
-
-def runner_available() -> bool:
-    """Whether this torch has the C++ runner (pinned by tests/graph/test_fused.py)."""
-    return hasattr(torch._C, "_aoti") and hasattr(torch._C._aoti,
-                                                   "AOTIModelContainerRunnerCpu")
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,7 +53,7 @@ def load_runner(library: bytes) -> Any:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(library)
-        return torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)
+        return cpu_runner(path)
     finally:
         os.unlink(path)  # mapped by the loader: the name is no longer needed
 

@@ -49,11 +49,12 @@ from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
+from .aoti import runner_available
 from .entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry, usable_library
 from .pickup import PendingFunction
 from .platform import fused_key
 from .queue import FuseQueue, start_worker
-from .runner import FusedFunction, load_runner, mismatch, runner_available
+from .runner import FusedFunction, load_runner, mismatch
 from .verdicts import RTOL, keep_verdict, verdict_held
 
 if TYPE_CHECKING:

@@ -1,0 +1,99 @@
+"""The aten graph a fused library is compiled from, and its export.
+
+The stored TorchScript function is traced to an aten FX graph by running it
+under ``make_fx`` (the interpreter dispatches every op, so the trace records
+exactly what the replay computes, views and all), then exported with
+``torch.export`` for AOTInductor (:mod:`.aoti`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["as_tuple", "aten_graph", "exported_program"]
+
+
+def as_tuple(results: Any) -> tuple[Any, ...]:
+    return results if isinstance(results, tuple) else (results,)
+
+
+class _Call(torch.nn.Module):
+    """The traced graph as the module ``torch.export`` takes."""
+
+    def __init__(self, graph: torch.fx.GraphModule) -> None:
+        super().__init__()
+        self.graph_module = graph
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.graph_module(*inputs))
+
+
+def _views_as_reshapes(traced: torch.fx.GraphModule) -> None:
+    """Each ``view`` of ``traced`` made a ``reshape``, which is that view
+    where the strides allow it and a copy where not. ``torch.export``
+    traces the graph again on fake tensors of its own, whose strides can
+    differ from the first trace's where a region's output was laid out
+    otherwise: T5's training forward failed there ("Cannot view a tensor
+    with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as (4, 16, 8)").
+    A library returns no view of its own making (aliases are taken from
+    the reference's outputs, :func:`.build.output_aliases`), so what the view
+    shared is nobody's business."""
+    view, reshape = torch.ops.aten.view.default, torch.ops.aten.reshape.default
+    for node in traced.graph.nodes:
+        if node.op == "call_function" and node.target is view:
+            node.target = reshape
+    traced.recompile()
+
+
+def _view_copies() -> dict[Any, Any]:
+    """``x_copy`` ops (LTC's views, fact 5 in docs/design.md) as the view
+    ``x`` and a contiguous copy: Inductor lowers the views, while several
+    ``x_copy`` ops (``slice_copy``, ``select_copy``) have neither a
+    lowering nor a C shim, and a library that falls back to Python's proxy
+    executor cannot run in the C++ runner (fact 52 in docs/design.md)."""
+    aten = torch.ops.aten
+    table: dict[Any, Any] = {}
+    # Every registered op: dir(torch.ops.aten) lists only those resolved so far.
+    names = {n.removeprefix("aten::").partition(".")[0]
+             for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
+    for name in sorted(names):
+        base = name.removesuffix("_copy")
+        if name == base or name.startswith("_") or base not in names:
+            continue
+        copy_op, view_op = getattr(aten, name), getattr(aten, base)
+        for overload in copy_op.overloads():
+            if overload in view_op.overloads() and not overload.endswith("out"):
+                view = getattr(view_op, overload)
+                table[getattr(copy_op, overload)] = (
+                    lambda *a, _view=view, **k: _view(*a, **k).clone(
+                        memory_format=torch.contiguous_format))
+    # LTC's view_copy also takes inputs no view can read (a permuted
+    # tensor, flattened): what it computes is reshape's.
+    table[aten.view_copy.default] = lambda x, size: aten.reshape.default(x, size).clone(
+        memory_format=torch.contiguous_format)
+    return table
+
+
+def aten_graph(script: Callable[..., Any], inputs: list[torch.Tensor]) -> torch.fx.GraphModule:
+    """The aten graph ``script`` runs on inputs laid out as ``inputs``,
+    run unoptimized, as a replay runs it: TorchScript's optimizing
+    executor folds a graph's constant parts (a mask made from ``arange``)
+    into tensors and pools equal ones, comparing them with ``aten.equal``,
+    which fake tensors cannot answer (fact 87 in docs/design.md)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad(), torch.jit.optimized_execution(False):
+        traced = make_fx(lambda *a: as_tuple(script(*a)), decomposition_table=_view_copies(),
+                         tracing_mode="fake")(*inputs)
+    _views_as_reshapes(traced)
+    return traced
+
+
+def exported_program(traced: torch.fx.GraphModule,
+                     inputs: list[torch.Tensor]) -> torch.export.ExportedProgram:
+    """``traced`` exported for AOTInductor, with ``inputs``' layouts."""
+    with torch.no_grad():
+        return torch.export.export(_Call(traced), tuple(inputs), strict=False)
