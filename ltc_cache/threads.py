@@ -45,7 +45,7 @@ trace_lock = threading.RLock()
 def compile_lock() -> contextlib.AbstractContextManager[Any]:
     """Dynamo's process-wide reentrant lock (see the module's docstring);
     imported on first use, by then Dynamo is loaded anyway."""
-    from torch._dynamo.convert_frame import compile_lock as lock
+    from .dynamo_package import compile_lock as lock
 
     return lock
 

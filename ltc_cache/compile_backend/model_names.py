@@ -28,9 +28,9 @@ def model_name(gm: fx.GraphModule) -> str:
         return type(compiled).__name__
     code = None
     try:  # the frame Dynamo is compiling; internal API, so only a hint
-        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from ..dynamo_package import compiling_frame
 
-        frame = InstructionTranslator.current_tx()
+        frame = compiling_frame()
         for local in ("self", "fn"):
             if isinstance(frame.f_locals.get(local), torch.nn.Module):
                 return type(frame.f_locals[local]).__name__
@@ -55,7 +55,7 @@ def _compiled_module() -> torch.nn.Module | None:
     on the Python stack that called into Dynamo; None for a compiled
     function that no compiled module calls."""
     try:
-        from torch._dynamo.eval_frame import OptimizedModule
+        from ..dynamo_package import OptimizedModule
     except ImportError:
         return None
     frame = sys._getframe(1)

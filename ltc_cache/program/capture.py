@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from ..dynamo_package import SourceInfo, side_effect_pieces
 from .describe import code_record
-from .dynamo_package import SourceInfo, side_effect_pieces
 from .guards import state_pickler
 
 

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from ..dynamo_package import OptimizedModule
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward, pad_generate
-from .dynamo_package import OptimizedModule
 from .fsdp2 import refuse_sharding_the_stand_in
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..dynamo_package import program_guards
 from ..errors import LtcCacheError
 from .describe import OBJECT_DEPTH, plain_object
-from .dynamo_package import program_guards
 from .guards import Checks
 
 if TYPE_CHECKING:

@@ -44,10 +44,10 @@ from typing import Any, Protocol, TypeVar, overload
 import torch
 
 from ..counter_names import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS
+from ..dynamo_package import traced_fn
 from .buckets import Buckets, pad_forward, resolve
 from .compiled_module import CompiledModule, stand_in
 from .data_parallel import compiled_data_parallel, is_data_parallel
-from .dynamo_package import traced_fn
 from .fully_sharded import compiled_fully_sharded, is_fully_sharded
 from .programs import Programs
 

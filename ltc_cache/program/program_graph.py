@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from ..collector import holding_off
+from ..dynamo_package import SerializableCallable
 from ..errors import EntryError
 from ..threads import compile_lock
 from .ddp_buckets import cut_at_buckets, running_data_parallel
-from .dynamo_package import SerializableCallable
 
 logger = logging.getLogger("ltc_cache.precompile")
 

@@ -14,6 +14,12 @@ from typing import Any, NamedTuple
 from ..collector import holding_off
 from ..counter_names import PROGRAM_CAPTURES, PROGRAM_HITS, PROGRAM_LOOKUPS
 from ..diagnostics import counters, warn_once
+from ..dynamo_package import (
+    aot_compiled,
+    deserialize_program,
+    program_graph,
+    serialize_program,
+)
 from ..errors import EntryError, Unportable, first_line
 from ..graph.cache import GraphCache
 from ..graph.keys import CacheKey, derived_key
@@ -27,12 +33,6 @@ from .capture import (
     source_records,
 )
 from .describe import changed_source, code_record
-from .dynamo_package import (
-    aot_compiled,
-    deserialize_program,
-    program_graph,
-    serialize_program,
-)
 from .entries import negative_program_entry, program_entry, program_parts
 from .frames import FramesRoute, breaks_the_graph
 from .guards import Checks, GuardFilter

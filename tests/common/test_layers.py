@@ -258,7 +258,7 @@ SURFACES = [
             ("torch._subclasses", "torch.utils._python_dispatch"),
             within="ltc_cache.compile_backend"),
     Surface("AOTInductor", "ltc_cache.graph.fused.aoti", ("torch._inductor", "torch._C._aoti")),
-    Surface("Dynamo package and precompile", "ltc_cache.program.dynamo_package",
+    Surface("Dynamo package and precompile", "ltc_cache.dynamo_package",
             ("torch._dynamo.package", "torch._dynamo.aot_compile",
              "torch._dynamo.aot_compile_types", "torch._dynamo.convert_frame",
              "torch._dynamo.eval_frame", "torch._dynamo.output_graph",
@@ -267,14 +267,6 @@ SURFACES = [
     Surface("Dynamo guards", "ltc_cache.program.guards",
             ("torch._dynamo.guards", "torch._dynamo.source")),
 ]
-# The Dynamo surfaces' modules are made on the program/ branch of the house
-# work; until it merges, their uses are still spread over program/.
-_PROGRAM_BRANCH = pytest.mark.xfail(
-    strict=False, reason="program/'s Dynamo package and guards surfaces are routed through "
-    "program/dynamo_package.py and program/guards.py on another branch; also "
-    "ltc_cache/threads.py (convert_frame.compile_lock) and "
-    "compile_backend/model_names.py (symbolic_convert, eval_frame) sit below program/ "
-    "and cannot import it")
 
 
 def _dotted(node: ast.expr, bound: dict[str, str]) -> str | None:
@@ -320,9 +312,7 @@ def _in(name: str, modules: tuple[str, ...]) -> bool:
     return any(name == m or name.startswith(f"{m}.") for m in modules)
 
 
-@pytest.mark.parametrize("surface", [
-    pytest.param(s, id=s.name, marks=[_PROGRAM_BRANCH] if s.owner.startswith(
-        "ltc_cache.program.") else []) for s in SURFACES])
+@pytest.mark.parametrize("surface", SURFACES, ids=[s.name for s in SURFACES])
 def test_each_private_torch_surface_is_touched_by_its_module_alone(surface):
     assert surface.owner in MODULES, f"{surface.owner} does not exist"
     owner_text = MODULES[surface.owner].read_text()

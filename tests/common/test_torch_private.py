@@ -9,7 +9,7 @@ written against torch 2.13:
 - LTC's bindings and lazy internals: ltc_cache/graph/lazy_bindings.py
 - AOTAutograd's internals: ltc_cache/compile_backend/aot_autograd.py
 - AOTInductor: ltc_cache/graph/fused/aoti.py
-- Dynamo's precompile and package: ltc_cache/program/dynamo_package.py
+- Dynamo's precompile and package: ltc_cache/dynamo_package.py
 - Dynamo's guards: ltc_cache/program/guards.py
 """
 
@@ -165,7 +165,7 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert hasattr(torch._C, "_dispatch_get_all_op_names")
 
 
-# --- Dynamo's precompile and package: ltc_cache/program/dynamo_package.py -------------
+# --- Dynamo's precompile and package: ltc_cache/dynamo_package.py -------------
 
 
 def test_what_the_single_graph_route_reaches_into():
@@ -198,7 +198,7 @@ def test_what_the_single_graph_route_reaches_into():
 def test_what_the_capture_patches_in_dynamos_side_effects():
     """restored_attributes_allowed (ltc_cache.program.capture) patches
     nothing, silently, where this torch lacks a piece it relies on."""
-    from ltc_cache.program import dynamo_package
+    from ltc_cache import dynamo_package
 
     assert dynamo_package.side_effect_pieces() is not None
 
@@ -213,7 +213,7 @@ def test_what_the_frames_rely_on(dynamo_reset):
     from torch._dynamo import bytecode_transformation, convert_frame, output_graph, package
     from torch._dynamo.types import ConvertFrameReturn
 
-    from ltc_cache.program import dynamo_package
+    from ltc_cache import dynamo_package
 
     package_class = package.CompilePackage
     assert dynamo_package.CompilePackage is package_class

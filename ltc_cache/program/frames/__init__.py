@@ -35,7 +35,7 @@ This package keeps what ``ltc_cache.compile`` promises of a program:
 :mod:`.recording` records what Dynamo does during each call through the
 frames, :mod:`.program` holds one function's frames, and :mod:`.route` is
 the route that runs a function through them. Every private piece of torch
-used here goes through :mod:`ltc_cache.program.dynamo_package`.
+used here goes through :mod:`ltc_cache.dynamo_package`.
 """
 
 from .route import FramesRoute, breaks_the_graph

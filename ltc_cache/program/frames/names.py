@@ -17,7 +17,7 @@ import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..dynamo_package import run_as_is, unique_ids_from
+from ...dynamo_package import run_as_is, unique_ids_from
 
 __all__ = ["advance_unique_ids", "apply_skips", "find_code", "property_source", "skip_record"]
 

@@ -3,7 +3,7 @@ Dynamo compiles, the portable checks its guard filter made and the sources
 Dynamo traced, names frames the package cannot (a property's getter), and
 leaves out of the package a frame it cannot save (that frame alone is
 captured again in a later process). Every piece of torch it uses is in
-:mod:`ltc_cache.program.dynamo_package`."""
+:mod:`ltc_cache.dynamo_package`."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from ...dynamo_package import CompilePackage, bypassed_entry
 from ...errors import Unportable
 from ..describe import code_record
-from ..dynamo_package import CompilePackage, bypassed_entry
 from .names import property_source
 
 __all__ = ["FramePackage"]

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from ...dynamo_package import backend_wrapped_by, cache_entries, optimized
 from ...errors import Unportable
 from ...threads import compile_lock
-from ..dynamo_package import backend_wrapped_by, cache_entries, optimized
 from ..program_graph import LtcProgramGraph
 from .package import FramePackage
 from .portable_checks import add_checks, log_misfits

@@ -13,8 +13,8 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ...dynamo_package import ConvertFrame, OutputGraph, skipped_recursively
 from ...threads import SharedPatch
-from ..dynamo_package import ConvertFrame, OutputGraph, skipped_recursively
 from .names import skip_record
 
 __all__ = ["CallRecord", "graph_break_reasons", "recording"]

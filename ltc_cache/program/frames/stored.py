@@ -11,10 +11,10 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...dynamo_package import guard_managers_built_by
 from ...errors import Unportable, first_line
 from ...graph.keys import CacheKey
 from ...signing import program_secret
-from ..dynamo_package import guard_managers_built_by
 from ..entries import ProgramParts, program_entry
 from ..load_costs import loading
 from ..program_graph import LtcProgramGraph

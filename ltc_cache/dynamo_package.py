@@ -1,13 +1,12 @@
-"""Dynamo's precompile and package, as ltc_cache.program uses them: every
-use in ``program/`` of Dynamo's AOT precompile (``torch._dynamo.aot_compile``,
+"""Dynamo's precompile and package, as ltc_cache uses them: every use in
+the package of Dynamo's AOT precompile (``torch._dynamo.aot_compile``,
 ``aot_compile_types``), its ``CompilePackage`` (``package``), the frame
 conversion around them (``convert_frame``, ``eval_frame``, ``output_graph``,
 ``bytecode_transformation``, ``side_effects``, ``variables``) and the
 eval-frame hook (``torch._C._dynamo``) goes through this module, and no
-other. Two modules below ``program/`` in the layers cannot import it and
-reach Dynamo themselves: ``ltc_cache/threads.py`` (``convert_frame``'s
-compile lock) and ``compile_backend/model_names.py`` (``eval_frame``'s
-``OptimizedModule``, ``symbolic_convert``'s current frame, as a hint).
+other. It sits at the ground of the layers because ``threads.py`` (Dynamo's
+compile lock) and ``compile_backend/model_names.py`` (the frame Dynamo is
+compiling) need it too; ``program/`` is its main user.
 
 Written against torch 2.13.0. None of it is public torch API: each piece is
 pinned, by name and shape, in ``tests/common/test_torch_private.py``
@@ -36,17 +35,25 @@ from torch._C._dynamo.eval_frame import (
 from torch._dynamo import bytecode_transformation, convert_frame, eval_frame, package
 from torch._dynamo.aot_compile import AOTCompiledFunction
 from torch._dynamo.aot_compile_types import SerializableCallable
-from torch._dynamo.convert_frame import ConvertFrame
+from torch._dynamo.convert_frame import ConvertFrame, compile_lock
 from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.output_graph import OutputGraph
 from torch._dynamo.package import CompilePackage, SourceInfo
+from torch._dynamo.symbolic_convert import InstructionTranslator
 
 __all__ = ["SKIP", "AOTCompiledFunction", "CompilePackage", "ConvertFrame", "OptimizedModule",
            "OutputGraph", "SerializableCallable", "SourceInfo", "aot_compiled",
-           "backend_wrapped_by", "bypassed_entry", "cache_entries", "deserialize_program",
+           "backend_wrapped_by", "bypassed_entry", "cache_entries", "compile_lock",
+           "compiling_frame", "deserialize_program",
            "guard_managers_built_by", "optimized", "program_graph", "program_guards",
            "run_as_is", "serialize_program", "side_effect_pieces", "skipped_recursively",
            "traced_fn", "unique_ids_from"]
+
+
+def compiling_frame() -> Any:
+    """What Dynamo is translating on this thread: its ``f_locals`` and
+    ``f_code`` are the frame's (raises outside a compile)."""
+    return InstructionTranslator.current_tx()
 
 
 # --- one graph: the AOT precompile --------------------------------------------
