@@ -1,7 +1,7 @@
 """Peak memory of one gradient-checkpointed training step, ltc_cache
 against eager, in a warm process.
 
-    MALLOC_MMAP_THRESHOLD_=65536 python tools/bench_ckpt_memory.py [--fused] [gpt2|llama ...]
+    MALLOC_MMAP_THRESHOLD_=65536 python -m tools.bench_ckpt_memory [--fused] [gpt2|llama ...]
 
 For each model (4 layers, hidden 256, batch 8 x 256 tokens, non-reentrant
 checkpointing), a cold process stores the program, then a warm one runs
@@ -18,6 +18,7 @@ library where one was kept (minutes of g++ a model).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import gc
 import json
@@ -26,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_compile import child_env  # tools/ is sys.path[0]
+from tools.harness import child_env, tool_argv
 
 
 def _rss(field: str) -> int:
@@ -82,17 +83,25 @@ def child(name: str) -> None:
                          for k in ("program_hits", "fused_loads", "fused_plan_loads")}}))
 
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["--child"]:
-        child(argv[1])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_ckpt_memory",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["gpt2", "llama"], metavar="MODEL",
+                        help="gpt2 and/or llama (default: both)")
+    parser.add_argument("--fused", action="store_true",
+                        help="compile the fused libraries in the cold process first")
+    parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child)
         return 0
-    fused = "--fused" in argv
-    for name in [a for a in argv if a != "--fused"] or ["gpt2", "llama"]:
+    fused = args.fused
+    for name in args.models:
         with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as scratch:
             env = child_env(Path(scratch))
             for process, fuse in (("cold", "sync"), ("warm", "background")):
                 env["LTC_CACHE_FUSE"] = fuse if fused else "off"
-                proc = subprocess.run([sys.executable, __file__, "--child", name],
+                proc = subprocess.run(tool_argv("bench_ckpt_memory", "--child", name),
                                       capture_output=True, text=True, env=env, check=True)
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 ratio = result["ltc_cache"] / result["eager"]
@@ -105,4 +114,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,7 +1,7 @@
 """How long `ltc-cache ls` and `stats` take on a large cache, side by side.
 
-    python tools/bench_cli.py                 # 10,000 entries
-    python tools/bench_cli.py --entries 2000 --runs 9
+    python -m tools.bench_cli                 # 10,000 entries
+    python -m tools.bench_cli --entries 2000 --runs 9
 
 Fills a fresh directory with real-shaped entries (one real extraction of an
 MLP, re-encoded under distinct keys and names through DiskStore.put, so the
@@ -130,7 +130,8 @@ def decode_everything(directory: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_cli",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (median)")
     args = parser.parse_args()

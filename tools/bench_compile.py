@@ -2,7 +2,8 @@
 process, per model: backend="ltc_cache" beside backend="inductor" with its
 own caches on (FX graph cache and AOTAutograd cache), in one run.
 
-    python tools/bench_compile.py [--models gpt2,cnn] [--repeats 3] [--markdown] [--train]
+    python -m tools.bench_compile [--models gpt2,cnn] [--repeats 3] [--markdown] [--train]
+    python -m tools.bench_compile --program [--models gpt2,mlp128] [--repeats 1] [--train]
 
 Every measurement is a fresh Python process. "cold" starts with empty cache
 directories, "warm" is the next process over the same directories. The time
@@ -18,6 +19,18 @@ the seconds.
 model in ``train()``, one AdamW step from its first call to the end of the
 optimizer step (forward and backward compiled), steady steps after it, and
 the first loss against eager's.
+
+``--program`` measures the warm start of ``ltc_cache.compile`` (a stored
+program: no Dynamo capture) against the warm ``torch.compile(backend=
+"ltc_cache")`` and Inductor's warm start, side by side (default models
+gpt2, bert, llama, t5, transformer_encoder, mlp128): the time from the
+compiled model's first call to its result (capture, loading and compiling
+included), inference under no_grad or, with ``--train``, one training step
+(forward, backward, AdamW step); the process's peak RSS; and what the warm
+program process did (Dynamo captures, LTC traces, programs loaded).
+
+The models are ``zoo/compile_models.py``'s. ``--markdown`` prints the
+tables only, else the rows as JSON first.
 """
 
 from __future__ import annotations
@@ -25,16 +38,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.harness import add_runs, child_env, cold_then_warm, median, ratio, seconds, tool_argv
+
 MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "cnn"]
 TRAIN_MODELS = ["gpt2", "llama", "bert"]
+PROGRAM_MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "mlp128"]
+PROGRAM_MODES = ("program", "ltc_cache", "inductor")
 
 
 def train_child(model_name: str, backend: str) -> dict:
@@ -43,8 +59,9 @@ def train_child(model_name: str, backend: str) -> dict:
     import copy
 
     import torch
-    from compile_models import MODELS as BUILDERS
-    from compile_models import loss_of
+
+    from zoo.compile_models import MODELS as BUILDERS
+    from zoo.compile_models import loss_of
 
     torch.manual_seed(0)
     model, args = BUILDERS[model_name]()
@@ -91,14 +108,13 @@ def child(model_name: str, backend: str, train: bool = False) -> None:
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(ROOT / "tests"))
     if train:
         report = train_child(model_name, backend)
         _add_ltc_stats(report, backend)
         print(json.dumps(report))
         return
-    from compile_models import MODELS as BUILDERS
-    from compile_models import first_tensor
+    from zoo.compile_models import MODELS as BUILDERS
+    from zoo.compile_models import first_tensor
 
     torch.manual_seed(0)
     model, args = BUILDERS[model_name]()
@@ -143,84 +159,64 @@ def _add_ltc_stats(report: dict, backend: str) -> None:
         report["ltc_share"] = stats.get("ltc_ops", 0) / max(stats.get("aten_ops", 0), 1)
 
 
-TRAIN = False  # --train: every child times training
+def program_child(model_name: str, mode: str, train: bool) -> None:
+    """``--program``: one model's first call (or training step) through
+    ``ltc_cache.compile`` (``mode`` program) or ``torch.compile`` with
+    ``mode`` as its backend, against eager on a copy."""
+    import copy
+
+    import torch
+
+    import ltc_cache
+    from zoo.compile_models import MODELS as BUILDERS
+    from zoo.compile_models import first_tensor, loss_of
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, args = BUILDERS[model_name]()
+    model.train(train)
+    reference = copy.deepcopy(model)
+    compiled = (ltc_cache.compile(model) if mode == "program"
+                else torch.compile(model, backend=mode))
+    if train:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        got = loss_of(compiled(*args))
+        got.backward()
+        optimizer.step()
+        first = time.perf_counter() - start
+        want = loss_of(reference(*args))
+        error = abs(got.item() - want.item()) / max(abs(want.item()), 1e-12)
+    else:
+        with torch.no_grad():
+            start = time.perf_counter()
+            got = first_tensor(compiled(*args))
+            first = time.perf_counter() - start
+            error = (got - first_tensor(reference(*args))).abs().max().item()
+    stats = ltc_cache.stats()
+    print(json.dumps({
+        "first_s": first,
+        "max_error": error,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "frames": int(torch._dynamo.utils.counters["frames"]["ok"]),
+        "traces": stats["traces"],
+        "program_hits": stats.get("program_hits", 0),
+        "fallbacks": stats.get("program_fallbacks", 0),
+    }))
 
 
-def run_child(model: str, backend: str, env: dict[str, str]) -> dict:
-    command = [sys.executable, __file__, "--child", model, backend]
-    proc = subprocess.run(command + (["--train"] if TRAIN else []),
-                          capture_output=True, text=True, env=env, timeout=1800)
-    return child_result(proc)
-
-
-def child_result(proc: subprocess.CompletedProcess[str]) -> dict:
-    """A child's JSON report, or why it failed."""
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        return {"failed": tail[0][:200]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def cold_and_warm(model: str, backend: str, scratch: Path) -> tuple[dict, dict]:
+def cold_and_warm(model: str, backend: str, scratch: Path, train: bool = False,
+                  program: bool = False) -> tuple[dict, dict]:
+    """A cold process then a warm one of ``model`` through ``backend`` (with
+    ``program``: a mode of --program), over new directories in ``scratch``."""
     env = child_env(Path(tempfile.mkdtemp(prefix=f"{backend}-", dir=scratch)))
-    return run_child(model, backend, env), run_child(model, backend, env)
+    argv = tool_argv("bench_compile", "--child", model, backend,
+                     *(["--train"] if train else []), *(["--program"] if program else []))
+    return cold_then_warm(argv, env)
 
 
-def child_env(directory: Path) -> dict[str, str]:
-    """The environment of a measured process: its caches (ltc_cache's, the
-    program signing key's, Inductor's, Python's bytecode) in ``directory``,
-    one thread."""
-    env = dict(os.environ)
-    env.update({
-        "LTC_CACHE_DIR": str(directory / "ltc"),
-        "XDG_CONFIG_HOME": str(directory / "config"),
-        "TORCHINDUCTOR_CACHE_DIR": str(directory / "inductor"),
-        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        "OMP_NUM_THREADS": "1",
-        # Inductor compiles in this process rather than in a pool of worker
-        # processes, whose start-up would dominate these small graphs.
-        "TORCHINDUCTOR_COMPILE_THREADS": "1",
-        # Start-up figures of the TorchScript tier: no background worker
-        # compiling beside the measured process (tools/bench_fused.py
-        # measures the fused tier).
-        "LTC_CACHE_FUSE": "off",
-    })
-    for name in ("LTC_CACHE_DISABLE", "LTC_CACHE_READONLY", "LTC_CACHE_REMOTE"):
-        env.pop(name, None)
-    return bytecode_as_installed(env, directory)
-
-
-def bytecode_as_installed(env: dict[str, str], directory: Path) -> dict[str, str]:
-    """``env`` where a process runs ltc_cache as an installed package runs:
-    its bytecode compiled once (by the first process, under ``directory``),
-    as torch's and transformers' already are, even where the environment
-    sets PYTHONDONTWRITEBYTECODE."""
-    env["PYTHONPYCACHEPREFIX"] = str(directory / "pycache")
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
-
-
-def median(runs: list[dict], field: str) -> float | None:
-    values = [r[field] for r in runs if field in r]
-    return statistics.median(values) if values else None
-
-
-def add_runs(row: dict, runs: dict[str, list[dict]], medians: dict[str, str]) -> None:
-    """Into ``row``, for each label of ``runs``: its first failure, the
-    median of each run field ``medians`` names (``{"s": "first_s"}`` writes
-    ``{label}_s``) and the largest error."""
-    for label, results in runs.items():
-        failed = [r["failed"] for r in results if "failed" in r]
-        if failed:
-            row[f"{label}_failed"] = failed[0]
-        for suffix, field in medians.items():
-            row[f"{label}_{suffix}"] = median(results, field)
-        row[f"{label}_max_error"] = max((r["max_error"] for r in results
-                                         if "max_error" in r), default=None)
-
-
-def measure(models: list[str], repeats: int) -> list[dict]:
+def measure(models: list[str], repeats: int, train: bool) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
         for model in models:
@@ -229,11 +225,11 @@ def measure(models: list[str], repeats: int) -> list[dict]:
                 # Interleaved, so that a slow spell of a shared machine falls
                 # on both backends.
                 for backend in ("ltc_cache", "inductor"):
-                    cold, warm = cold_and_warm(model, backend, Path(scratch))
+                    cold, warm = cold_and_warm(model, backend, Path(scratch), train)
                     runs.setdefault(f"{backend}_cold", []).append(cold)
                     runs.setdefault(f"{backend}_warm", []).append(warm)
                 runs.setdefault("dynamo_only", []).append(
-                    cold_and_warm(model, "eager", Path(scratch))[0])
+                    cold_and_warm(model, "eager", Path(scratch), train)[0])
             row: dict = {"model": model}
             add_runs(row, runs, {"s": "first_s", "cpu_s": "first_cpu_s",
                                  "steady_ms": "steady_ms"})
@@ -246,14 +242,6 @@ def measure(models: list[str], repeats: int) -> list[dict]:
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     return rows
-
-
-def seconds(value: float | None) -> str:
-    return "failed" if value is None else f"{value:.2f} s"
-
-
-def ratio(a: float | None, b: float | None, suffix: str = "") -> str:
-    return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}{suffix}"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -292,26 +280,87 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=None, help="comma-separated (default: all; "
-                        "with --train: " + ",".join(TRAIN_MODELS) + ")")
+def measure_program(models: list[str], repeats: int, train: bool) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-program-") as scratch:
+        for model in models:
+            runs: dict[str, list[dict]] = {}
+            for _ in range(repeats):
+                for mode in PROGRAM_MODES:  # interleaved: a slow spell falls on every mode
+                    cold, warm = cold_and_warm(model, mode, Path(scratch), train, program=True)
+                    runs.setdefault(f"{mode}_cold", []).append(cold)
+                    runs.setdefault(f"{mode}_warm", []).append(warm)
+            row: dict = {"model": model, "train": train}
+            add_runs(row, runs, {"s": "first_s", "rss_mb": "peak_rss_mb"})
+            warm = runs["program_warm"]
+            row["program_warm_frames"] = max((r.get("frames", 0) for r in warm), default=None)
+            row["program_warm_traces"] = max((r.get("traces", 0) for r in warm), default=None)
+            row["program_warm_hits"] = min((r.get("program_hits", 0) for r in warm), default=None)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr)
+    return rows
+
+
+def markdown_program(rows: list[dict]) -> str:
+    lines = [
+        "| model | program cold | **program warm** | ltc_cache warm | inductor warm "
+        "| program warm / inductor warm | program warm / ltc_cache warm "
+        "| warm RSS (program / ltc_cache / inductor) | warm: captures, traces, program hits "
+        "| max error |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for r in rows:
+        rss = " / ".join("-" if r.get(f"{m}_warm_rss_mb") is None
+                         else f"{r[f'{m}_warm_rss_mb']:.0f}" for m in PROGRAM_MODES)
+        errors = [r.get(f"{m}_{p}_max_error") for m in PROGRAM_MODES for p in ("cold", "warm")]
+        worst = max((e for e in errors if e is not None), default=None)
+        lines.append(
+            f"| {r['model']}{' (train step)' if r['train'] else ''} "
+            f"| {seconds(r.get('program_cold_s'))} | **{seconds(r.get('program_warm_s'))}** "
+            f"| {seconds(r.get('ltc_cache_warm_s'))} | {seconds(r.get('inductor_warm_s'))} "
+            f"| {ratio(r.get('program_warm_s'), r.get('inductor_warm_s'), 'x')} "
+            f"| {ratio(r.get('program_warm_s'), r.get('ltc_cache_warm_s'), 'x')} "
+            f"| {rss} MB | {r.get('program_warm_frames')}, {r.get('program_warm_traces')}, "
+            f"{r.get('program_warm_hits')} "
+            f"| {'-' if worst is None else f'{worst:.1e}'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_compile",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=None, help="comma-separated (default: "
+                        + ",".join(MODELS) + "; with --train: " + ",".join(TRAIN_MODELS)
+                        + "; with --program: " + ",".join(PROGRAM_MODELS) + ")")
     parser.add_argument("--train", action="store_true", help="time a first training step")
+    parser.add_argument("--program", action="store_true",
+                        help="ltc_cache.compile's warm start against torch.compile's")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--markdown", action="store_true", help="print the tables only")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if options.child:
-        child(*options.child, train=options.train)
-        return
-    global TRAIN
-    TRAIN = options.train
-    models = options.models or ",".join(TRAIN_MODELS if options.train else MODELS)
-    rows = measure([m for m in models.split(",") if m], options.repeats)
+        if options.program:
+            program_child(*options.child, options.train)
+        else:
+            child(*options.child, train=options.train)
+        return 0
+    started = time.time()
+    default = PROGRAM_MODELS if options.program else TRAIN_MODELS if options.train else MODELS
+    models = [m for m in (options.models or ",".join(default)).split(",") if m]
+    if options.program:
+        rows = measure_program(models, options.repeats, options.train)
+        table = markdown_program(rows)
+    else:
+        rows = measure(models, options.repeats, options.train)
+        table = markdown(rows)
     if not options.markdown:
         print(json.dumps(rows, indent=1))
-    print(markdown(rows))
+    print(table)
+    print(f"({time.time() - started:.0f} s, load average {os.getloadavg()[0]:.1f})",
+          file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

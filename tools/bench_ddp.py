@@ -1,7 +1,7 @@
 """DistributedDataParallel's steady step, ltc_cache against eager DDP, side
 by side in the same ranks.
 
-    python tools/bench_ddp.py [--ranks 2,4] [--rounds 8] [--steps 4] [--bucket-mb MB] [--markdown]
+    python -m tools.bench_ddp [--ranks 2,4] [--rounds 8] [--steps 4] [--bucket-mb MB] [--markdown]
 
 For each world size, ``torchrun`` starts that many gloo ranks (CPU, one
 intra-op thread each) twice over one cache directory: a cold run that
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_compile import child_env  # tools/ is sys.path[0]
+from tools.harness import child_env
 
 VARIANTS = ("eager_ddp", "ddp_of_compiled", "compiled_ddp", "compiled_ddp_uncut")
 BATCH, SEQ, VOCAB = 4, 64, 512
@@ -121,14 +121,14 @@ def rank_main(out: Path, rounds: int, steps: int, bucket_mb: float | None) -> No
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
-    os._exit(0)  # past torch's teardown of the process group (see tests/ddp_child.py)
+    os._exit(0)  # past torch's teardown of the process group (see tests/children/ddp.py)
 
 
 def run_ranks(ranks: int, directory: Path, port: int, argv: list[str]) -> list[dict]:
     out = Path(tempfile.mkdtemp(dir=directory))
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     proc = subprocess.run([torchrun, f"--nproc_per_node={ranks}", f"--master_port={port}",
-                           __file__, "--rank-out", str(out), *argv],
+                           "-m", "tools.bench_ddp", "--rank-out", str(out), *argv],
                           capture_output=True, text=True, env=child_env(directory), timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-4000:])
@@ -177,7 +177,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_ddp",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)

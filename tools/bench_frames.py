@@ -2,7 +2,7 @@
 ``ltc_cache.compile`` (a stored program of frames) against Inductor's warm
 start and ``torch.compile(backend="ltc_cache")``, side by side.
 
-    python tools/bench_frames.py [--repeats 1] [--skip-ddp] [--ranks 2] [--only ddp] [--markdown]
+    python -m tools.bench_frames [--repeats 1] [--skip-ddp] [--ranks 2] [--only ddp] [--markdown]
 
 Scenarios, each one training step (forward, backward, AdamW) timed from the
 compiled model's first call to the end of the step (capture, loading and
@@ -14,7 +14,7 @@ compiling included; imports and model construction not):
 - ``ddpN``: GPT-2 under DistributedDataParallel, ``torchrun`` with N ranks
   (``--ranks``, 2 by default; gloo, CPU), ``DDP(ltc_cache.compile(model))`` against
   ``torch.compile(DDP(model))`` (Inductor) and
-  ``torch.compile(DDP(model), backend="ltc_cache")`` (``tests/ddp_child.py``;
+  ``torch.compile(DDP(model), backend="ltc_cache")`` (``tests/children/ddp.py``;
   the time is rank 0's).
 
 Every measurement is a fresh process: "cold" over empty cache directories,
@@ -33,9 +33,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_compile import child_env, child_result, median, ratio, seconds  # tools/ is sys.path[0]
+from tools.harness import (
+    CHILDREN,
+    child_env,
+    child_result,
+    median,
+    ratio,
+    run_child,
+    seconds,
+    tool_argv,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = {"program": "ltc_cache.compile", "inductor": "Inductor",
          "ltc_cache": "torch.compile(backend=\"ltc_cache\")"}
 DDP_ORDERS = {"program": "ddp_of_compiled", "inductor": "inductor_ddp",
@@ -64,8 +72,7 @@ def _branchy():
 def _gpt2():
     import torch
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from compile_models import gpt2
+    from zoo.compile_models import gpt2
 
     torch.manual_seed(0)
     model, (ids,) = gpt2()
@@ -95,11 +102,8 @@ def child(scenario: str, mode: str) -> None:
                       "traces": stats["traces"], "program_hits": stats.get("program_hits", 0)}))
 
 
-def run_child(scenario: str, mode: str, directory: Path) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", scenario, mode],
-                          capture_output=True, text=True, env=child_env(directory),
-                          timeout=1800)
-    return child_result(proc)
+def run_scenario(scenario: str, mode: str, directory: Path) -> dict:
+    return run_child(tool_argv("bench_frames", "--child", scenario, mode), child_env(directory))
 
 
 def run_ddp(mode: str, directory: Path, port: int, ranks: int) -> dict:
@@ -107,7 +111,7 @@ def run_ddp(mode: str, directory: Path, port: int, ranks: int) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
         [str(Path(sys.executable).with_name("torchrun")), f"--nproc_per_node={ranks}",
-         f"--master_port={port}", str(ROOT / "tests" / "ddp_child.py"), DDP_ORDERS[mode],
+         f"--master_port={port}", str(CHILDREN / "ddp.py"), DDP_ORDERS[mode],
          str(out)], capture_output=True, text=True, env=child_env(directory), timeout=1800)
     if proc.returncode != 0:
         return child_result(proc)
@@ -135,7 +139,7 @@ def measure(repeats: int, scenarios: list[str], ranks: int) -> list[dict]:
                             port += 1
                             result = run_ddp(mode, directory, port, ranks)
                         else:
-                            result = run_child(scenario, mode, directory)
+                            result = run_scenario(scenario, mode, directory)
                         runs.setdefault(f"{mode}_{phase}", []).append(result)
             row: dict = {"scenario": scenario}
             for label, results in runs.items():
@@ -173,7 +177,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_frames",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("SCENARIO", "MODE"))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--skip-ddp", action="store_true")

@@ -1,8 +1,8 @@
 """FSDP2 training through ltc_cache against eager FSDP2 and Inductor.
 
-    python tools/bench_fsdp.py [--ranks 2,4] [--steps 6] [--layers 2] [--no-inductor]
+    python -m tools.bench_fsdp [--ranks 2,4] [--steps 6] [--layers 2] [--no-inductor]
 
-For each number of ranks, torchrun launches of ``tests/fsdp_child.py``
+For each number of ranks, torchrun launches of ``tests/children/fsdp.py``
 (GPT-2, each block and the model ``fully_shard``-ed, gloo, CPU, AdamW),
 over a new cache directory, cold then warm, ltc_cache's two first:
 
@@ -30,8 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = ROOT / "tests" / "fsdp_child.py"
+from tools.harness import CHILDREN, with_import_roots
+
+CHILD = CHILDREN / "fsdp.py"
 
 
 def _free_port() -> int:
@@ -56,11 +57,11 @@ def launch(order: str, ranks: int, steps: int, layers: int, env: dict[str, str],
 
 
 def measure(ranks: int, args: argparse.Namespace, scratch: Path) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", LTC_CACHE_FUSE="off",
-               LTC_CACHE_DIR=str(scratch / f"ltc{ranks}"),
-               XDG_CONFIG_HOME=str(scratch / "config"),
-               TORCHINDUCTOR_CACHE_DIR=str(scratch / f"inductor{ranks}"),
-               TORCHINDUCTOR_COMPILE_THREADS="1")
+    env = with_import_roots(dict(os.environ, OMP_NUM_THREADS="1", LTC_CACHE_FUSE="off",
+                                 LTC_CACHE_DIR=str(scratch / f"ltc{ranks}"),
+                                 XDG_CONFIG_HOME=str(scratch / "config"),
+                                 TORCHINDUCTOR_CACHE_DIR=str(scratch / f"inductor{ranks}"),
+                                 TORCHINDUCTOR_COMPILE_THREADS="1"))
     row: dict = {"ranks": ranks}
     # ltc_cache's cold and warm launches back to back: a plan's key covers
     # ltc_cache's own decompositions and partitioner, so an edit of those
@@ -106,7 +107,8 @@ def report(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_fsdp",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--layers", type=int, default=2)

@@ -5,7 +5,7 @@ TorchScript (``LTC_CACHE_FUSE=off``), ltc_cache with its fused libraries,
 and Inductor, side by side in one process, interleaved (A B C D, B C D A,
 ...), all warm.
 
-    python tools/bench_fused.py [--rows PATTERNS] [--models NAMES] [--modes infer,train]
+    python -m tools.bench_fused [--rows PATTERNS] [--models NAMES] [--modes infer,train]
                                 [--threads 1|default|both] [--rounds 15] [--round-ms 50]
                                 [--cache DIR] [--reprepare] [--no-first-call]
                                 [--prepare off|sync] [--clock auto|wall|cpu] [--new 32]
@@ -14,16 +14,17 @@ and Inductor, side by side in one process, interleaved (A B C D, B C D A,
 Rows (``--rows``: comma-separated ``fnmatch`` patterns over their names):
 
 - ``steady/{gpt2,bert,llama,t5}/infer``: tools/bench_steady.py's models at
-  ``--size mid`` (hidden 256, 4 layers, sequence 128, batch 2);
-- ``smallgpt/smallgpt/train``: the small GPT (tools/small_gpt.py), one
+  ``--size mid`` (zoo/sized_models.py: hidden 256, 4 layers, sequence 128,
+  batch 2);
+- ``smallgpt/smallgpt/train``: the small GPT (zoo/small_gpt.py), one
   forward, backward and AdamW step;
 - ``tiny/MODEL/infer`` and ``tiny/MODEL/train``: tools/bench_compile.py's
-  tiny models (tests/compile_models.py), inference for all, a training
+  tiny models (zoo/compile_models.py), inference for all, a training
   step for its training models;
 - ``suite/MODEL/{infer,train}``: the suite's models at bench_suite's tiny
-  sizes (tools/suite_models.py); ``--models`` and ``--modes`` filter them;
+  sizes (zoo/suite_models.py); ``--models`` and ``--modes`` filter them;
 - ``generate/{gpt2,llama}/decode``: ``generate()`` with transformers' static
-  cache (tests/generate_child.py's models, ``model.forward`` compiled as
+  cache (zoo/generate_models.py, ``model.forward`` compiled as
   tools/bench_generate.py does), ms per decoded token, tokens per second.
 
 Inference runs in ``eval()`` under ``no_grad``; a training step is the
@@ -90,13 +91,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-TOOLS = Path(__file__).resolve().parent
-ROOT = TOOLS.parent
-sys.path[:0] = [str(TOOLS), str(ROOT / "tests")]
-from bench_compile import MODELS as TINY_MODELS  # noqa: E402
-from bench_compile import TRAIN_MODELS as TINY_TRAIN_MODELS  # noqa: E402
-from bench_compile import child_env  # noqa: E402
-from markdown_table import table  # noqa: E402
+from tools.bench_compile import MODELS as TINY_MODELS
+from tools.bench_compile import TRAIN_MODELS as TINY_TRAIN_MODELS
+from tools.harness import child_env, table, tool_argv
 
 STEADY_MODELS = ("gpt2", "bert", "llama", "t5")  # bench_steady's default --models
 GENERATE_MODELS = ("gpt2", "llama")
@@ -146,28 +143,28 @@ def build(row: Row) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
 
     torch.manual_seed(0)
     if row.group == "steady":
-        from bench_steady import build as build_steady
+        from zoo.sized_models import build as build_steady
 
         model, args = build_steady(row.model, "mid")
         return model, args, {}
     if row.group == "smallgpt":
-        from small_gpt import small_gpt
+        from zoo.small_gpt import small_gpt
 
         model, args = small_gpt()
         return model, args, {}
     if row.group == "tiny":
-        from compile_models import MODELS
+        from zoo.compile_models import MODELS
 
         model, args = MODELS[row.model]()
         return model, args, {}
     if row.group == "suite":
-        import suite_models
+        from zoo import suite_models
 
         model, kwargs = suite_models.build(row.model)
         return model, (), kwargs
     if row.group == "generate":
-        from generate_child import build as build_generate
-        from generate_child import prompt
+        from zoo.generate_models import build as build_generate
+        from zoo.generate_models import prompt
 
         return build_generate(row.model), (prompt(PROMPT_LENGTH),), {}
     raise SystemExit(f"unknown row {row.name}")
@@ -222,7 +219,7 @@ class Unit:
 
 class Infer(Unit):
     def result(self) -> list[Any]:
-        from suite_models import main_output
+        from zoo.suite_models import main_output
 
         return [main_output(self.run()).detach().clone()]
 
@@ -238,7 +235,7 @@ class Train(Unit):
         super().__init__(self.step)
 
     def backward(self) -> Any:
-        from suite_models import loss_of
+        from zoo.suite_models import loss_of
 
         self.optimizer.zero_grad(set_to_none=True)
         loss = loss_of(self.fn())
@@ -263,7 +260,7 @@ class Decode(Unit):
     the first new token, which the prompt's forward gives, and the last)."""
 
     def __init__(self, model: Any, prompt: Any, new_tokens: int) -> None:
-        from generate_child import generation_kwargs
+        from zoo.generate_models import generation_kwargs
 
         self.model, self.prompt = model, prompt
         self.kwargs = generation_kwargs("static", False, new_tokens)
@@ -525,7 +522,6 @@ def row_env(directory: Path, threads: str, cache: Path) -> dict[str, str]:
     variables: they are part of a library's key."""
     env = child_env(directory)
     env["PYTHONPYCACHEPREFIX"] = str(cache / "pycache")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env.pop("LTC_CACHE_FUSE", None)
     if threads != "1":
         env.pop("OMP_NUM_THREADS", None)
@@ -536,7 +532,7 @@ def run_child(spec: dict[str, Any], env: dict[str, str], log: Path | None = None
               ) -> tuple[dict[str, Any], float]:
     """A child's JSON report (or its failure, the end of its stderr) and its seconds."""
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+    proc = subprocess.run(tool_argv("bench_fused", "--child", json.dumps(spec)),
                           capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT)
     seconds = time.perf_counter() - started
     if log is not None:
@@ -734,7 +730,7 @@ def selected_rows(args: argparse.Namespace) -> list[Row]:
     patterns = args.rows.split(",")
     suite: list[str] = []
     if any(fnmatch.fnmatch("suite", p.split("/")[0]) for p in patterns):
-        import suite_models
+        from zoo import suite_models
 
         suite = args.models.split(",") if args.models else suite_models.names()
     return [row for row in all_rows(suite, args.modes.split(","))
@@ -742,7 +738,8 @@ def selected_rows(args: argparse.Namespace) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_fused",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="*", help="comma-separated fnmatch patterns over "
                         "row names, e.g. 'smallgpt/*,tiny/cnn/infer' (default: all)")
     parser.add_argument("--models", default="", help="the suite's models (default: all)")

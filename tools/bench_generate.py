@@ -1,10 +1,16 @@
-"""Serving ``generate()`` on prompts of any length: fresh worker processes,
-cold then warm, eager against ltc_cache and Inductor, side by side.
+"""Inputs of lengths a warm process never met, cold then warm in fresh
+processes, side by side: serving ``generate()`` (by default), one forward
+call per sequence length (``--forward``), and training on batches of
+varying length (``--train``).
 
-    python tools/bench_generate.py [--models gpt2,llama] [--requests 32] [--new 32] [--json]
+    python -m tools.bench_generate [--models gpt2,llama] [--requests 32] [--new 32] [--json]
+    python -m tools.bench_generate --forward [--models gpt2,llama]
+                                   [--compile program,torch,inductor] [--lengths 5,8,11]
+    python -m tools.bench_generate --train [--models gpt2,llama]
 
-A worker is a fresh process that builds a tiny language model
-(``tests/generate_child.py``) in ``eval()``, compiles it, and answers one
+Serving ``generate()``: eager against ltc_cache and Inductor. A worker is
+a fresh process that builds a tiny language model
+(``zoo/generate_models.py``) in ``eval()``, compiles it, and answers one
 greedy request per prompt (transformers' static cache of 256 tokens, 32 new
 tokens), then the first prompt four more times to measure steady decoding.
 The warm worker's prompts are ``--requests`` lengths drawn from 1-200, none
@@ -34,6 +40,39 @@ AOTAutograd traces and LTC traces of the warm worker; and how many greedy
 answers equal eager's (eager answers the unpadded prompts). The three cold
 workers run one after another, then the three warm ones, so that the
 routes meet the machine's load alike.
+
+``--forward``: a worker is a fresh process that builds the model
+(``zoo/compile_models.py``) in ``eval()``, compiles it
+and answers one request (``no_grad``, batch 2) per sequence length, eight
+distinct lengths by default; each first request is timed, from the call to
+its result. "cold" starts on empty cache directories; "warm" is the next
+worker over the same directories and meets the lengths in reverse order.
+The compilers, each with its own directories:
+
+- ``program``: ``ltc_cache.compile(model)`` (a program per input layout);
+- ``torch``: ``torch.compile(model, backend="ltc_cache")`` (Dynamo's
+  automatic dynamic shapes: a static graph, then one with a symbolic
+  length, compiled by ltc_cache once per concrete length);
+- ``inductor``: ``torch.compile(model)`` with its FX graph and AOTAutograd
+  caches on.
+
+It prints, per compiler, the first request of each length (cold, warm,
+warm/cold), the totals, and what the warm worker did: AOTAutograd traces,
+LTC traces and Dynamo graphs (from ``ltc_cache.stats()``), and the largest
+difference from eager over all answers. One intra-op thread.
+
+``--train``: dynamic padding, as transformers' collators pad (each batch to
+its longest sequence). A process trains a 2-layer GPT-2 (hidden 64) with
+AdamW on 10 batches of four, lengths drawn from 8-64
+(``tests/children/lengths.py``); the next process over the same caches draws
+10 other lengths (those the first met are drawn again only by chance).
+Routes: ``ltc_cache.compile(model)`` (lengths padded to buckets),
+``torch.compile(model)`` (Inductor, Dynamo's default dynamic shapes, its
+caches on) and eager. It prints, per route and process: the time from the
+process's start to its last step's end, the training steps' sum, the
+first step, the slowest later step, the warm run against Inductor's warm
+run, what the process captured and traced, and the largest difference
+of a loss from eager's unpadded one.
 """
 
 from __future__ import annotations
@@ -41,18 +80,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-from bench_compile import child_env  # noqa: E402
-from markdown_table import table  # noqa: E402
+from tools.harness import (
+    CHILDREN,
+    child_env,
+    cold_then_warm,
+    ratio,
+    run_child,
+    seconds,
+    table,
+    tool_argv,
+)
+from zoo.padded_models import train_lengths
 
 ROUTES = ("eager", "ltc_cache", "inductor")
 STEADY_RUNS = 4
@@ -64,8 +110,6 @@ def prompt_lengths(requests: int, new_tokens: int) -> tuple[list[int], list[int]
     """The cold worker's prompt lengths and the warm worker's, which the
     cold one did not meet: one below each bucket a prompt of 1-200 pads to,
     then random lengths for both (fixed seeds)."""
-    import random
-
     from ltc_cache.program.buckets import Buckets
 
     buckets = Buckets()
@@ -81,7 +125,6 @@ def _env(directory: Path) -> dict[str, str]:
     """bench_compile's measured environment, with the default thread count
     (the workers set their own)."""
     env = child_env(directory)
-    env["PYTHONPATH"] = str(ROOT)
     env.pop("OMP_NUM_THREADS", None)
     return env
 
@@ -96,10 +139,9 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
     import torch
     from transformers.generation.streamers import BaseStreamer
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from generate_child import build, captures, generation_kwargs, prompt
-
     import ltc_cache
+    from tools.probes import captures
+    from zoo.generate_models import build, generation_kwargs, prompt
 
     warnings.simplefilter("ignore")
 
@@ -168,12 +210,9 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
 def run_worker(model: str, route: str, lengths: list[int], new_tokens: int,
                env: dict[str, str]) -> dict[str, Any]:
     started = time.time()
-    proc = subprocess.run([sys.executable, __file__, "--worker", model, route,
-                           ",".join(map(str, lengths)), str(new_tokens), repr(started)],
-                          capture_output=True, text=True, env=env, timeout=3600)
-    if proc.returncode != 0:
-        return {"failed": (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(tool_argv("bench_generate", "--worker", model, route,
+                               ",".join(map(str, lengths)), str(new_tokens), repr(started)),
+                     env, timeout=3600)
 
 
 def measure(model: str, requests: int, new_tokens: int, scratch: Path) -> dict[str, Any]:
@@ -225,6 +264,139 @@ def report(model: str, results: dict[str, Any]) -> str:
     return f"### {model}\n\n" + table(rows)
 
 
+# --- --forward and --train -----------------------------------------------------
+
+
+LENGTHS = (5, 8, 11, 14, 17, 20, 24, 29)
+COMPILERS = ("program", "torch", "inductor")
+
+
+def forward_worker(model_name: str, compiler: str, lengths: list[int]) -> dict[str, Any]:
+    """``--forward``: one request (no_grad, batch 2) of each length, each
+    first call timed."""
+    import torch
+
+    torch.set_num_threads(1)
+    import ltc_cache
+    from zoo.compile_models import MODELS, VOCAB, first_tensor
+
+    torch.manual_seed(0)
+    model, _ = MODELS[model_name]()
+    model.eval()
+    if compiler == "program":
+        compiled = ltc_cache.compile(model)
+    elif compiler == "torch":
+        compiled = torch.compile(model, backend="ltc_cache")
+    else:
+        compiled = torch.compile(model)
+    firsts, error = {}, 0.0
+    with torch.no_grad():
+        for length in lengths:
+            generator = torch.Generator().manual_seed(length)
+            ids = torch.randint(0, VOCAB, (2, length), generator=generator)
+            want = first_tensor(model(ids))
+            start = time.perf_counter()
+            got = first_tensor(compiled(ids))
+            firsts[length] = time.perf_counter() - start
+            error = max(error, (got - want).abs().max().item())
+    stats = ltc_cache.stats()
+    return {"first_s": firsts, "max_error": error,
+            "aot_traces": stats.get("aot_traces", 0), "traces": stats["traces"],
+            "dynamo_graphs": stats.get("dynamo_graphs", 0)}
+
+
+def forward_argv(model: str, compiler: str, lengths: list[int]) -> list[str]:
+    return tool_argv("bench_generate", "--forward-worker", model, compiler,
+                     ",".join(map(str, lengths)))
+
+
+def measure_forward(models: list[str], compilers: list[str], lengths: list[int]) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-lengths-") as scratch:
+        for model in models:
+            for compiler in compilers:
+                env = child_env(Path(tempfile.mkdtemp(prefix=f"{compiler}-", dir=scratch)))
+                # The warm worker meets the lengths in reverse order.
+                cold, warm = cold_then_warm(forward_argv(model, compiler, lengths), env,
+                                            forward_argv(model, compiler, lengths[::-1]))
+                rows.append({"model": model, "compiler": compiler, "cold": cold, "warm": warm})
+                print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def forward_table(rows: list[dict], lengths: list[int]) -> str:
+    lines = [
+        "| model | compiler | length: cold / warm / warm÷cold ... | total cold | total warm "
+        "| total warm/cold | worst warm/cold | warm AOTAutograd traces, LTC traces, "
+        "Dynamo graphs | max error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cold, warm = r["cold"], r["warm"]
+        if "failed" in cold or "failed" in warm:
+            lines.append(f"| {r['model']} | {r['compiler']} | failed: "
+                         f"{cold.get('failed') or warm.get('failed')} |")
+            continue
+        pairs = [(cold["first_s"][str(n)], warm["first_s"][str(n)]) for n in lengths]
+        cells = " · ".join(f"{n}: {c:.2f}/{w:.2f}/{w / c:.2f}" for n, (c, w) in
+                           zip(lengths, pairs, strict=True))
+        total_cold, total_warm = sum(c for c, _ in pairs), sum(w for _, w in pairs)
+        worst = max(w / c for c, w in pairs)
+        lines.append(
+            f"| {r['model']} | {r['compiler']} | {cells} | {seconds(total_cold)} "
+            f"| {seconds(total_warm)} | {ratio(total_warm, total_cold)} | {worst:.2f} "
+            f"| {warm['aot_traces']}, {warm['traces']}, {warm['dynamo_graphs']} "
+            f"| {max(cold['max_error'], warm['max_error']):.1e} |")
+    return "\n".join(lines)
+
+
+TRAIN_ROUTES = ("ltc_cache", "inductor", "eager")
+
+
+def train_worker(model: str, route: str, lengths: list[int], env: dict[str, str]) -> dict:
+    command = [sys.executable, str(CHILDREN / "lengths.py"), "--model", model,
+               "--route", route, "--lengths", ",".join(map(str, lengths)),
+               "--started", repr(time.time())]
+    return run_child(command, env)
+
+
+def train_table(models: list[str]) -> str:
+    lines = [
+        "| model | route | process | process start to last step | steps (sum) | first step "
+        "| slowest later step | vs Inductor's warm run | captures / AOT / LTC traces "
+        "| loss vs eager |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-train-lengths-") as scratch:
+        for model in models:
+            runs = {}
+            for route in TRAIN_ROUTES:
+                env = child_env(Path(tempfile.mkdtemp(prefix=f"{route}-", dir=scratch)))
+                runs[route] = {start: train_worker(model, route, train_lengths(seed), env)
+                               for start, seed in (("cold", 1), ("warm", 2))}
+                print(json.dumps({route: runs[route]}), file=sys.stderr)
+            inductor = runs["inductor"]["warm"].get("process_s")
+            for route, starts in runs.items():
+                for start, r in starts.items():
+                    if "failed" in r:
+                        lines.append(f"| {model} | {route} | {start} | failed: {r['failed']} |")
+                        continue
+                    s, stats = r["seconds"], r["stats"]
+                    captured = r["frames"] + stats.get("program_captures", 0)
+                    error = max(abs(a - b) for a, b in zip(r["losses"], r["eager"], strict=True))
+                    lines.append(
+                        f"| {model} | {route} | {start} | {seconds(r['process_s'])} "
+                        f"| {seconds(sum(s))} | {seconds(s[0])} | {seconds(max(s[1:]))} "
+                        f"| {ratio(r['process_s'], inductor) if inductor else '-'} "
+                        f"| {captured} / {stats.get('aot_traces', 0)} / {stats['traces']} "
+                        f"| {error:.1e} |")
+    return (f"cold lengths {train_lengths(1)}; warm {train_lengths(2)}\n\n"
+            + "\n".join(lines))
+
+
+# --- the command line ----------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
@@ -233,17 +405,44 @@ def main(argv: list[str] | None = None) -> int:
                         float(started))
         print(json.dumps(result))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if argv[:1] == ["--forward-worker"]:
+        model, compiler, lengths = argv[1:4]
+        print(json.dumps(forward_worker(model, compiler, [int(n) for n in lengths.split(",")])))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_generate",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2",
-                        help="comma-separated, from tests/generate_child.py's MODELS")
+                        help="comma-separated, from zoo/generate_models.py's MODELS (--forward: "
+                        "zoo/compile_models.py's; --train: gpt2, llama)")
+    section = parser.add_mutually_exclusive_group()
+    section.add_argument("--forward", action="store_true",
+                         help="one forward call per sequence length instead of generate()")
+    section.add_argument("--train", action="store_true",
+                         help="training over batches of varying length instead")
     parser.add_argument("--requests", type=int, default=32,
                         help="the warm worker's requests, each a length the cold one did not meet")
     parser.add_argument("--new", type=int, default=32, help="new tokens per request")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--compile", default=",".join(COMPILERS),
+                        help="--forward: comma-separated, of " + ", ".join(COMPILERS))
+    parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                        help="--forward: sequence lengths, in the cold worker's order")
     args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    if args.train:
+        print(train_table(models))
+        return 0
+    if args.forward:
+        lengths = [int(n) for n in args.lengths.split(",") if n]
+        rows = measure_forward(models, [c for c in args.compile.split(",") if c], lengths)
+        print(forward_table(rows, lengths))
+        totals = [sum(r["warm"]["first_s"].values()) / sum(r["cold"]["first_s"].values())
+                  for r in rows if "failed" not in r["cold"] and "failed" not in r["warm"]]
+        if totals:
+            print(f"\nmedian total warm/cold over the rows: {statistics.median(totals):.2f}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch:
-        measured = {m: measure(m, args.requests, args.new, Path(scratch))
-                    for m in args.models.split(",")}
+        measured = {m: measure(m, args.requests, args.new, Path(scratch)) for m in models}
     if args.json:
         print(json.dumps(measured))
         return 0

@@ -1,9 +1,9 @@
 """Steady-state replay, side by side in one run, as ratios.
 
-    python tools/bench_replay.py                       # every section
-    python tools/bench_replay.py --sections steady --models mlp32
-    python tools/bench_replay.py --sections wrapper lookup memory
-    python tools/bench_replay.py --sections steady --clock cpu  # busy machine
+    python -m tools.bench_replay                       # every section
+    python -m tools.bench_replay --sections steady --models mlp32
+    python -m tools.bench_replay --sections wrapper lookup memory
+    python -m tools.bench_replay --sections steady --clock cpu  # busy machine
 
 Sections:
 
@@ -31,6 +31,7 @@ round), so load from other processes on a shared machine falls on all of
 them alike; each variant reports its best and median round, and ratios use
 medians (best in brackets). Torch runs on ``--threads`` threads (1 by
 default, so that the BLAS pool does not fight other processes for cores).
+The models are ``zoo/fx_models.py``'s.
 """
 
 from __future__ import annotations
@@ -52,94 +53,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from markdown_table import table  # tools/ is sys.path[0]
-from torch import fx, nn
+from torch import fx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-# ltc_cache is imported where it is used, so that the models here can be
-# imported by an eager process that must not load it (``memory``).
-
-# ------------------------------------------------------------------ models
-
-
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(width, width)
-        self.fc2 = nn.Linear(width, width)
-
-    def forward(self, x):
-        return x + self.fc2(torch.relu(self.fc1(x)))
-
-
-class NormBlock(nn.Module):
-    """LayerNorm, Linear, GELU, Linear and a residual add: a transformer's
-    feed-forward half."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.fc1 = nn.Linear(width, width)
-        self.fc2 = nn.Linear(width, width)
-
-    def forward(self, x):
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
-
-
-class Mlp(nn.Module):
-    """``blocks`` residual blocks of two Linear layers: per block two addmm
-    with transposed weights and three captured scalars (alpha, beta, the
-    residual add's alpha), as in facts 5, 12 and 13 of docs/design.md."""
-
-    def __init__(self, blocks: int, width: int, block: type[nn.Module] = Block) -> None:
-        super().__init__()
-        self.blocks = nn.Sequential(*[block(width) for _ in range(blocks)])
-
-    def forward(self, x):
-        return self.blocks(x)
-
-
-class EncoderLayer(nn.TransformerEncoderLayer):
-    """A TransformerEncoderLayer whose attention asks for its weights: the
-    default path (scaled_dot_product_attention) uses ops LTC's TorchScript
-    backend does not lower (``_safe_softmax``: isneginf, all, where), so the
-    whole graph would not be one LTC graph."""
-
-    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           need_weights=True)[0]
-        return self.dropout1(x)
-
-
-class Transformer(nn.Module):
-    """A torch.nn.TransformerEncoder of four layers. Wrapped, since FX cannot
-    trace its forward (mask checks); to FX it is a leaf module, run by
-    ``functional_call`` on lazy tensors at trace time."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        layer = EncoderLayer(width, nhead=4, dim_feedforward=2 * width, dropout=0.0,
-                             batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
-
-    def forward(self, x):
-        return self.encoder(x)
-
-
-def build(name: str, width: int) -> tuple[nn.Module, list[torch.Tensor]]:
-    torch.manual_seed(0)
-    if name == "mlp32":
-        return Mlp(32, width).eval(), [torch.randn(16, width)]
-    if name == "mlp128":
-        return Mlp(128, width).eval(), [torch.randn(16, width)]
-    if name == "mlp128ln":
-        return Mlp(128, width, NormBlock).eval(), [torch.randn(8, width)]
-    if name == "transformer":
-        return Transformer(width).eval(), [torch.randn(4, 32, width)]
-    raise SystemExit(f"unknown model {name}")
-
+from tools.harness import table, with_import_roots
+from zoo.fx_models import TenInTenOut, build
 
 # --------------------------------------------------------------- measuring
 
@@ -382,11 +299,6 @@ def _env(**values: str) -> Iterator[None]:
 # ---------------------------------------------------------------- wrapper
 
 
-class TenInTenOut(nn.Module):
-    def forward(self, a, b, c, d, e, f, g, h, i, j):
-        return a * a, b * b, c * c, d * d, e * e, f * f, g * g, h * h, i * i, j * j
-
-
 class _Stub:
     """Stands in for the TorchScript function: returns fixed results, so that
     what is timed is the wrapper alone."""
@@ -573,13 +485,11 @@ def lookup(counts: list[int], rounds: int, width: int) -> str:
 
 _MEMORY_CHILD = r"""
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
-mode, width = sys.argv[2], int(sys.argv[3])
+mode, width = sys.argv[1], int(sys.argv[2])
 import torch
 from torch import fx
 torch.set_num_threads(1)
-sys.path.insert(0, sys.argv[1] + "/tools")
-from bench_replay import build
+from zoo.fx_models import build
 model, example = build("mlp128", width)
 gm = fx.symbolic_trace(model)
 def status():
@@ -625,7 +535,7 @@ def memory(width: int, repeats: int) -> str:
              "of which: import ltc_cache", "the hit", "first call", "19 more calls",
              "at the end: anonymous", "mapped files"]]
     with tempfile.TemporaryDirectory(prefix="ltc-bench-mem-") as tmp:
-        env = dict(os.environ, LTC_CACHE_DIR=tmp)
+        env = with_import_roots(dict(os.environ, LTC_CACHE_DIR=tmp))
         filled = _memory_child("warm", width, env)  # fills the cache
         assert filled["stats"]["stores"] == 1, filled
         store = DiskStore(Path(tmp))
@@ -656,7 +566,7 @@ def memory(width: int, repeats: int) -> str:
 
 
 def _memory_child(mode: str, width: int, env: dict[str, str]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, str(ROOT), mode, str(width)],
+    proc = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, mode, str(width)],
                           capture_output=True, text=True, env=env, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"memory child failed:\n{proc.stderr}")
@@ -674,7 +584,8 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_replay",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["steady", "executor", "wrapper",
                                                           "lookup", "memory"])
     parser.add_argument("--models", nargs="+", default=["mlp32", "mlp128", "transformer"])

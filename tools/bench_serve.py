@@ -1,7 +1,7 @@
 """Start-up of a serving fleet (examples/serve.py), cold against warm, side by side.
 
-    python tools/bench_serve.py                  # 1, 4 and 8 workers, GPT-2
-    python tools/bench_serve.py --workers 1 4 --model mlp
+    python -m tools.bench_serve                  # 1, 4 and 8 workers, GPT-2
+    python -m tools.bench_serve --workers 1 4 --model mlp
 
 For each fleet size, in one run: a cold start on an empty cache directory,
 a warm start on the directory the cold one filled and, where redis-server
@@ -27,7 +27,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-SERVE = Path(__file__).parents[1] / "examples" / "serve.py"
+from tools.harness import ROOT
+
+SERVE = ROOT / "examples" / "serve.py"
 
 
 def serve(workers: int, model: str, env: dict[str, str]) -> dict:
@@ -74,7 +76,8 @@ def summary(report: dict) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_serve",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--model", default="gpt2")
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 ltc_cache beside eager (and Inductor), per-call times measured in one
 process, interleaved, and a profile of where each spends its time.
 
-    python tools/bench_steady.py [--models gpt2,bert,llama,t5] [--size mid]
+    python -m tools.bench_steady [--models gpt2,bert,llama,t5] [--size mid]
                                  [--threads 1] [--rounds 15] [--inductor] [--profile]
                                  [--train] [--clock cpu] [--ab CHANGE] [--warm]
 
@@ -18,7 +18,7 @@ all alike; ratios are of the medians. Time is process CPU time (``--clock
 cpu``: what other jobs on the machine take is not counted, but every thread
 of this one is) or wall time.
 ``--threads 0`` keeps torch's default number of threads. ``smallgpt`` (in
-``--models``) is issue 24's small GPT (``tools/small_gpt.py``: 4 layers,
+``--models``) is issue 24's small GPT (``zoo/small_gpt.py``: 4 layers,
 width 128, batch 8 x 64), at its one size whatever ``--size`` says.
 
 ``--ab CHANGE`` adds a ltc_cache variant compiled with one change switched
@@ -51,16 +51,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-from markdown_table import table  # noqa: E402
-
-SIZES = {
-    # hidden, layers, heads, feed-forward, sequence, batch
-    "tiny": (32, 2, 2, 64, 8, 2),
-    "mid": (256, 4, 4, 1024, 128, 2),
-}
-VOCAB = 1000
+from tools.harness import table
+from zoo.sized_models import SIZES, build
 
 # Op classes of the profile, first match wins (names as the profiler gives them).
 OP_CLASSES = [
@@ -75,44 +67,6 @@ OP_CLASSES = [
     ("view", r"^aten::(view|reshape|_unsafe_view|transpose|permute|t|expand|unsqueeze|"
              r"squeeze|as_strided|split|split_with_sizes|unbind|narrow|alias|detach)$"),
 ]
-
-
-def build(name: str, size: str):
-    import torch
-    import transformers
-
-    if name == "smallgpt":  # one size of its own (tools/small_gpt.py)
-        from small_gpt import small_gpt
-
-        return small_gpt()
-    transformers.logging.set_verbosity_error()
-    hidden, layers, heads, ff, seq, batch = SIZES[size]
-    torch.manual_seed(0)
-    if name == "gpt2":
-        config = transformers.GPT2Config(
-            n_layer=layers, n_embd=hidden, n_head=heads, n_inner=ff, vocab_size=VOCAB,
-            n_positions=seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        model = transformers.GPT2LMHeadModel(config)
-    elif name == "bert":
-        config = transformers.BertConfig(
-            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-            intermediate_size=ff, vocab_size=VOCAB, max_position_embeddings=seq,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        model = transformers.BertModel(config)
-    elif name == "llama":
-        config = transformers.LlamaConfig(
-            num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-            num_key_value_heads=heads, intermediate_size=ff, vocab_size=VOCAB,
-            max_position_embeddings=seq)
-        model = transformers.LlamaForCausalLM(config)
-    elif name == "t5":
-        config = transformers.T5Config(num_layers=layers, d_model=hidden,
-                                       d_kv=hidden // heads, num_heads=heads, d_ff=ff,
-                                       vocab_size=VOCAB, dropout_rate=0.0)
-        model = transformers.T5EncoderModel(config)
-    else:
-        raise SystemExit(f"unknown model {name}")
-    return model.eval(), (torch.randint(0, VOCAB, (batch, seq)),)
 
 
 def op_class(name: str) -> str:
@@ -304,7 +258,7 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
     what = "training step (AdamW)" if args.train else "inference"
     clock = "process CPU time" if args.clock == "cpu" else "wall time"
     size = args.size
-    if args.models == "smallgpt":  # its one size (tools/small_gpt.py)
+    if args.models == "smallgpt":  # its one size (zoo/small_gpt.py)
         size, hidden, layers, seq, batch = "small GPT", 128, 4, 64, 8
     out = [f"### Steady state, {size} (hidden {hidden}, {layers} layers, sequence {seq}, "
            f"batch {batch}), {what}, {threads} thread(s), {clock}, median of {args.rounds} "
@@ -340,7 +294,8 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_steady",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,bert,llama,t5")
     parser.add_argument("--size", choices=sorted(SIZES), default="mid")
     parser.add_argument("--threads", type=int, default=1, help="0: torch's default")

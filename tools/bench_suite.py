@@ -1,7 +1,7 @@
-"""The models of PyTorch's Dynamo benchmark suites (tools/suite_models.py)
+"""The models of PyTorch's Dynamo benchmark suites (zoo/suite_models.py)
 through ``ltc_cache.compile``, cold then warm in fresh processes.
 
-    python tools/bench_suite.py [--models ResNet,ViT] [--family hf|vision]
+    python -m tools.bench_suite [--models ResNet,ViT] [--family hf|vision]
                                 [--modes train,infer,ckpt,lengths] [--markdown] [--json FILE]
                                 [--inductor MODELS] [--repeat N]
 
@@ -49,8 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-ROOT = TOOLS.parent
+from tools.harness import bytecode_as_installed, table, tool_argv, with_import_roots
 
 
 def _regions(lines: list[str]) -> int:
@@ -119,11 +118,11 @@ def varied_lengths(model, eager, inputs: dict, seed: int) -> dict:
     batch of each of ten lengths drawn with ``seed``, then the same steps
     eagerly on ``eager``: each step's seconds and the largest difference
     of a loss from eager's."""
-    import suite_models
     import torch
-    from bench_lengths import train_lengths
 
     import ltc_cache
+    from zoo import suite_models
+    from zoo.padded_models import train_lengths
 
     lengths = train_lengths(seed)
     batches = [suite_models.at_length(model, inputs, n, step) for step, n in enumerate(lengths)]
@@ -156,12 +155,9 @@ def child(name: str, mode: str, backend: str = "ltc_cache", lengths_seed: int = 
 
     import torch
 
-    sys.path.insert(0, str(TOOLS))
-    sys.path.insert(0, str(ROOT / "tests"))
-    import suite_models
-    from warm_children import count_aot_traces  # AOTAutograd's traces, counted apart
-
     import ltc_cache
+    from tools.probes import count_aot_traces  # AOTAutograd's traces, counted apart
+    from zoo import suite_models
 
     torch.set_num_threads(1)
     lines: list[str] = []
@@ -240,9 +236,9 @@ def child(name: str, mode: str, backend: str = "ltc_cache", lengths_seed: int = 
 def _what_it_did(lines: list[str], caught: list) -> dict:
     """What a child process traced and captured, and what it logged."""
     import torch
-    from warm_children import AOT
 
     import ltc_cache
+    from tools.probes import AOT
 
     return {"stats": ltc_cache.stats(), "aot": AOT["traces"],
             "frames": sum(torch._dynamo.utils.counters["frames"].values()),
@@ -254,22 +250,18 @@ def _what_it_did(lines: list[str], caught: list) -> dict:
 
 def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache",
               lengths_seed: int = 1) -> dict:
-    from bench_compile import bytecode_as_installed  # tools/ is sys.path[0]
-
     # LTC_CACHE_FUSE=off: the suite measures starts and what was traced; a
     # background fuse worker would compile beside the next child and write
     # into the temporary directory as it is removed (bench_fused.py measures
     # the fused tier).
-    env = bytecode_as_installed(
+    env = with_import_roots(bytecode_as_installed(
         {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
-         "LTC_CACHE_FUSE": "off",
-         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))},
-        Path(directory))
+         "LTC_CACHE_FUSE": "off"}, Path(directory)))
     if backend == "inductor":
         env.update(TORCHINDUCTOR_CACHE_DIR=directory, TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                    TORCHINDUCTOR_AUTOGRAD_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
-    proc = subprocess.run([sys.executable, str(TOOLS / "bench_suite.py"), "--child", name, mode,
-                           "--backend", backend, "--lengths-seed", str(lengths_seed)],
+    proc = subprocess.run(tool_argv("bench_suite", "--child", name, mode, "--backend", backend,
+                                    "--lengths-seed", str(lengths_seed)),
                           capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
         return {"model": name, "mode": mode, "crash": proc.stderr.strip().splitlines()[-1:]}
@@ -359,7 +351,8 @@ HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_suite",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"))
     parser.add_argument("--backend", choices=["ltc_cache", "inductor"], default="ltc_cache",
                         help="(with --child) what compiles the model")
@@ -379,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(*options.child, backend=options.backend,
                                lengths_seed=options.lengths_seed)))
         return 0
-    sys.path.insert(0, str(TOOLS))
-    import suite_models
+    from zoo import suite_models
 
     if options.inductor:
         compared = []
@@ -391,8 +383,6 @@ def main(argv: list[str] | None = None) -> int:
             if options.json:  # after each model: a long run stopped early keeps its results
                 Path(options.json).write_text(json.dumps(compared, indent=1))
         if options.markdown:
-            from markdown_table import table
-
             print(table([INDUCTOR_HEADER, *(inductor_row(r) for r in compared)]))
             # The same processes' suite rows (ltc_cache cold, its first warm process).
             print(table([HEADER, *(row({"model": r["model"], "mode": r["mode"],
@@ -410,8 +400,6 @@ def main(argv: list[str] | None = None) -> int:
             if options.json:  # after each pair: a long run stopped early keeps its results
                 Path(options.json).write_text(json.dumps(results, indent=1))
     if options.markdown:
-        from markdown_table import table
-
         print(table([HEADER, *(row(r) for r in results)]))
     return 0
 

@@ -1,9 +1,11 @@
 """The training loops people already use, cold then warm, side by side:
 transformers' ``Trainer`` (``examples/trainer.py``) and a hand-written
-loop whose first iteration is an evaluation plus the first step.
+loop whose first iteration is an evaluation plus the first step; or
+(``--example``) the README's training command, ``examples/train.py``.
 
-    python tools/bench_trainer.py [--models gpt2,bert] [--steps 6] [--pairs 1]
+    python -m tools.bench_trainer [--models gpt2,bert] [--steps 6] [--pairs 1]
         [--modes ltc_cache,inductor,eager] [--script-modes ltc_cache,torch,inductor,eager]
+    python -m tools.bench_trainer --example [--pairs 3] [--steps 3] [--compile ltc_cache|torch]
 
 Each (loop, model, mode) gets new scratch directories (ltc_cache's cache,
 the program signing key, Inductor's caches with its FX graph and
@@ -15,44 +17,40 @@ Times are the example's own: the first step (compiling or loading
 included), the median step from the third on, and for the script loop the
 first iteration (evaluation plus first step). Prints a Markdown table and,
 per model, the warm first step of ltc_cache over Inductor's warm one.
+
+``--example``: ``examples/train.py`` cold, then warm over the same cache
+directory, ``--pairs`` times (each pair a new scratch directory for
+ltc_cache's cache and the program signing key), compiled as ``--compile``
+says. The time is the example's own ``first_step_s``, from the compiled
+model's first call to the end of the first AdamW step (capture, loading
+and compiling included). It prints the medians over the pairs, warm/cold,
+and what each warm run did: LTC traces, AOTAutograd traces, programs
+loaded, Dynamo frames captured.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench_compile import child_env, child_result, ratio, seconds  # tools/ is sys.path[0]
-from markdown_table import table
+from tools.harness import ROOT, child_env, cold_then_warm, median, ratio, seconds, table
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trainer.py"
-
-
-def run(directory: Path, loop: str, model: str, mode: str, steps: int) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--loop", loop, "--model", model, "--compile", mode,
-         "--steps", str(steps), "--json"],
-        capture_output=True, text=True, env=child_env(directory), timeout=1800)
-    return child_result(proc)
-
-
-def median(runs: list[dict], field: str) -> float | None:
-    values = [r[field] for r in runs if field in r]
-    return statistics.median(values) if values else None
+TRAIN_EXAMPLE = ROOT / "examples" / "train.py"
 
 
 def measure(loop: str, model: str, mode: str, steps: int, pairs: int,
             scratch: Path) -> dict:
     colds, warms = [], []
+    argv = [sys.executable, str(EXAMPLE), "--loop", loop, "--model", model, "--compile", mode,
+            "--steps", str(steps), "--json"]
     for i in range(pairs):
         directory = Path(tempfile.mkdtemp(prefix=f"{loop}-{model}-{mode}-{i}-", dir=scratch))
-        colds.append(run(directory, loop, model, mode, steps))
-        warms.append(run(directory, loop, model, mode, steps))
+        cold, warm = cold_then_warm(argv, child_env(directory))
+        colds.append(cold)
+        warms.append(warm)
     first = "first_iteration_s" if loop == "script" else "first_step_s"
     warm = next((w for w in warms if "failed" not in w), warms[-1])
     stats = warm.get("stats", {})
@@ -84,15 +82,49 @@ def _ms(value: float | None) -> str:
     return "failed" if value is None else f"{value * 1e3:.1f} ms"
 
 
+def train_example(pairs: int, steps: int, compiler: str) -> None:
+    """``--example``: examples/train.py cold then warm, ``pairs`` times."""
+    colds, warms = [], []
+    argv = [sys.executable, str(TRAIN_EXAMPLE), "--steps", str(steps), "--no-eager", "--json",
+            "--compile", compiler]
+    with tempfile.TemporaryDirectory(prefix="bench-train-example-") as scratch:
+        for i in range(pairs):
+            cold, warm = cold_then_warm(argv, child_env(Path(scratch) / str(i)), timeout=900)
+            colds.append(cold)
+            warms.append(warm)
+    cold, warm = median(colds, "first_step_s"), median(warms, "first_step_s")
+    print(f"examples/train.py --compile {compiler}, {pairs} cold/warm pairs: "
+          f"first step cold {seconds(cold)}, warm {seconds(warm)}, "
+          f"warm/cold {ratio(warm, cold)}")
+    for w in warms:
+        if "failed" in w:
+            print(f"  warm run failed: {w['failed']}")
+            continue
+        print(f"  warm: {w['first_step_s']:.3f} s; traces {w['traces']}, AOTAutograd traces "
+              f"{w.get('aot_traces', '?')}, programs loaded {w['program_hits']}, Dynamo frames "
+              f"{w['frames_captured']}; loss digest {w['loss_digest']}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_trainer",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,bert")
     parser.add_argument("--modes", default="ltc_cache,inductor,eager")
     parser.add_argument("--script-modes", default="ltc_cache,torch,inductor,eager",
                         help="modes of the hand-written loop (gpt2); '' for none")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=None, help="default 6 (--example: 3)")
+    parser.add_argument("--pairs", type=int, default=None, help="default 1 (--example: 3)")
+    parser.add_argument("--example", action="store_true",
+                        help="examples/train.py (the README's training command) instead")
+    parser.add_argument("--compile", choices=("ltc_cache", "torch"), default="ltc_cache",
+                        help="with --example: what compiles the model")
     args = parser.parse_args(argv)
+    steps, pairs = (3, 3) if args.example else (6, 1)
+    args.steps = steps if args.steps is None else args.steps
+    args.pairs = pairs if args.pairs is None else args.pairs
+    if args.example:
+        train_example(args.pairs, args.steps, args.compile)
+        return 0
     plan = [("trainer", m, mode) for m in args.models.split(",") for mode in args.modes.split(",")]
     plan += [("script", "gpt2", mode) for mode in args.script_modes.split(",") if mode]
     rows = []

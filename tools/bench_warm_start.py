@@ -1,8 +1,8 @@
 """Warm start against cold start and against its floor, in fresh processes.
 
-    python tools/bench_warm_start.py                  # every section
-    python tools/bench_warm_start.py --sections extract --repeats 7
-    python tools/bench_warm_start.py --sections compile --model mlp32
+    python -m tools.bench_warm_start                  # every section
+    python -m tools.bench_warm_start --sections extract --repeats 7
+    python -m tools.bench_warm_start --sections compile --model mlp32
 
 Sections (each process imports torch and ltc_cache and builds the model
 before the clock starts; the time is from the call to the first result):
@@ -19,7 +19,8 @@ before the clock starts; the time is from the call to the first result):
   process filled. Dynamo's capture is part of both.
 
 Runs of one kind alternate with the others, so load from other processes
-falls on all alike; each reports its median and best.
+falls on all alike; each reports its median and best. The models are
+``zoo/fx_models.py``'s.
 """
 
 from __future__ import annotations
@@ -33,19 +34,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from markdown_table import table  # tools/ is sys.path[0]
-
-ROOT = Path(__file__).resolve().parents[1]
+from tools.harness import table, with_import_roots
 
 # One process's measurement; argv: mode, model, width, [key].
 _CHILD = r"""
 import json, os, sys, time
-sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/tools")
-mode, model_name, width = sys.argv[2], sys.argv[3], int(sys.argv[4])
+mode, model_name, width = sys.argv[1], sys.argv[2], int(sys.argv[3])
 import torch
 from torch import fx
 torch.set_num_threads(1)
-from bench_replay import build
+from zoo.fx_models import build
 import ltc_cache, ltc_cache.graph.cache, ltc_cache.compile_backend.backend
 import ltc_cache.graph.entry, ltc_cache.graph.keys
 from ltc_cache.store import DiskStore
@@ -69,7 +67,7 @@ with torch.no_grad():
         from ltc_cache.graph.entry import decode
         from ltc_cache.graph.keys import module_tensors
         from ltc_cache.graph.replay import build_function
-        key = sys.argv[5]
+        key = sys.argv[4]
         start, cpu = clock(), time.process_time()
         store = DiskStore(directory)
         entry = decode(store.get(key), expected_key=key)
@@ -149,8 +147,9 @@ print(json.dumps(report))
 
 
 def child(mode: str, model: str, width: int, env: dict[str, str], *extra: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT), mode, model, str(width),
-                           *extra], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, mode, model, str(width), *extra],
+                          capture_output=True, text=True, env=with_import_roots(dict(env)),
+                          check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} child failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -162,12 +161,10 @@ def summary(runs: list[dict], field: str = "ms") -> tuple[float, float]:
 
 
 def key_of(model: str, width: int) -> str:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "tools"))
-    from bench_replay import build
     from torch import fx
 
     from ltc_cache.graph.keys import compute_key
+    from zoo.fx_models import build
 
     module, example = build(model, width)
     return compute_key(fx.symbolic_trace(module), example).digest
@@ -262,7 +259,8 @@ def compile_section(model: str, width: int, repeats: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.bench_warm_start",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["extract", "compile"])
     parser.add_argument("--model", default="mlp128")
     parser.add_argument("--width", type=int, default=64)

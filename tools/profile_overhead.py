@@ -1,7 +1,8 @@
 """Where a compiled training step's time goes outside the ops, region by
-region and per step, for one model of ``tools/bench_steady.py``:
+region and per step, for one model of ``tools/bench_steady.py``
+(``zoo/sized_models.py``):
 
-    python tools/profile_overhead.py [--model smallgpt] [--size mid] [--reps 50]
+    python -m tools.profile_overhead [--model smallgpt] [--size mid] [--reps 50]
 
 The model is compiled with the ``ltc_cache`` backend (a cache directory of
 its own) and trained for three AdamW steps, so that its steps run through
@@ -35,10 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-from bench_steady import build, first  # noqa: E402
-from markdown_table import table  # noqa: E402
+from tools.bench_steady import first
+from tools.harness import table
+from zoo.sized_models import build
 
 
 def _clock_ms(fn, reps: int) -> float:
@@ -139,7 +139,8 @@ def _backward_split(step, reps: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.profile_overhead",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smallgpt")
     parser.add_argument("--size", default="mid")
     parser.add_argument("--reps", type=int, default=50)

@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import child_env, run_child
-from corner_models import build, random_inputs
+from helpers import child_env, run_child
 
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.graph.entry import decode, encode
@@ -27,6 +26,7 @@ from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.store.bundle import write_bundle
 from ltc_cache.units import format_size
 from ltc_cache.wire import is_entry_key
+from zoo.corner_models import build, random_inputs
 
 SCRIPT = Path(sys.executable).with_name("ltc-cache")
 CASES = ("weighted", "const_scale", "tensor_constant", "addcmul")

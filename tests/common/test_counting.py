@@ -9,8 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import ledger_counts
-from corner_models import build, check_against_eager, random_inputs
+from helpers import ledger_counts
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
@@ -19,6 +18,7 @@ from ltc_cache.diagnostics import LEDGER_EVENTS
 from ltc_cache.graph.keys import compute_key
 from ltc_cache.graph.replay import CompiledGraph
 from ltc_cache.store import DiskStore
+from zoo.corner_models import build, check_against_eager, random_inputs
 
 
 def assert_agree(directory, *, errors: int) -> None:

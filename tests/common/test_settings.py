@@ -9,12 +9,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TESTS, child_env
+from helpers import CHILDREN, child_env
 
 from ltc_cache import CacheConfig
 from ltc_cache.units import parse_size
 
-CHILD = TESTS / "child_compile.py"
+CHILD = CHILDREN / "compile_net.py"
 
 
 def run_user_script(*args: str, **env: str) -> dict:
@@ -101,10 +101,9 @@ def test_a_backend_the_program_initialised_itself_is_used_and_nothing_is_remembe
 
 
 def test_a_failure_of_the_process_never_becomes_a_negative_entry(cache_dir, monkeypatch):
-    from corner_models import build, random_inputs
-
     import ltc_cache.graph.extract
     from ltc_cache import GraphCache
+    from zoo.corner_models import build, random_inputs
 
     gm, shapes = build("weighted")
     example = random_inputs(shapes, seed=1)
@@ -126,11 +125,10 @@ def test_a_failure_of_the_process_never_becomes_a_negative_entry(cache_dir, monk
 
 def test_a_negative_entry_that_remembers_the_process_is_dropped(cache_dir):
     # As stored before such failures were told apart (issue 14, item 15).
-    from corner_models import build, random_inputs
-
     from ltc_cache import GraphCache
     from ltc_cache.graph.entry import Entry, encode, new_meta
     from ltc_cache.graph.keys import compute_key
+    from zoo.corner_models import build, random_inputs
 
     gm, shapes = build("weighted")
     example = random_inputs(shapes, seed=1)

@@ -13,7 +13,7 @@ import logging
 import msgpack
 import pytest
 import torch
-from conftest import delta
+from helpers import delta
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, child_env, once_per_run, relative_error
+from helpers import CHILDREN, TESTS, child_env, once_per_run, relative_error
 
 # End to end: real models compiled in fresh processes (`pytest -m "not slow"` skips them).
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ MODELS = ["gpt2", "bert", "t5", "transformer_encoder", "cnn"]
 def run_models(env: dict[str, str]) -> dict:
     """One process running every model of MODELS (those of TRAINED trained);
     model -> its report."""
-    args = [sys.executable, str(TESTS / "compile_models.py"), *MODELS,
+    args = [sys.executable, str(CHILDREN / "backend_models.py"), *MODELS,
             "--train", str(STEPS), "--trained", ",".join(TRAINED)]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env
+from helpers import child_env
 
 from ltc_cache.store import DiskStore
 

@@ -1,8 +1,8 @@
 """The first warm process of a training start captures nothing, runs no
 AOTAutograd and traces nothing, for one model of each family of PyTorch's
-benchmark suites (built by tools/suite_models.py from tiny configs), cold
+benchmark suites (built by zoo/suite_models.py from tiny configs), cold
 then warm in child processes (tools/bench_suite.py's child, one model after
-the other in each process, counted on its own: tests/suite_child.py), each
+the other in each process, counted on its own: tests/children/suite.py), each
 checked against eager in its own process: loss and every gradient within
 1e-4 of the largest gradient. The whole suite is the benchmark's
 (BENCHMARKS.md), not the test run's.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import child_env, json_child, once_per_run
+from helpers import child_env, json_child, once_per_run
 
 # Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
 # vision transformer, CNN with BatchNorm (its running statistics as eager's, in few regions).
@@ -29,8 +29,8 @@ def starts(tmp_path_factory) -> dict:
         env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
         env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off",
                    XDG_CONFIG_HOME=str(directory / "config"))
-        cold = json_child("suite_child.py", *FAMILIES, env=env, timeout=900)
-        return {"cold": cold, "warm": json_child("suite_child.py", *FAMILIES, env=env,
+        cold = json_child("suite.py", *FAMILIES, env=env, timeout=900)
+        return {"cold": cold, "warm": json_child("suite.py", *FAMILIES, env=env,
                                                  timeout=900)}
 
     return once_per_run(tmp_path_factory, "test_suite_warm", cold_then_warm)[1]

@@ -1,6 +1,6 @@
 """A warm start runs no AOTAutograd trace: training (forward and backward)
 and partitioned inference, cold then warm in real subprocesses that count
-AOTAutograd's graph captures themselves (tests/warm_children.py wraps
+AOTAutograd's graph captures themselves (tools/probes.py wraps
 ``aot_dispatch_autograd_graph`` and ``aot_dispatch_base_graph``). The
 training models share a cold and a warm process (one model after the
 other, each counted on its own).
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env, json_child, once_per_run, relative_error
+from helpers import child_env, json_child, once_per_run, relative_error
 
 # (GPT-2 without dropout: its graphs are gpt2_dropout's but for the RNG.)
 TRAINED = ["llama_gqa", "gpt2_dropout", "token_mlp"]
@@ -22,7 +22,7 @@ TRAINED = ["llama_gqa", "gpt2_dropout", "token_mlp"]
 
 def child(scenario: str, model: str, *args: str) -> dict:
     """One process running ``scenario`` for ``model``: its report."""
-    return json_child("warm_children.py", scenario, model, *args, timeout=900)[model]
+    return json_child("backend_scenarios.py", scenario, model, *args, timeout=900)[model]
 
 
 def cli_stats(env: dict[str, str]) -> dict:
@@ -42,8 +42,8 @@ def trained(tmp_path_factory) -> dict:
     def cold_then_warm(directory: Path) -> dict:
         env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
         env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off")
-        cold = json_child("warm_children.py", "train", *TRAINED, env=env, timeout=900)
-        warm = json_child("warm_children.py", "train", *TRAINED, env=env, timeout=900)
+        cold = json_child("backend_scenarios.py", "train", *TRAINED, env=env, timeout=900)
+        warm = json_child("backend_scenarios.py", "train", *TRAINED, env=env, timeout=900)
         return {"cold": cold, "warm": warm, "counters": cli_stats(env)["counters"]}
 
     return once_per_run(tmp_path_factory, "test_warm_training", cold_then_warm)[1]

@@ -10,8 +10,7 @@ import msgpack
 import pytest
 import torch
 import torch._lazy.config
-from conftest import TESTS, child_env, delta, run_child
-from corner_models import CASES, ORIGINAL_CASES, build, check_against_eager, random_inputs
+from helpers import CHILDREN, child_env, delta, run_child
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
@@ -19,6 +18,7 @@ from ltc_cache.graph.entry import decode
 from ltc_cache.graph.keys import compute_key
 from ltc_cache.store import DiskStore
 from ltc_cache.wire import FORMAT
+from zoo.corner_models import CASES, ORIGINAL_CASES, build, check_against_eager, random_inputs
 
 ALL_CASES = list(CASES)
 
@@ -75,13 +75,12 @@ def test_original_cases_refuse_fallback_in_a_child_too(cache_dir):
     report = run_child(*ORIGINAL_CASES)  # cold child fills the cache
     assert report["failures"] == {}
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import torch, ltc_cache; from corner_models import build, random_inputs;"
+        "import torch, ltc_cache; from zoo.corner_models import build, random_inputs;"
         "import torch._lazy.config; torch._lazy.config.set_force_fallback('aten::sub');"
         "gm, shapes = build('sub');"
         "ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, 1))"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(TESTS)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True,
                           text=True, env=child_env())
     # The forced fallback is part of the key, so the stored entry is not used.
     assert proc.returncode != 0
@@ -184,7 +183,7 @@ def test_entry_of_another_schema_is_a_miss(cache_dir):
 
 @pytest.mark.slow  # four processes
 def test_four_processes_on_one_cold_key_trace_once(cache_dir):
-    cmd = [sys.executable, str(TESTS / "child_extract.py"), "weighted", "--wait"]
+    cmd = [sys.executable, str(CHILDREN / "extract.py"), "weighted", "--wait"]
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=child_env())
              for _ in range(4)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, child_env, json_child, once_per_run
+from helpers import TESTS, child_env, json_child, once_per_run
 from torch import fx, nn
 
 import ltc_cache
@@ -39,13 +39,13 @@ def fused_env(cache_dir, mode: str, tmp_path) -> dict[str, str]:
 
 def test_cold_compiles_warm_loads_and_both_match_eager(cache_dir, tmp_path):
     """A graph that updates an argument in place and returns another as it
-    is (tests/corner_models.py); a training step's forward and backward
+    is (zoo/corner_models.py); a training step's forward and backward
     regions. One process compiles them (LTC_CACHE_FUSE=sync), the next
     loads the three libraries, tracing nothing."""
     env = fused_env(cache_dir, "sync", tmp_path)
     runs = {}
     for name in ("cold", "warm"):
-        run = runs[name] = json_child("fused_child.py", "inplace_update", env=env, timeout=600)
+        run = runs[name] = json_child("fused.py", "inplace_update", env=env, timeout=600)
         assert not run["failures"], run["failures"]
         assert run["error"] < 1e-5, run
     graphs, stats = run["graphs"], run["stats"]

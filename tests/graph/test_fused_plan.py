@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_env, json_child, once_per_run
+from helpers import child_env, json_child, once_per_run
 
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.compile_backend import plan_library, plan_rng
@@ -42,14 +42,14 @@ def stored(directory: Path, kind: str) -> dict[str, object]:
 
 @pytest.fixture(scope="session")
 def cold_then_warm(tmp_path_factory) -> dict:
-    """Once for the run: tests/fused_plan_child.py in a cold process that
+    """Once for the run: tests/children/fused_plan.py in a cold process that
     compiles every library (LTC_CACHE_FUSE=sync), then in a warm one."""
 
     def run(root: Path) -> dict:
         env = child_env(LTC_CACHE_DIR=str(root / "ltc"), LTC_CACHE_FUSE="sync",
                         XDG_CONFIG_HOME=str(root / "config"))
-        cold = json_child("fused_plan_child.py", env=env, timeout=1800)
-        warm = json_child("fused_plan_child.py", env=env, timeout=600)
+        cold = json_child("fused_plan.py", env=env, timeout=1800)
+        warm = json_child("fused_plan.py", env=env, timeout=600)
         return {"cold": cold, "warm": warm}
 
     root, runs = once_per_run(tmp_path_factory, "fused_plan", run)
@@ -114,7 +114,7 @@ def test_a_tampered_plan_library_is_refused_and_the_regions_run(cold_then_warm, 
     # Read-only: the library is refused, and nothing queued for a worker.
     env = child_env(LTC_CACHE_DIR=str(directory), LTC_CACHE_FUSE="background",
                     LTC_CACHE_READONLY="1", XDG_CONFIG_HOME=str(cold_then_warm["config"]))
-    run = json_child("fused_plan_child.py", env=env, timeout=600)
+    run = json_child("fused_plan.py", env=env, timeout=600)
     assert run["infer_error"] < 1e-5 and run["train_error"] < 1e-5, run
     assert run["stats"]["fused_plan_loads"] == 2 and run["stats"]["traces"] == 0, run
 

@@ -9,8 +9,7 @@ import warnings
 import pytest
 import torch
 import torch._lazy.config
-from conftest import delta
-from corner_models import build, check_against_eager, random_inputs
+from helpers import delta
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
@@ -19,6 +18,7 @@ from ltc_cache.graph.entry import Entry, decode, new_meta
 from ltc_cache.graph.keys import compute_key, derived_key
 from ltc_cache.store import MemoryStore
 from ltc_cache.wire import is_entry_key
+from zoo.corner_models import build, check_against_eager, random_inputs
 
 
 class CountingStore(MemoryStore):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._lazy.config
-from conftest import run_child
-from corner_models import build, random_inputs
+from helpers import run_child
 
 import ltc_cache.graph.keys as keys
 from ltc_cache.graph.keys import compute_key, differing_parts
+from zoo.corner_models import build, random_inputs
 
 
 def key_for(name="weighted", inputs=None, seed=0):

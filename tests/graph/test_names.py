@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 
 import torch
-from child_compile import Net, Net2
 
 from ltc_cache import CacheConfig
 from ltc_cache.report import scan
 from ltc_cache.store import ReadOnlyDiskStore
+from zoo.compile_models import Net, Net2
 
 
 def names(directory) -> list[str]:

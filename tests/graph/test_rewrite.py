@@ -17,7 +17,6 @@ import math
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -794,9 +793,9 @@ def test_ir_that_cannot_be_rewritten_is_stored_as_traced():
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        # Import this file under its test name, so that the classes (and
-        # with them the cache keys of leaf modules) are the test's.
-        sys.path.insert(0, str(Path(__file__).parents[1]))
+        # Import this file under its test name (its directory is the
+        # script's, first on the import path), so that the classes (and with
+        # them the cache keys of leaf modules) are the test's.
         import test_rewrite
 
         test_rewrite.child(sys.argv[2:])

@@ -9,19 +9,18 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TESTS, child_env
-from corner_models import build, check_against_eager, random_inputs
+from helpers import child_env
 
 import ltc_cache
+from zoo.corner_models import build, check_against_eager, random_inputs
 
 pytestmark = pytest.mark.slow  # each test runs a child process
 
 _WARM_CHILD = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
-from corner_models import build, check_against_eager, random_inputs
+from zoo.corner_models import build, check_against_eager, random_inputs
 import ltc_cache
-gm, shapes = build(sys.argv[2])
+gm, shapes = build(sys.argv[1])
 compiled = ltc_cache.extract_compiled_graph(gm, random_inputs(shapes, seed=1))
 check_against_eager(gm, compiled, shapes)
 print(json.dumps({"stats": ltc_cache.stats(), "modules": sorted(sys.modules)}))
@@ -33,7 +32,7 @@ _MISS_ONLY = {"torch._lazy", "ltc_cache.graph.extract", "ltc_cache.graph.rewrite
 
 
 def _child(case: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _WARM_CHILD, str(TESTS), case],
+    proc = subprocess.run([sys.executable, "-c", _WARM_CHILD, case],
                           capture_output=True, text=True, env=child_env(), timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr

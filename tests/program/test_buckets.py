@@ -12,18 +12,18 @@ import json
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from generate_child import build as build_lm
-from generate_child import prompt
-from lengths_child import batch
-from lengths_child import build as build_trained
+from helpers import CHILDREN
 
 import ltc_cache
 from ltc_cache.program.buckets import Buckets, pad_forward, pad_generate
+from zoo.generate_models import build as build_lm
+from zoo.generate_models import prompt
+from zoo.padded_models import batch
+from zoo.padded_models import build as build_trained
 
 warnings.filterwarnings("ignore", message=".*token_id must be.*")
 
@@ -174,7 +174,7 @@ def test_a_dict_output_of_generate_is_cut_back_too():
 
 # -- training over lengths in child processes, cold then warm ---------------------------
 
-CHILD = Path(__file__).parents[1] / "lengths_child.py"
+CHILD = CHILDREN / "lengths.py"
 
 
 def _train(lengths: list[int]) -> dict:

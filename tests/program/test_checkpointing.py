@@ -17,7 +17,7 @@ import operator
 import msgpack
 import pytest
 import torch
-from conftest import json_child, relative_error
+from helpers import json_child, relative_error
 from torch import fx
 from torch.utils.checkpoint import checkpoint
 
@@ -221,7 +221,7 @@ def test_a_product_reading_two_regions_joins_the_later():
 
 
 def child(*args: str) -> dict:
-    return json_child("checkpointing_child.py", *args, timeout=900)
+    return json_child("checkpointing.py", *args, timeout=900)
 
 
 @pytest.mark.slow

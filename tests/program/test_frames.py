@@ -1,6 +1,6 @@
 """Programs of several frames (``ltc_cache.program.frames``): functions Dynamo
 compiles with graph breaks, cold then warm in child processes
-(``tests/frames_child.py``), against eager.
+(``tests/children/frames.py``), against eager.
 
 Each test writes ``framemodels.py`` and ``after.py`` (a helper called only
 after the break) into its temp dir, so it can edit them between processes.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, captured_models, child_env, free_port
+from helpers import CHILDREN, captured_models, child_env, free_port, on_import_path
 
 from ltc_cache.graph.entry import decode, encode
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
@@ -121,11 +121,12 @@ def captured(tmp_path_factory) -> dict:
 
 def run(model: str, models: Path | None = None, *args: str,
         env: dict[str, str] | None = None) -> dict:
-    command = [sys.executable, str(TESTS / "frames_child.py"), model, *args]
+    command = [sys.executable, str(CHILDREN / "frames.py"), model, *args]
+    env = env or child_env()
     if models is not None:
         command += ["--models", str(models)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env or child_env(),
-                          timeout=600)
+        env = on_import_path(env, models)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -351,7 +352,7 @@ def torchrun(order: str, out: Path, port: int) -> list[dict]:
     for old in out.glob("rank*.json"):
         old.unlink()
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
-               f"--master_port={port}", str(TESTS / "ddp_child.py"), order, str(out)]
+               f"--master_port={port}", str(CHILDREN / "ddp.py"), order, str(out)]
     if order != "torch_compile_ddp":  # (whose DDPOptimizer asserts a cap of 1 MiB or more)
         command += ["--bucket-mb", "0.04"]  # GPT-2's 118 KB of weights: three buckets
     proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),

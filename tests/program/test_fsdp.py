@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, child_env, free_port
+from helpers import CHILDREN, child_env, free_port
 
 
 def _fake_sharded(module):
@@ -195,7 +195,7 @@ def torchrun(out: Path, order: str, ranks: int = 2) -> list[dict]:
     for old in out.glob("rank*.json"):
         old.unlink()
     command = [str(Path(sys.executable).with_name("torchrun")), f"--nproc_per_node={ranks}",
-               f"--master_port={free_port()}", str(TESTS / "fsdp_child.py"), order, str(out)]
+               f"--master_port={free_port()}", str(CHILDREN / "fsdp.py"), order, str(out)]
     proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

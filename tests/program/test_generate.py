@@ -3,7 +3,7 @@
 The regression of the first cold ``generate()`` (a negative slice bound
 read back positive, fact 22 in docs/design.md) and of a region that falls
 back to eager on inputs laid out otherwise than traced (fact 23); cold then
-warm generation in fresh child processes (``tests/generate_child.py``).
+warm generation in fresh child processes (``tests/children/generate.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CHILDREN
 from torch import fx
 
 from ltc_cache.compile_backend.first_call import eager_region
@@ -44,11 +45,11 @@ def test_a_region_falling_back_to_eager_gets_its_inputs_in_the_traced_layout():
 
 # -- generate() in child processes, cold then warm -------------------------------------
 
-CHILD = Path(__file__).parents[1] / "generate_child.py"
+CHILD = CHILDREN / "generate.py"
 
 
 def generate(model: str, lengths: list[int], *options: str) -> dict:
-    """``tests/generate_child.py`` in a fresh process over the test's cache."""
+    """``tests/children/generate.py`` in a fresh process over the test's cache."""
     proc = subprocess.run([sys.executable, str(CHILD), model,
                            "--lengths", ",".join(map(str, lengths)), *options],
                           capture_output=True, text=True, timeout=900)

@@ -2,7 +2,7 @@
 
 Each test writes a small model module (``progmodels.py``, and ``helper.py``
 whose function the model inlines) into its temp dir, so that it can edit
-them between processes, and runs ``tests/program_child.py`` against it.
+them between processes, and runs ``tests/children/program.py`` against it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import TESTS, captured_models, child_env
+from helpers import CHILDREN, captured_models, child_env, on_import_path
 
 import ltc_cache
 from ltc_cache.graph.entry import decode, encode
@@ -179,7 +179,7 @@ def captured(tmp_path_factory) -> dict:
                            {"progmodels.py": MODELS, "helper.py": HELPER}, cold)
 
 
-# Runs of program_child.py that share a cold and a warm process, one after
+# Runs of children/program.py that share a cold and a warm process, one after
 # the other in each, counted on their own: what each compiles is its own
 # code (Net.forward is compiled whole by "train" alone). name -> options.
 VARIANTS = {
@@ -213,8 +213,9 @@ def variants(tmp_path_factory) -> dict:
 
 
 def run(models: Path, *args: str, env: dict[str, str] | None = None) -> dict:
-    proc = subprocess.run([sys.executable, str(TESTS / "program_child.py"), str(models), *args],
-                          capture_output=True, text=True, env=env or child_env(), timeout=600)
+    proc = subprocess.run([sys.executable, str(CHILDREN / "program.py"), str(models), *args],
+                          capture_output=True, text=True,
+                          env=on_import_path(env or child_env(), models), timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

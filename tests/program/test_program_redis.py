@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from conftest import child_env
+from helpers import child_env
 from test_program import MARKER, Payload, assert_captured, assert_warm, run
 from test_program import models as models
 

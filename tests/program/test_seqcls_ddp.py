@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, child_env, free_port
+from helpers import CHILDREN, child_env, free_port, on_import_path
 
 from ltc_cache.graph.entry import decode
 from ltc_cache.store import ReadOnlyDiskStore
@@ -79,9 +79,14 @@ def program_keys(directory: Path) -> list[str]:
         store.close()
 
 
-def child(script: str, *args: str, hash_seed: str | None = None) -> dict:
+def child(script: str, *args: str, hash_seed: str | None = None,
+          models: Path | None = None) -> dict:
+    """``tests/children/<script>``'s report; ``models``: a directory of
+    modules the child imports (on its PYTHONPATH)."""
     env = child_env(PYTHONHASHSEED=hash_seed) if hash_seed else child_env()
-    proc = subprocess.run([sys.executable, str(TESTS / script), *args], capture_output=True,
+    if models is not None:
+        env = on_import_path(env, models)
+    proc = subprocess.run([sys.executable, str(CHILDREN / script), *args], capture_output=True,
                           text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -141,12 +146,13 @@ def test_a_program_whose_first_call_changes_its_guards_loads_warm(signing_key, t
     models.mkdir()
     (models / "progmodels.py").write_text(MODELS)
     calls = ["--call", "2x16:float32"] * 3
-    cold = child("program_child.py", str(models), *calls, hash_seed="1")
+    cold = child("program.py", str(models), *calls, hash_seed="1", models=models)
     # The first call's program (problem_type None) and the next calls'.
     assert cold["stats"].get("program_captures", 0) == 2, cold
     assert len(program_keys(signing_key)) == 2
     for hash_seed in ("2", "3"):  # (as by default, every process hashes strings its own way)
-        warm = child("program_child.py", str(models), *calls, hash_seed=hash_seed)
+        warm = child("program.py", str(models), *calls, hash_seed=hash_seed,
+                     models=models)
         assert warm["max_error"] <= 1e-6, warm
         assert warm["outputs"] == cold["outputs"]
         assert warm["stats"].get("program_hits", 0) == 2, warm
@@ -158,8 +164,8 @@ def test_a_program_whose_first_call_changes_its_guards_loads_warm(signing_key, t
 
 @pytest.mark.slow  # two child processes training a transformers model
 def test_gpt2_sequence_classification_trains_warm(signing_key):
-    cold = child("seqcls_child.py")
-    warm = child("seqcls_child.py")
+    cold = child("seqcls.py")
+    warm = child("seqcls.py")
     for result in (cold, warm):
         assert result["losses"] == pytest.approx(result["eager"], abs=1e-5), result
         # AdamW moves every weight by about lr (1e-3) a step, whatever its
@@ -236,7 +242,7 @@ def torchrun(out: Path, model: str) -> list[dict]:
     for old in out.glob("rank*.json"):
         old.unlink()
     command = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
-               f"--master_port={free_port()}", str(TESTS / "ddp_child.py"), "compiled_ddp",
+               f"--master_port={free_port()}", str(CHILDREN / "ddp.py"), "compiled_ddp",
                str(out), "--model", model]
     proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
                           timeout=600)

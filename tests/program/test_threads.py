@@ -3,7 +3,7 @@ server. Every result is eager's, no call raises, and each program, plan and
 LTC graph is captured, AOTAutograd-traced and LTC-traced at most once per
 process (README, "Threads").
 
-Cold and warm in real child processes (``tests/threads_child.py``: threads
+Cold and warm in real child processes (``tests/children/threads.py``: threads
 released together by a barrier, 48 calls of a tiny model); the pieces that
 make it so in this process.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_env, json_child, once_per_run
+from helpers import child_env, json_child, once_per_run
 
 import ltc_cache
 from ltc_cache.compile_backend.first_call import Guarded
@@ -29,7 +29,7 @@ def serve(route: str, model: str, *options: str, env: dict[str, str] | None = No
     """One child process serving ``model`` through ``route`` on THREADS
     threads at once: checked for errors, wrong results, warnings and LTC
     graphs traced twice, and its report returned."""
-    return checked(json_child("threads_child.py", route, model, "--threads", str(THREADS),
+    return checked(json_child("threads.py", route, model, "--threads", str(THREADS),
                               *options, env=env or child_env(), timeout=900))
 
 
@@ -74,7 +74,7 @@ def compiled(tmp_path_factory) -> dict[str, dict[str, dict]]:
         first, *more = COMPILED
         argv = [*first.split(":"), "--threads", str(THREADS),
                 *(arg for trial in more for arg in ("--also", trial))]
-        return {process: dict(zip(COMPILED, json_child("threads_child.py", *argv, env=env,
+        return {process: dict(zip(COMPILED, json_child("threads.py", *argv, env=env,
                                                        timeout=900), strict=True))
                 for process in ("cold", "warm")}
 
@@ -302,7 +302,7 @@ def test_generate_keeps_the_compiled_forward_while_any_thread_generates():
 def test_counters_in_the_ledger_are_exact_under_threads(cache_dir):
     """``ltc-cache stats`` counts every thread's events: each thread writes
     on a connection of its own, in a transaction of its own."""
-    from conftest import ledger_counts
+    from helpers import ledger_counts
 
     from ltc_cache.store import open_directory
 

@@ -10,14 +10,14 @@ bit, which are eager's (to 1e-5).
 from __future__ import annotations
 
 import pytest
-from conftest import json_child, relative_error
+from helpers import json_child, relative_error
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 
 def child(*args: str) -> dict:
-    return json_child("trainer_child.py", *args, timeout=900)
+    return json_child("trainer.py", *args, timeout=900)
 
 
 def assert_warm(cold: dict, warm: dict, programs: int) -> None:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from conftest import child_env, delta, free_port, ledger_counts, run_child
-from corner_models import build, check_against_eager, random_inputs
+from helpers import CHILDREN, child_env, delta, free_port, ledger_counts, run_child
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LockTimeout
@@ -23,6 +22,7 @@ from ltc_cache.graph.entry import decode
 from ltc_cache.graph.keys import compute_key
 from ltc_cache.store import DiskStore, RedisStore, TieredStore
 from ltc_cache.wire import read_envelope
+from zoo.corner_models import build, check_against_eager, random_inputs
 
 redis = pytest.importorskip("redis", reason="the redis package (test extra) is not installed")
 if shutil.which("redis-server") is None:
@@ -204,7 +204,7 @@ def test_machines_starting_together_trace_once(redis_server, cache_dir, tmp_path
     release, write_end = os.pipe()
     children = [
         subprocess.Popen(
-            [sys.executable, str(Path(__file__).parents[1] / "child_extract.py"), "weighted",
+            [sys.executable, str(CHILDREN / "extract.py"), "weighted",
              "--wait"],
             stdin=release, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=child_env(LTC_CACHE_DIR=str(tmp_path / f"machine{i}"),
@@ -268,7 +268,7 @@ def test_entry_tampered_in_redis_is_rejected(redis_server, cache_dir, tmp_path):
     client.set(name, bytes(tampered))
 
     env_b = child_env(LTC_CACHE_DIR=str(tmp_path / "b"), LTC_CACHE_REMOTE=redis_server.url)
-    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "child_extract.py"),
+    proc = subprocess.run([sys.executable, str(CHILDREN / "extract.py"),
                            "weighted"], capture_output=True, text=True, env=env_b, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -304,7 +304,7 @@ def test_forged_entry_in_redis_is_rejected_when_entries_are_signed(redis_server,
 
     env_b = child_env(LTC_CACHE_DIR=str(tmp_path / "b"), LTC_CACHE_REMOTE=redis_server.url,
                       LTC_CACHE_SECRET=secret.decode())
-    proc = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "child_extract.py"),
+    proc = subprocess.run([sys.executable, str(CHILDREN / "extract.py"),
                            "weighted"], capture_output=True, text=True, env=env_b, timeout=300)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])

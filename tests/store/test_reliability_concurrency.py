@@ -10,9 +10,10 @@ import warnings
 from collections import Counter
 
 import pytest
-from reliability_workers import MODELS, WORKERS, decode_all
+from helpers import RELIABILITY_CHILD, decode_all
 
 from ltc_cache.store import DiskStore
+from zoo.reliability_models import MODELS
 
 # End to end: eight processes at once (`pytest -m "not slow"` skips it).
 pytestmark = pytest.mark.slow
@@ -24,8 +25,8 @@ OPS = 300
 def test_eight_processes_mixed_operations(tmp_path):
     directory = tmp_path / "cache"
     children = [
-        subprocess.Popen([sys.executable, str(WORKERS), "mixed", str(directory), str(seed),
-                          str(OPS)],
+        subprocess.Popen([sys.executable, str(RELIABILITY_CHILD), "mixed", str(directory),
+                          str(seed), str(OPS)],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
         for seed in range(PROCESSES)

@@ -12,10 +12,9 @@ from pathlib import Path
 import msgpack
 import pytest
 import torch
-from conftest import delta
-from reliability_workers import (
+from helpers import (
     body_of,
-    build,
+    delta,
     envelope,
     flip_bit,
     matches_eager,
@@ -29,6 +28,7 @@ from ltc_cache.diagnostics import counters
 from ltc_cache.graph.entry import decode
 from ltc_cache.store import DiskStore
 from ltc_cache.wire import SCHEMA_VERSION, is_entry_key
+from zoo.reliability_models import build
 
 # "scaled" stores two constants (inline in SQLite), "deep" is a value file.
 NAMES = ("scaled", "mlp2", "deep")

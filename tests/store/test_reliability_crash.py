@@ -21,7 +21,7 @@ from collections import Counter
 
 import msgpack
 import pytest
-from reliability_workers import WORKERS, build, decode_all, matches_eager, padded
+from helpers import RELIABILITY_CHILD, decode_all, matches_eager, padded
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
@@ -29,6 +29,7 @@ from ltc_cache.graph.entry import encode
 from ltc_cache.report import verify
 from ltc_cache.store import DiskStore
 from ltc_cache.wire import is_entry_key
+from zoo.reliability_models import build
 
 KILLS = 50
 SEED = 20240506
@@ -73,7 +74,7 @@ def test_sigkill_while_storing_loses_nothing(tmp_path):
     payload_file.write_bytes(msgpack.packb(payload, use_bin_type=True))
 
     server = subprocess.Popen(
-        [sys.executable, str(WORKERS), "crash-server", str(directory), str(payload_file)],
+        [sys.executable, str(RELIABILITY_CHILD), "crash-server", str(directory), str(payload_file)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     exit_codes: list[int] = []
     landed: Counter[str] = Counter()  # the writer's last step before the kill

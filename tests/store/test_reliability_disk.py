@@ -23,11 +23,10 @@ from pathlib import Path
 
 import diskcache
 import pytest
-from conftest import delta
-from reliability_workers import (
-    WORKERS,
-    build,
-    child_env,
+from helpers import (
+    RELIABILITY_CHILD,
+    cache_env,
+    delta,
     matches_eager,
     recorded_warnings,
     snapshot,
@@ -36,6 +35,7 @@ from reliability_workers import (
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.store import DiskStore
+from zoo.reliability_models import build
 
 NAMES = ["mlp1", "mlp2", "scaled", "deep", "mlp2-wide", "mlp2-batch3"]
 # Stored first (one of them in a value file of its own), then one more.
@@ -48,9 +48,9 @@ def _in_namespace(mount: str, directory: Path, *commands: list[str]) -> list[dic
     report of each."""
     script = " && ".join([mount, *(f'"$2" "$3" {" ".join(c)}' for c in commands)])
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", str(directory),
-                           sys.executable, str(WORKERS)],
+                           sys.executable, str(RELIABILITY_CHILD)],
                           capture_output=True, text=True, timeout=600,
-                          env=child_env(directory / "cache"))
+                          env=cache_env(directory / "cache"))
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -91,8 +91,8 @@ def test_real_read_only_mount(mount_namespaces, tmp_path):
     """A cache on a read-only bind mount, written before it was mounted so:
     a process without LTC_CACHE_READONLY warns once and serves it; with it,
     says nothing. Neither changes a byte."""
-    subprocess.run([sys.executable, str(WORKERS), "run-models", *STORED], check=True,
-                   env=child_env(tmp_path / "cache"), capture_output=True, timeout=600)
+    subprocess.run([sys.executable, str(RELIABILITY_CHILD), "run-models", *STORED], check=True,
+                   env=cache_env(tmp_path / "cache"), capture_output=True, timeout=600)
     before = snapshot(tmp_path / "cache")
     mount = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"'
     plain, readonly = _in_namespace(mount, tmp_path, ["run-models", *STORED, MISSING],
@@ -183,8 +183,8 @@ def test_readonly_flag_serves_hits_and_writes_nothing(tmp_path):
     """LTC_CACHE_READONLY=1 on a writable directory: hits are served, a miss
     is traced and not stored, and every file is byte for byte as it was."""
     # Written by another process, which has closed everything when it ends.
-    subprocess.run([sys.executable, str(WORKERS), "run-models", *STORED], check=True,
-                   env=child_env(tmp_path / "cache"), capture_output=True, timeout=600)
+    subprocess.run([sys.executable, str(RELIABILITY_CHILD), "run-models", *STORED], check=True,
+                   env=cache_env(tmp_path / "cache"), capture_output=True, timeout=600)
     before = snapshot(tmp_path / "cache")
     assert any(name.endswith(".val") for name in before)  # "deep" is a value file
     delta, messages = _run(tmp_path / "cache", [*STORED, MISSING], readonly=True)

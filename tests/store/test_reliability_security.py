@@ -15,10 +15,9 @@ from pathlib import Path
 import diskcache
 import msgpack
 import pytest
-from conftest import delta
-from reliability_workers import (
+from helpers import (
     body_of,
-    build,
+    delta,
     envelope,
     matches_eager,
     recorded_warnings,
@@ -34,6 +33,7 @@ from ltc_cache.store import bundle as bundle_module
 from ltc_cache.store import disk as disk_module
 from ltc_cache.store.safety import UnsafeDirectory
 from ltc_cache.wire import MAX_ENTRY_BYTES, read_envelope
+from zoo.reliability_models import build
 
 NOBODY = 65534
 

@@ -1,22 +1,13 @@
-"""Small models for the torch.compile backend tests, and a child process that
-runs them through ``backend="ltc_cache"`` against eager, one after the other.
-
-``python tests/compile_models.py MODEL [MODEL ...] [--train STEPS]
-[--trained MODEL,...]`` prints one JSON line, for each model: the largest
-difference from eager, the losses of both (the models of ``--trained``, by
-default all, train ``STEPS`` steps), and its counters (this process's, reset
-before each model: as a process of its own would count them).
-Random weights from a fixed seed, tiny configs, no downloads.
+"""Small models for torch.compile: transformers' GPT-2, BERT, Llama, T5 at
+tiny configs, and plain torch.nn ones; ``MODELS`` maps each name to its
+builder, which returns ``(model, args)``. With the losses and outputs the
+tests and tools compare against eager (``first_tensor``, ``loss_of``,
+``train_steps``). Random weights from the caller's seed, no downloads.
+``tests/children/backend_models.py`` runs them through
+``backend="ltc_cache"`` in a child process.
 """
 
 from __future__ import annotations
-
-import argparse
-import copy
-import json
-import sys
-import time
-import warnings
 
 import torch
 
@@ -130,9 +121,38 @@ def token_mlp():
     return TokenMLP(), (_ids(),)
 
 
+def mlp128():
+    """128 Linear layers of width 64, each followed by a ReLU: a long graph
+    of small ops."""
+    layers = []
+    for _ in range(128):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers), (torch.randn(8, 64),)
+
+
+class Net(torch.nn.Module):
+    """Two Linear layers and a ReLU: the user's script of the settings tests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class Net2(Net):
+    """Net with tanh for ReLU: another class, so another name."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
 MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama, "llama_gqa": llama_gqa,
           "gpt2_dropout": gpt2_dropout, "t5": t5,
-          "transformer_encoder": transformer_encoder, "cnn": cnn, "token_mlp": token_mlp}
+          "transformer_encoder": transformer_encoder, "cnn": cnn, "token_mlp": token_mlp,
+          "mlp128": mlp128}
 
 
 def first_tensor(out) -> torch.Tensor:
@@ -165,66 +185,3 @@ def train_steps(model, args, steps: int, optimizer) -> list[float]:
         optimizer.step()
         losses.append(loss.item())
     return losses
-
-
-# Ops the backend probed for the models run before (its count is the process's).
-_PROBED = [0]
-
-
-def run(name: str, train_steps: int) -> dict:
-    import ltc_cache
-    from ltc_cache.diagnostics import counters
-
-    counters.reset()
-    torch.manual_seed(0)
-    model, args = MODELS[name]()
-    model.eval()
-    reference = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="ltc_cache")
-    result: dict = {"model": name}
-
-    start = time.perf_counter()
-    with torch.no_grad():
-        got = first_tensor(compiled(*args))
-    result["inference_first_s"] = time.perf_counter() - start
-    with torch.no_grad():
-        want = first_tensor(reference(*args))
-        again = first_tensor(compiled(*args))
-    result["inference_max_error"] = max((got - want).abs().max().item(),
-                                        (again - want).abs().max().item())
-    inference = ltc_cache.stats()
-    result["inference_stats"] = inference
-
-    if train_steps:
-        model.train()
-        reference.train()
-        result["eager_losses"] = train(reference, args, train_steps)
-        result["losses"] = train(compiled, args, train_steps)
-    result["stats"] = ltc_cache.stats()
-    probes = ltc_cache.backend.op_support().probes
-    result["probes"], _PROBED[0] = probes - _PROBED[0], probes
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("models", nargs="+", choices=sorted(MODELS), metavar="MODEL")
-    parser.add_argument("--train", type=int, default=0, metavar="STEPS")
-    parser.add_argument("--trained", help="the models that train (default: all)")
-    options = parser.parse_args(argv)
-    trained = options.trained.split(",") if options.trained else options.models
-    results = {}
-    for name in options.models:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            result = run(name, options.train if name in trained else 0)
-        # What ltc_cache warned about (a region run eagerly, a graph that does
-        # not replay), so that a failing test says why.
-        result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
-        results[name] = result
-    print(json.dumps(results))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,10 @@
 """A child process for tests/compile_backend/test_suite_warm.py: the first
-training call of each model named (tools/bench_suite.py's ``--child MODEL
-train``: through ``ltc_cache.compile``, against eager on a copy), one model
+training call of each model named (``python -m tools.bench_suite --child
+MODEL train``: through ``ltc_cache.compile``, against eager on a copy), one model
 after the other, each counted on its own as a process of its own counts
 it: ltc_cache's counters, AOTAutograd's traces, Dynamo's frames.
 
-``python tests/suite_child.py MODEL [MODEL ...]`` prints one JSON line:
+``python tests/children/suite.py MODEL [MODEL ...]`` prints one JSON line:
 model -> bench_suite's report.
 """
 
@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import bench_suite  # noqa: E402
-from warm_children import AOT  # noqa: E402
-
-from ltc_cache.diagnostics import counters  # noqa: E402
+from ltc_cache.diagnostics import counters
+from tools import bench_suite
+from tools.probes import AOT
 
 
 def main(names: list[str]) -> int:

@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
 import torch._lazy
 import torch._lazy.metrics as metrics
-from corner_models import build, check_against_eager, random_inputs
 
 import ltc_cache
 from ltc_cache.graph.keys import compute_key
+from zoo.corner_models import build, check_against_eager, random_inputs
 
 # Count syncs and lazy tensors made, across the metric resets a trace does.
 syncs = 0

@@ -1,6 +1,6 @@
 """Data-parallel training through ltc_cache, one rank of it (run by torchrun).
 
-``torchrun --nproc_per_node=N tests/ddp_child.py ORDER OUT_DIR [--steps 3] [--model M]
+``torchrun --nproc_per_node=N tests/children/ddp.py ORDER OUT_DIR [--steps 3] [--model M]
 [--bucket-mb MB]``
 
 Each rank trains a model with AdamW on its share of one global batch,
@@ -43,8 +43,6 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 BATCH_PER_RANK, SEQ = 2, 8
 
 
@@ -54,7 +52,8 @@ class _Mlp:
     @staticmethod
     def build():
         import torch
-        from compile_models import VOCAB
+
+        from zoo.compile_models import VOCAB
 
         class Mlp(torch.nn.Module):
             def __init__(self) -> None:
@@ -77,7 +76,8 @@ def _model(name: str):
     torch.manual_seed(0)
     if name == "seqcls":
         import transformers
-        from compile_models import VOCAB
+
+        from zoo.compile_models import VOCAB
 
         config = transformers.GPT2Config(
             n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, bos_token_id=0,
@@ -87,7 +87,7 @@ def _model(name: str):
     elif name == "mlp":
         model = _Mlp.build()
     else:
-        from compile_models import gpt2
+        from zoo.compile_models import gpt2
 
         model, _ = gpt2()
     model.train()
@@ -98,7 +98,8 @@ def _batch(world: int, name: str):
     """The global batch: token ids and their labels (the ids themselves,
     or one class a sequence for ``seqcls``)."""
     import torch
-    from compile_models import VOCAB
+
+    from zoo.compile_models import VOCAB
 
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (BATCH_PER_RANK * world, SEQ), generator=generator)
@@ -201,9 +202,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from warm_children import AOT, count_aot_traces, program_logs
 
     import ltc_cache
+    from tools.probes import AOT, count_aot_traces, program_logs
 
     count_aot_traces()
     visited = _count_visits()

@@ -1,6 +1,6 @@
 """FSDP2 training through ltc_cache, one rank of it (run by torchrun).
 
-``torchrun --nproc_per_node=N tests/fsdp_child.py ORDER OUT_DIR [--steps 3] [--layers 2]``
+``torchrun --nproc_per_node=N tests/children/fsdp.py ORDER OUT_DIR [--steps 3] [--layers 2]``
 
 Each rank trains transformers' GPT-2 (small config, ``labels=``) with AdamW
 on its share of one global batch, through ``fully_shard`` (FSDP2, gloo,
@@ -29,8 +29,6 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 BATCH_PER_RANK, SEQ = 2, 8
 ORDERS = ("compiled_fsdp", "eager", "inductor")
 
@@ -38,7 +36,8 @@ ORDERS = ("compiled_fsdp", "eager", "inductor")
 def _model(layers: int):
     import torch
     import transformers
-    from compile_models import VOCAB
+
+    from zoo.compile_models import VOCAB
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(
@@ -76,7 +75,8 @@ def _build(order: str, layers: int):
 
 def _batch(world: int):
     import torch
-    from compile_models import VOCAB
+
+    from zoo.compile_models import VOCAB
 
     generator = torch.Generator().manual_seed(1)
     return torch.randint(0, VOCAB, (BATCH_PER_RANK * world, SEQ), generator=generator)
@@ -142,9 +142,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
     import torch
     import torch.distributed as dist
-    from warm_children import AOT, count_aot_traces, program_logs
 
     import ltc_cache
+    from tools.probes import AOT, count_aot_traces, program_logs
 
     count_aot_traces()
     visited = _count_frames()

@@ -1,7 +1,7 @@
 """A child process whose threads call one compiled callable at once, as a
 threaded server does (README, "Threads").
 
-``python tests/threads_child.py ROUTE MODEL [--threads 4] [--calls 48]
+``python tests/children/threads.py ROUTE MODEL [--threads 4] [--calls 48]
 [--also ROUTE:MODEL ...]`` builds a tiny model (random weights from a fixed
 seed, no downloads), compiles it the way ROUTE says, releases the threads together from a
 ``threading.Barrier`` and has them make ``--calls`` calls in all, each
@@ -30,14 +30,11 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LTC_CACHE_FUSE", "off")  # no background g++ in tests
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 VOCAB = 96
 ROUTES = ("module", "function", "torch", "extract", "generate")

@@ -1,4 +1,5 @@
-"""A user's script in a separate process: torch.compile a small model with
+"""A user's script in a separate process: torch.compile a small model
+(``zoo/compile_models.py``'s Net or Net2) with
 backend="ltc_cache" under whatever LTC_CACHE_* the test set, and check it
 against eager.
 
@@ -16,24 +17,10 @@ import json
 import warnings
 
 import torch
-from torch import fx, nn
+from torch import fx
 
 import ltc_cache
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
-
-
-class Net2(Net):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.tanh(self.fc1(x)))
+from zoo.compile_models import Net, Net2
 
 
 def main() -> None:

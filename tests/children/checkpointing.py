@@ -4,7 +4,7 @@ fine-tuning turns on), trained through ``ltc_cache.compile`` with
 micro-batches accumulated and AdamW, beside an eager copy with
 checkpointing on too.
 
-``python tests/checkpointing_child.py gpt2|llama [--reentrant] [--steps 2]
+``python tests/children/checkpointing.py gpt2|llama [--reentrant] [--steps 2]
 [--micro 4] [--memory]`` prints one JSON line: ltc_cache's counters,
 Dynamo's captured frames, AOTAutograd's traces (counted apart), the losses
 of both, the largest gradient difference (before each optimizer step; the
@@ -26,9 +26,6 @@ import json
 import sys
 import time
 import warnings
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 VOCAB = 128
 
@@ -90,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     import torch
-    from warm_children import AOT, count_aot_traces
 
     import ltc_cache
+    from tools.probes import AOT, count_aot_traces
 
     count_aot_traces()
     torch.manual_seed(0)

@@ -1,9 +1,9 @@
 """A child process for tests/program/test_trainer.py: runs examples/trainer.py (a
 transformers ``Trainer``, or the hand-written loop) with AOTAutograd's graph
-captures counted here (tests/warm_children.py's wrapper) and ltc_cache's
+captures counted here (tools/probes.py's wrapper) and ltc_cache's
 warnings collected.
 
-``python tests/trainer_child.py [examples/trainer.py's arguments]`` prints
+``python tests/children/trainer.py [examples/trainer.py's arguments]`` prints
 the example's JSON line with ``aot`` (AOTAutograd traces, counted apart from
 ltc_cache's counters) and ``warnings`` added.
 """
@@ -14,16 +14,14 @@ import importlib.util
 import json
 import sys
 import warnings
-from pathlib import Path
 
-TESTS = Path(__file__).parent
-sys.path.insert(0, str(TESTS))
-from warm_children import AOT, count_aot_traces  # noqa: E402
+from tools.harness import ROOT
+from tools.probes import AOT, count_aot_traces
 
 
 def main(argv: list[str]) -> int:
     spec = importlib.util.spec_from_file_location(
-        "trainer_example", TESTS.parent / "examples" / "trainer.py")
+        "trainer_example", ROOT / "examples" / "trainer.py")
     example = importlib.util.module_from_spec(spec)
     # Importable by name, as a script's classes are: programs pickle them so.
     sys.modules["trainer_example"] = example

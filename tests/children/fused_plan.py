@@ -9,7 +9,7 @@ one of its inputs, and a checkpointed attention puts AOTAutograd's
 generator-state wrappers into the training plan (fact 61 in
 docs/design.md).
 
-``python tests/fused_plan_child.py`` prints one JSON object: this
+``python tests/children/fused_plan.py`` prints one JSON object: this
 process's stats, and the largest relative difference from eager of the
 inference outputs (``infer_error``, over three calls) and of the training
 losses, weights and buffers (``train_error``)."""

@@ -1,11 +1,11 @@
 """A separate process for the fused tier's tests, in the cache configured by
 LTC_CACHE_* (LTC_CACHE_FUSE among them): first each corner case named on
-the command line (tests/corner_models.py) through
+the command line (zoo/corner_models.py) through
 ``ltc_cache.extract_compiled_graph``, checked against eager; then three
 AdamW steps of a small MLP through ``ltc_cache.compile`` (a forward and a
 backward region), against the same steps in eager.
 
-``python tests/fused_child.py [CASE ...]`` prints one JSON object: this
+``python tests/children/fused.py [CASE ...]`` prints one JSON object: this
 process's stats after the corner cases (``graphs``) and at the end
 (``stats``), each case's failure, and the largest relative difference of
 the losses."""
@@ -15,15 +15,12 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 import torch
-from corner_models import build, check_against_eager, random_inputs
 from torch import nn
 
 import ltc_cache
+from zoo.corner_models import build, check_against_eager, random_inputs
 
 
 def run_train() -> float:

@@ -2,10 +2,11 @@
 trains a model through ``ltc_cache.compile`` and a copy eagerly, counting
 Dynamo's frames and AOTAutograd's traces on its own.
 
-``python tests/frames_child.py MODEL [--models DIR] [--steps N] [--set NAME=X [--set-at STEP]]``
+``python tests/children/frames.py MODEL [--models DIR] [--steps N] [--set NAME=X [--set-at STEP]]``
 
 ``MODEL`` is ``gpt2`` (transformers' GPT-2, 2 layers, in ``train()``: its
-forward breaks the graph) or a builder of ``DIR/framemodels.py``. ``--set``
+forward breaks the graph) or a builder of ``DIR/framemodels.py`` (DIR on the
+child's PYTHONPATH: the launching test puts it there). ``--set``
 rebinds a global of that module before the first call (``--set-at``: before
 that step). Prints one JSON
 line: both runs' losses, the largest gradient difference, the counters and
@@ -20,9 +21,6 @@ import json
 import logging
 import sys
 import warnings
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 class _Collect(logging.Handler):
@@ -38,15 +36,14 @@ def _build(options: argparse.Namespace):
     import torch
 
     if options.model == "gpt2":
-        from compile_models import gpt2
+        from zoo.compile_models import gpt2
 
         torch.manual_seed(0)
         model, (ids,) = gpt2()
         # labels=: the loss inside the model, whose first use logs a warning
         # through logging.Logger, which Dynamo breaks the graph at.
         return model, (ids,), {"labels": ids}
-    sys.path.insert(0, options.models)
-    import framemodels
+    import framemodels  # from --models, which the launcher put on PYTHONPATH
 
     if options.set and options.set_at == 0:
         _rebind(framemodels, options.set)
@@ -85,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.addHandler(collect)
 
     import torch
-    from warm_children import AOT, count_aot_traces
 
     import ltc_cache
+    from tools.probes import AOT, count_aot_traces
 
     count_aot_traces()
     model, args, kwargs = _build(options)

@@ -1,173 +1,36 @@
-"""Models, helpers and child processes of the reliability tests.
+"""The child processes of the reliability tests (tests/store/test_reliability_*.py)::
 
-Run as a script it is one of the children those tests start::
-
-    reliability_workers.py run-models NAME...       extract NAMEs through the
-        cache LTC_CACHE_* configures; print a JSON report
-    reliability_workers.py run-models-readonly NAME...   the same, with
+    reliability.py run-models NAME...       extract NAMEs (zoo/reliability_models.py)
+        through the cache LTC_CACHE_* configures; print a JSON report
+    reliability.py run-models-readonly NAME...   the same, with
         LTC_CACHE_READONLY=1
-    reliability_workers.py crash-server DIR PAYLOAD  fork writers on request
-    reliability_workers.py mixed DIR SEED OPS        one of the concurrency test's
+    reliability.py crash-server DIR PAYLOAD  fork writers on request
+    reliability.py mixed DIR SEED OPS        one of the concurrency test's
         processes; waits for a line on stdin, then runs OPS operations
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 import random
 import signal
 import sys
-import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import torch
-from torch import fx, nn
+from helpers import matches_eager, padded, recorded_warnings
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.graph.entry import Entry, decode, encode
 from ltc_cache.graph.keys import compute_key
 from ltc_cache.store import DiskStore, Store
-from ltc_cache.wire import FORMAT, SCHEMA_VERSION, is_entry_key
-
-WORKERS = Path(__file__)
-
-# name -> (depth, width, batch, scale). "deep" has ~43 KB of IR: diskcache
-# keeps it in a file of its own (values >= 32 KB), the others inside its
-# database. A scale is a scalar the trace captures: a stored constant.
-MODELS = {
-    "mlp1": (1, 8, 2, None),
-    "mlp2": (2, 8, 2, None),
-    "mlp2-wide": (2, 16, 2, None),
-    "mlp2-batch3": (2, 8, 3, None),
-    "scaled": (2, 8, 2, 2.5),
-    "deep": (200, 4, 2, None),
-}
-
-
-class _Scaled(nn.Module):
-    def __init__(self, body: nn.Module, scale: float) -> None:
-        super().__init__()
-        self.body = body
-        self.scale = scale
-
-    def forward(self, x):
-        return self.body(x) * self.scale + 1
-
-
-def build(name: str) -> tuple[fx.GraphModule, list[torch.Tensor]]:
-    """The model ``name`` with fixed weights, and its example input."""
-    depth, width, batch, scale = MODELS[name]
-    gen = torch.Generator().manual_seed(depth * 1000 + width)
-    layers: list[nn.Module] = []
-    for _ in range(depth):
-        linear = nn.Linear(width, width)
-        with torch.no_grad():
-            linear.weight.copy_(torch.randn(width, width, generator=gen) / width ** 0.5)
-            linear.bias.copy_(torch.randn(width, generator=gen))
-        layers += [linear, nn.ReLU()]
-    model: nn.Module = nn.Sequential(*layers)
-    if scale is not None:
-        model = _Scaled(model, scale)
-    gm = fx.symbolic_trace(model).eval()
-    return gm, [torch.randn(batch, width, generator=gen)]
-
-
-def child_env(directory: Path, **extra: str) -> dict[str, str]:
-    """This environment for a child, with no LTC_CACHE_* but those given
-    (and no fused libraries: each would be a background g++ compile)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
-    return {**env, "LTC_CACHE_DIR": str(directory), "LTC_CACHE_FUSE": "off", **extra}
-
-
-def matches_eager(gm: fx.GraphModule, compiled, inputs: list[torch.Tensor]) -> bool:
-    expected = gm(*inputs)
-    got = compiled(*inputs)
-    return len(got) == 1 and torch.allclose(got[0], expected, atol=1e-6)
-
-
-def key_of(name: str) -> str:
-    gm, inputs = build(name)
-    return compute_key(gm, inputs).digest
-
-
-# -- files on disk ---------------------------------------------------------
-
-def snapshot(directory: Path) -> dict[str, str]:
-    """Every file under ``directory`` -> sha256 of its bytes."""
-    files = {}
-    for path in sorted(directory.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            files[str(path.relative_to(directory))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return files
-
-
-def value_file(store: DiskStore, key: str) -> Path | None:
-    """The file diskcache keeps ``key``'s value in; None if it is inline."""
-    (filename,), = store.cache._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
-    return None if filename is None else Path(store.cache.directory) / filename
-
-
-def flip_bit(path: Path, offset: int, bit: int = 0) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ (1 << bit)]))
-
-
-def envelope(body: bytes, *, schema: int = SCHEMA_VERSION, **extra: Any) -> bytes:
-    """Entry bytes around ``body`` with a checksum that holds: what a writer
-    with another idea of the body's shape would produce."""
-    return msgpack.packb({"format": FORMAT, "schema": schema,
-                          "sha256": hashlib.sha256(body).digest(), "body": body, **extra},
-                         use_bin_type=True)
-
-
-def body_of(data: bytes) -> dict[str, Any]:
-    return msgpack.unpackb(msgpack.unpackb(data, raw=False)["body"], raw=False)
-
-
-def padded(entry: Entry, key: str, size: int, rng: random.Random) -> Entry:
-    """A copy of ``entry`` stored under ``key`` and carrying ``size`` bytes
-    of metadata: decodes like an entry, and is as large as we like."""
-    return dataclasses.replace(entry, key=key,
-                               meta={**entry.meta, "padding": rng.randbytes(size)})
-
-
-@contextmanager
-def recorded_warnings() -> Iterator[list[str]]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        messages: list[str] = []
-        yield messages
-    messages.extend(str(w.message) for w in caught if issubclass(w.category, RuntimeWarning))
-
-
-def decode_all(store: DiskStore) -> tuple[int, list[str]]:
-    """Decode every entry in ``store``: (how many, problems)."""
-    count, problems = 0, []
-    for key in list(store.keys()):
-        if not is_entry_key(key):
-            continue  # the cache's own records (names of graphs)
-        data = store.get(key)
-        if data is None:
-            continue
-        try:
-            decode(data, expected_key=key)
-            count += 1
-        except Exception as exc:
-            problems.append(f"{key[:12]}: {type(exc).__name__}: {exc}")
-    return count, problems
-
+from zoo.reliability_models import MODELS, build
 
 # -- child processes -------------------------------------------------------
 

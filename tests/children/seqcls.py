@@ -1,7 +1,7 @@
 """A child process that trains transformers' ``GPT2ForSequenceClassification``
 through ``ltc_cache.compile`` and the same steps eagerly on a copy.
 
-``python tests/seqcls_child.py [--steps 3]`` prints one JSON line: the
+``python tests/children/seqcls.py [--steps 3]`` prints one JSON line: the
 losses of both, the largest difference between their weights after the
 steps, ltc_cache's counters, Dynamo's frames, AOTAutograd's traces, the
 seconds of the first compiled step and what ``ltc_cache.precompile`` logged.
@@ -19,9 +19,6 @@ import copy
 import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 VOCAB, BATCH, SEQ = 128, 2, 8
 
@@ -72,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     import torch
-    from warm_children import AOT, count_aot_traces, program_logs
 
     import ltc_cache
+    from tools.probes import AOT, count_aot_traces, program_logs
 
     torch.set_num_threads(1)
     logs = program_logs()

@@ -3,9 +3,10 @@ from a module the test wrote (``MODELS_DIR/progmodels.py``), runs it through
 ``ltc_cache.compile`` for each requested call, and checks every result (and,
 with --train, every gradient) against eager.
 
-``python tests/program_child.py MODELS_DIR --call 2x16:float32 --call ...``
-prints one JSON line: this process's counters, Dynamo's captured frames,
-the largest errors, and what ltc_cache.program.precompile logged.
+``python tests/children/program.py MODELS_DIR --call 2x16:float32 --call ...``
+(MODELS_DIR on its PYTHONPATH: the launching test puts it there) prints
+one JSON line: this process's counters, Dynamo's captured frames, the
+largest errors, and what ltc_cache.program.precompile logged.
 
 --set SCALE=3.0 rebinds the models module's global ``SCALE`` before the
 last call (a guard that must be seen after a program was loaded).
@@ -62,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     runs = [options, *(parser.parse_args([options.models_dir, *shlex.split(more)])
                        for more in options.also)]
-    sys.path.insert(0, options.models_dir)
     loads: dict[str, list[bool]] = {}
     if any(run.watch_loads for run in runs):
         _watch_loads(loads)

@@ -1,15 +1,14 @@
 """A training loop over batches of varying sequence lengths, as transformers'
 dynamic padding makes them, through ``ltc_cache.compile`` and eagerly.
 
-``python tests/lengths_child.py --lengths 9,40 [--model gpt2|llama]
+``python tests/children/lengths.py --lengths 9,40 [--model gpt2|llama]
 [--route ltc_cache|inductor|eager]`` prints one JSON line: each step's
 loss through the route (``ltc_cache.compile(model)``, ``torch.compile(model)``)
 and eagerly, each step's time, the process's time to the end of its
-last step, and its counters. Each batch holds four sequences,
-one of them padded (attention mask 0, labels -100), as a collator pads
-the shorter ones. Tiny configs, random weights, no downloads.
-``tests/program/test_buckets.py`` and ``tools/bench_lengths.py --train``
-run it in fresh processes, cold then warm.
+last step, and its counters. The models and batches are
+``zoo/padded_models.py``'s. ``tests/program/test_buckets.py`` and
+``python -m tools.bench_generate --train`` run it in fresh processes, cold
+then warm.
 """
 
 from __future__ import annotations
@@ -24,32 +23,7 @@ from typing import Any
 
 import torch
 
-VOCAB = 128
-
-
-def build(name: str) -> torch.nn.Module:
-    """``name``'s tiny causal language model, weights from seed 0, no dropout."""
-    import transformers as t
-
-    torch.manual_seed(0)
-    if name == "gpt2":
-        config = t.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=128,
-                              pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        return t.GPT2LMHeadModel(config).train()
-    config = t.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=128, vocab_size=VOCAB,
-                           max_position_embeddings=128, pad_token_id=0)
-    return t.LlamaForCausalLM(config).train()
-
-
-def batch(length: int, step: int) -> dict[str, torch.Tensor]:
-    """Four sequences padded to ``length``: the first is a third shorter."""
-    gen = torch.Generator().manual_seed(length * 7 + step)
-    ids = torch.randint(3, VOCAB, (4, length), generator=gen)
-    mask = torch.ones_like(ids)
-    mask[0, length - length // 3:] = 0
-    return {"input_ids": ids.masked_fill(mask == 0, 0), "attention_mask": mask,
-            "labels": ids.masked_fill(mask == 0, -100)}
+from zoo.padded_models import batch, build
 
 
 def train(model: torch.nn.Module, call: Callable[..., Any],

@@ -1,10 +1,11 @@
-"""A child process that counts AOTAutograd's traces on its own, without
-ltc_cache's counters, while a model runs through ``backend="ltc_cache"``.
+"""A child process that runs scenarios of models through
+``backend="ltc_cache"`` and counts AOTAutograd's traces on its own
+(``tools/probes.py``), without ltc_cache's counters.
 
-``python tests/warm_children.py SCENARIO MODEL [MODEL ...] [--lengths 16,24]``
+``python tests/children/backend_scenarios.py SCENARIO MODEL [MODEL ...] [--lengths 16,24]``
 prints one JSON line, for each model (run one after the other, the counts
 reset before each, as a process of its own would count them): ``aot`` (calls
-of AOTAutograd's graph capture, wrapped here before torch.compile runs), the
+of AOTAutograd's graph capture, wrapped before torch.compile runs), the
 losses or outputs of the compiled model and of eager in this process,
 ltc_cache's counters and warnings.
 
@@ -28,49 +29,13 @@ import argparse
 import copy
 import hashlib
 import json
-import logging
 import sys
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from compile_models import MODELS, VOCAB, first_tensor, loss_of, train_steps
-
-AOT = {"traces": 0}
-
-
-def count_aot_traces() -> None:
-    """Wrap the two functions that capture AOTAutograd's graphs (training
-    and inference): each call is one trace. (Called again: they stay
-    wrapped once.)"""
-    from torch._functorch._aot_autograd import graph_compile
-
-    for name in ("aot_dispatch_autograd_graph", "aot_dispatch_base_graph"):
-        original = getattr(graph_compile, name)
-        if getattr(original, "counts_aot_traces", False):
-            continue
-
-        def counted(*args, _original=original, **kwargs):
-            AOT["traces"] += 1
-            return _original(*args, **kwargs)
-
-        counted.counts_aot_traces = True
-        setattr(graph_compile, name, counted)
-
-
-def program_logs() -> list[str]:
-    """The messages ltc_cache logs about programs (INFO and up) from now on,
-    in a list that grows as they come: why a program was captured again,
-    fell back, or was loaded."""
-    logs: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: logs.append(record.getMessage())  # type: ignore[method-assign]
-    for name in ("ltc_cache.precompile", "ltc_cache.program"):
-        logging.getLogger(name).setLevel(logging.INFO)
-        logging.getLogger(name).addHandler(handler)
-    return logs
+from tools.probes import AOT, count_aot_traces
+from zoo.compile_models import MODELS, VOCAB, first_tensor, loss_of, train_steps
 
 
 def digest(values: list[float]) -> str:
