@@ -18,7 +18,7 @@ all alike; ratios are of the medians. Time is process CPU time (``--clock
 cpu``: what other jobs on the machine take is not counted, but every thread
 of this one is) or wall time.
 ``--threads 0`` keeps torch's default number of threads. ``smallgpt`` (in
-``--models``) is issue 24's small GPT (``zoo/small_gpt.py``: 4 layers,
+``--models``) is the small GPT (``zoo/small_gpt.py``: 4 layers,
 width 128, batch 8 x 64), at its one size whatever ``--size`` says.
 
 ``--ab CHANGE`` adds a ltc_cache variant compiled with one change switched

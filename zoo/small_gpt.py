@@ -1,4 +1,4 @@
-"""The small GPT of issue 24: the model of a well-known minimal GPT training
+"""A small GPT: the model of a well-known minimal GPT training
 script, written here from its description (pre-norm blocks, LayerNorm with no
 bias, causal ``scaled_dot_product_attention``, exact GELU, a language-model
 head that shares the token embedding), at 4 layers, width 128, 4 heads, no

@@ -148,7 +148,8 @@ def eager_region(module: fx.GraphModule) -> Callable[..., Any]:
     its ``view``s rely on them, while the LTC region before it may hand back
     a contiguous tensor where eager's was a transposed view (and CPU flash
     attention between them returns its output in its query's layout), so a
-    region that falls back to eager used to fail on its first ``view``."""
+    region that falls back to eager, run on the LTC layout, fails on its
+    first ``view``."""
     strides = []
     for node in module.graph.find_nodes(op="placeholder"):
         value = node.meta.get("val")

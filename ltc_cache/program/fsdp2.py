@@ -25,4 +25,4 @@ def refuse_sharding_the_stand_in(cls: type) -> None:
         raise TypeError(
             "fully_shard(ltc_cache.compile(model)) is not supported: FSDP2 must shard the "
             "model itself. Call fully_shard on the blocks and on the model first, then "
-            "ltc_cache.compile(model) (the README's FSDP2 recipe)")
+            "ltc_cache.compile(model) (docs/recipes.md, FSDP2)")
