@@ -41,10 +41,11 @@ from tools import render_benchmarks as render
 PROVENANCE = ("command", "commit", "commit_basis", "date", "load")
 
 
-def add_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+def add_arguments(parser: argparse.ArgumentParser, *names: str) -> None:
     """``--results`` (write the measured rows into NAME.json) and ``--results-dir``."""
+    files = " or ".join(f"benchmarks/results/{name}.json" for name in names)
     parser.add_argument("--results", action="store_true",
-                        help=f"write the measured rows into benchmarks/results/{name}.json "
+                        help=f"write the measured rows into {files} "
                              "(then run python -m tools.render_benchmarks)")
     parser.add_argument("--results-dir", type=Path, default=render.RESULTS, metavar="DIR",
                         help="where --results writes (default benchmarks/results; "
@@ -155,9 +156,11 @@ def _row_key(row: dict, columns: Sequence[str]) -> tuple:
 
 
 def _new_table(old: dict | None, given: dict, provenance: dict[str, str],
-               merge_on: Sequence[str] | None) -> dict:
+               merge_on: Sequence[str] | None, like: list[dict] | None = None) -> dict:
     table = {k: v for k, v in (old or {}).items() if k not in PROVENANCE}
     table.update({k: v for k, v in given.items() if v is not None})
+    if "columns" not in table and like is not None:
+        table["columns"] = like
     if "columns" not in table:
         raise ValueError(f"table {given['id']!r} is new: the tool gives its columns")
     rows = list(given["rows"])
@@ -174,6 +177,14 @@ def _new_table(old: dict | None, given: dict, provenance: dict[str, str],
             by_key.values())
     table["rows"] = rows
     return table
+
+
+def _columns_like(tables: list[dict], given: dict) -> list[dict] | None:
+    """The columns of a table of the file whose keys are the given rows'
+    (a new model's table takes its sibling's labels and formats)."""
+    keys = set(given["rows"][0]) if given["rows"] else set()
+    return next((t["columns"] for t in tables
+                 if {c["key"] for c in t["columns"]} == keys), None)
 
 
 def merge(old: dict | None, name: str, tool: str, tables: list[dict],
@@ -202,7 +213,8 @@ def merge(old: dict | None, name: str, tool: str, tables: list[dict],
         prior = olds.get(given["id"])
         if prior is not None:
             prior = {**prior, **{k: prior.get(k, old[k]) for k in PROVENANCE}}
-        out.append(_new_table(prior, given, provenance, merge_on.get(given["id"])))
+        out.append(_new_table(prior, given, provenance, merge_on.get(given["id"]),
+                              _columns_like(old["tables"], given)))
     order = [t["id"] for t in old["tables"]] + [t["id"] for t in tables
                                                  if t["id"] not in olds]
     out.sort(key=lambda t: order.index(t["id"]))
@@ -245,3 +257,15 @@ def dumps(doc: dict) -> str:
 def rounded(value: float | None, digits: int = 2, scale: float = 1.0) -> float | None:
     """``value * scale`` to ``digits`` places, as a cell holds it (None stays None)."""
     return None if value is None else round(value * scale, digits)
+
+
+def two_figures(value: float | None) -> float | None:
+    """``value`` to two significant figures (an error, a ratio near zero)."""
+    return None if value is None else float(f"{value:.1e}")
+
+
+def numbers(values: Sequence[float | None], digits: int | None = None) -> list | None:
+    """A list cell (ints where ``digits`` is None), or None where one is missing."""
+    if any(v is None for v in values):
+        return None
+    return [round(v) if digits is None else round(v, digits) for v in values]
