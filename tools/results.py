@@ -31,7 +31,7 @@ import platform
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,23 +129,35 @@ class Recorder:
 
     def write(self, name: str, tables: list[dict], *, threads: int | str | None = None,
               merge_on: dict[str, Sequence[str]] | None = None,
-              describe: dict[str, str] | None = None) -> Path:
+              describe: dict[str, str] | None = None,
+              derive: Callable[[dict], list[dict]] | None = None) -> Path:
         """Put ``tables`` (each ``{id, rows}``, optionally ``columns``,
         ``notes``, ``title``, ``method``) into ``NAME.json``; ``merge_on``
         maps a table id to the columns naming a row, where the run measured
         some of its rows. ``describe`` gives a new file's title, question
-        and method. ValueError, and nothing written, if the file would break
-        the schema."""
+        and method. ``derive`` computes more tables from the merged file (a
+        summary over every row, those kept included). ValueError, and
+        nothing written, if the file would break the schema."""
         path = self.directory / f"{name}.json"
         old = json.loads(path.read_text()) if path.exists() else None
-        doc = merge(old, name, self.tool, tables, self.provenance(), machine(threads),
-                    merge_on or {}, describe or {})
+        provenance, block = self.provenance(), machine(threads)
+        doc = merge(old, name, self.tool, tables, provenance, block, merge_on or {},
+                    describe or {})
+        if derive is not None:
+            more = derive(doc)
+            doc = merge(doc, name, self.tool, more, provenance, block, {}, {})
+            tables = tables + more
         errors = render.validate(doc, name)
         if errors:
             raise ValueError(f"{path}: the results would break the schema:\n  "
                              + "\n  ".join(errors))
         self.directory.mkdir(parents=True, exist_ok=True)
         path.write_text(dumps(doc))
+        for table in doc["tables"]:
+            given = next((t for t in tables if t["id"] == table["id"]), None)
+            if given is not None and "notes" not in given and table.get("notes"):
+                print(f"{name}/{table['id']}: its notes are an earlier run's words; "
+                      "check that they still hold")
         print(f"wrote {', '.join(t['id'] for t in tables)} into {path}; "
               "render with python -m tools.render_benchmarks")
         return path
@@ -207,8 +219,11 @@ def merge(old: dict | None, name: str, tool: str, tables: list[dict],
         if table["id"] in written:
             continue
         # A kept table was measured by an earlier run: it names that run's
-        # provenance itself before the file's becomes this run's.
-        out.append({**table, **{k: table.get(k, old[k]) for k in PROVENANCE}})
+        # provenance itself (where it differs) before the file's becomes this run's.
+        kept = {k: v for k, v in table.items() if k not in PROVENANCE}
+        kept.update({k: table.get(k, old[k]) for k in PROVENANCE
+                     if table.get(k, old[k]) != provenance[k]})
+        out.append(kept)
     for given in tables:
         prior = olds.get(given["id"])
         if prior is not None:
