@@ -14,6 +14,9 @@ so the high-water mark follows what is in use. Linux only.
 ``--fused``: the cold process compiles the fused libraries before its
 first step (``LTC_CACHE_FUSE=sync``), so the warm one runs each plan's
 library where one was kept (minutes of g++ a model).
+
+``--results``: the warm rows into benchmarks/results/ckpt_memory.json (its
+``torchscript`` table, or with ``--fused`` its ``fused`` one).
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ import argparse
 import copy
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from tools.harness import child_env, tool_argv
+from tools.results import Recorder, add_arguments
+
+LABELS = {"gpt2": "GPT-2", "llama": "Llama"}
 
 
 def _rss(field: str) -> int:
@@ -91,11 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fused", action="store_true",
                         help="compile the fused libraries in the cold process first")
     parser.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
+    add_arguments(parser, "ckpt_memory")
     args = parser.parse_args(argv)
     if args.child:
         child(args.child)
         return 0
+    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    recorder = Recorder.from_args("tools.bench_ckpt_memory", args, argv,
+                                  prefix=f"MALLOC_MMAP_THRESHOLD_={threshold}" if threshold
+                                  else "")
     fused = args.fused
+    rows = []
     for name in args.models:
         with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as scratch:
             env = child_env(Path(scratch))
@@ -110,7 +123,24 @@ def main(argv: list[str] | None = None) -> int:
                       f"(programs loaded: {result['program_hits']}, libraries loaded: "
                       f"{result['fused_loads']} of regions, {result['fused_plan_loads']} "
                       "of plans)")
+        rows.append(results_row(name, result, fused))
+    if recorder:
+        table = "fused" if fused else "torchscript"
+        recorder.write("ckpt_memory", [{"id": table, "rows": rows}], threads=1,
+                       merge_on={table: ("model",)})
     return 0
+
+
+def results_row(name: str, warm: dict, fused: bool) -> dict:
+    """A row of ckpt_memory.json from the warm process's report."""
+    row = {"model": LABELS.get(name, name), "eager_mb": round(warm["eager"], 1),
+           "ltc_mb": round(warm["ltc_cache"], 1),
+           "ratio": round(warm["ltc_cache"] / warm["eager"], 2)}
+    if fused:
+        plans, regions = warm["fused_plan_loads"], warm["fused_loads"]
+        row["libraries"] = (f"{plans} whole-plan librar{'y' if plans == 1 else 'ies'}, "
+                            f"{regions} region libraries")
+    return row
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m tools.bench_cli                 # 10,000 entries
     python -m tools.bench_cli --entries 2000 --runs 9
+    python -m tools.bench_cli --runs 9 --results   # into benchmarks/results/cli.json
 
 Fills a fresh directory with real-shaped entries (one real extraction of an
 MLP, re-encoded under distinct keys and names through DiskStore.put, so the
@@ -39,6 +40,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from tools.results import Recorder, add_arguments
 
 
 def median_seconds(runs: int, fn: Callable[[], object]) -> float:
@@ -134,7 +137,9 @@ def main() -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (median)")
+    add_arguments(parser, "cli")
     args = parser.parse_args()
+    recorder = Recorder.from_args("tools.bench_cli", args)
 
     from ltc_cache.report import scan
     from ltc_cache.store import DiskStore, ReadOnlyDiskStore
@@ -181,8 +186,8 @@ def main() -> None:
             wall, cpu = median_child(args.runs, [script, "--dir", str(directory), "ls"], as_is)
             print(f"ls with PYTHONDONTWRITEBYTECODE=1 as set here (ltc_cache compiled at "
                   f"every start): {wall:.3f} ({cpu:.3f})")
-        print(f"torch imported by ls / stats: {sorted(_torch_importers(script, directory, env))}"
-              " (must be empty)")
+        importers = sorted(_torch_importers(script, directory, env))
+        print(f"torch imported by ls / stats: {importers} (must be empty)")
 
         naive = median_seconds(args.runs, lambda: decode_everything(directory))
         listing = median_seconds(args.runs, lambda: scan(ReadOnlyDiskStore(directory)))
@@ -197,8 +202,26 @@ def main() -> None:
               f"DiskStore.record {1e6 * record_s:.0f} us ({record_s / get_s:.2f}x a get)")
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
         store.close()
+        if recorder:
+            method = (f"{entries:,} entries ({len(template) / 1e3:.1f} KB each, a tenth of "
+                      f"them hit), medians of {args.runs} runs, seconds: the installed console "
+                      "script end to end (and its CPU seconds), and the command in-process.")
+            recorder.write("cli", [results_table(rows, python, startup, importers)],
+                           threads="no torch", describe={"method": method})
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def results_table(rows: list[tuple[str, float, float, float]], python: tuple[float, float],
+                  startup: tuple[float, float], importers: list[str]) -> dict:
+    """cli.json's ``commands`` table: a row a command, and the start-up in a note."""
+    who = "Neither command imports torch" if not importers else (
+        f"torch is imported by {', '.join(importers)}")
+    note = (f"{who}; `import ltc_cache.cli` takes {startup[0]:.2f} s ({startup[1]:.2f} s CPU) "
+            f"beside {python[0]:.2f} s for `python -c pass`.")
+    return {"id": "commands", "notes": [note], "rows": [
+        {"command": f"`{label}`", "end_to_end_s": round(wall, 2), "cpu_s": round(cpu, 2),
+         "in_process_s": round(own, 2)} for label, wall, cpu, own in rows]}
 
 
 def _torch_importers(script: str, directory: Path, env: dict[str, str]) -> set[str]:

@@ -4,6 +4,7 @@ own caches on (FX graph cache and AOTAutograd cache), in one run.
 
     python -m tools.bench_compile [--models gpt2,cnn] [--repeats 3] [--markdown] [--train]
     python -m tools.bench_compile --program [--models gpt2,mlp128] [--repeats 1] [--train]
+        [--results]   # its rows into benchmarks/results/program.json
 
 Every measurement is a fresh Python process. "cold" starts with empty cache
 directories, "warm" is the next process over the same directories. The time
@@ -46,6 +47,7 @@ import time
 from pathlib import Path
 
 from tools.harness import add_runs, child_env, cold_then_warm, median, ratio, seconds, tool_argv
+from tools.results import Recorder, add_arguments, numbers, rounded, two_figures
 
 MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "cnn"]
 TRAIN_MODELS = ["gpt2", "llama", "bert"]
@@ -326,6 +328,31 @@ def markdown_program(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _share(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 2)
+
+
+def results_rows(rows: list[dict]) -> list[dict]:
+    """program.json's rows (its ``inference`` or ``training`` table)."""
+    out = []
+    for r in rows:
+        errors = [r.get(f"{m}_{p}_max_error") for m in PROGRAM_MODES for p in ("cold", "warm")]
+        out.append({
+            "model": r["model"], "program_cold_s": rounded(r.get("program_cold_s")),
+            "program_warm_s": rounded(r.get("program_warm_s")),
+            "torch_compile_warm_s": rounded(r.get("ltc_cache_warm_s")),
+            "inductor_warm_s": rounded(r.get("inductor_warm_s")),
+            "program_vs_inductor": _share(r.get("program_warm_s"), r.get("inductor_warm_s")),
+            "program_vs_torch_compile": _share(r.get("program_warm_s"),
+                                               r.get("ltc_cache_warm_s")),
+            "warm_rss_mb": numbers([r.get(f"{m}_warm_rss_mb") for m in PROGRAM_MODES]),
+            "warm_counts": numbers([r.get("program_warm_frames"), r.get("program_warm_traces"),
+                                    r.get("program_warm_hits")]),
+            "max_error": two_figures(max((e for e in errors if e is not None), default=None)),
+        })
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_compile",
                                      description=__doc__.splitlines()[0])
@@ -338,7 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--markdown", action="store_true", help="print the tables only")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
+    add_arguments(parser, "program")
     options = parser.parse_args(argv)
+    if options.results and not options.program:
+        parser.error("--results writes program.json's rows: with --program")
     if options.child:
         if options.program:
             program_child(*options.child, options.train)
@@ -346,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             child(*options.child, train=options.train)
         return 0
     started = time.time()
+    recorder = Recorder.from_args("tools.bench_compile", options, argv)
     default = PROGRAM_MODELS if options.program else TRAIN_MODELS if options.train else MODELS
     models = [m for m in (options.models or ",".join(default)).split(",") if m]
     if options.program:
@@ -359,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print(f"({time.time() - started:.0f} s, load average {os.getloadavg()[0]:.1f})",
           file=sys.stderr)
+    if recorder:
+        # A run of some models refreshes their rows of the table it measured.
+        name = "training" if options.train else "inference"
+        recorder.write("program", [{"id": name, "rows": results_rows(rows)}], threads=1,
+                       merge_on={name: ("model",)})
     return 0
 
 

@@ -2,6 +2,7 @@
 by side in the same ranks.
 
     python -m tools.bench_ddp [--ranks 2,4] [--rounds 8] [--steps 4] [--bucket-mb MB] [--markdown]
+                              [--results]   # its rows into benchmarks/results/ddp.json
 
 For each world size, ``torchrun`` starts that many gloo ranks (CPU, one
 intra-op thread each) twice over one cache directory: a cold run that
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 from tools.harness import child_env
+from tools.results import Recorder, add_arguments
 
 VARIANTS = ("eager_ddp", "ddp_of_compiled", "compiled_ddp", "compiled_ddp_uncut")
 BATCH, SEQ, VOCAB = 4, 64, 512
@@ -176,6 +178,26 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def results_rows(rows: list[dict]) -> list[dict]:
+    """ddp.json's ``steps`` rows: milliseconds, ratios to eager DDP, and
+    when the first bucket's all-reduce starts (percent of the backward)."""
+    out = []
+    for r in rows:
+        eager = r["eager_ddp_s"]
+        row = {"ranks": r["ranks"], "eager_ms": round(eager * 1e3, 1)}
+        for variant, key in (("ddp_of_compiled", "ddp_of_compiled"),
+                             ("compiled_ddp", "compiled_ddp"), ("compiled_ddp_uncut", "uncut")):
+            row[f"{key}_ms"] = round(r[f"{variant}_s"] * 1e3, 1)
+            row[f"{key}_ratio"] = round(r[f"{variant}_s"] / eager, 2)
+        row.update(allreduce_ms=round(r["all_reduce_s"] * 1e3, 1),
+                   warm_frames=r["warm_frames"], load=round(r["load"], 1))
+        for variant, key in zip(VARIANTS, ("eager", "ddp_of_compiled", "compiled_ddp", "uncut"),
+                                strict=True):
+            row[f"first_bucket_{key}"] = round(100 * r[f"{variant}_first_reduce"])
+        out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_ddp",
                                      description=__doc__.splitlines()[0])
@@ -185,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucket-mb", type=float, default=None)
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--rank-out", type=Path, help=argparse.SUPPRESS)
+    add_arguments(parser, "ddp")
     args = parser.parse_args(argv)
+    recorder = None if args.rank_out else Recorder.from_args("tools.bench_ddp", args, argv)
     if args.rank_out:
         rank_main(args.rank_out, args.rounds, args.steps, args.bucket_mb)
     passed = ["--rounds", str(args.rounds), "--steps", str(args.steps)]
@@ -193,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
         passed += ["--bucket-mb", str(args.bucket_mb)]
     rows = measure([int(n) for n in args.ranks.split(",")], passed)
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=1))
+    if recorder:
+        recorder.write("ddp", [{"id": "steps", "rows": results_rows(rows)}],
+                       threads="1 thread a rank", merge_on={"steps": ("ranks",)})
     return 0
 
 

@@ -3,6 +3,7 @@
 start and ``torch.compile(backend="ltc_cache")``, side by side.
 
     python -m tools.bench_frames [--repeats 1] [--skip-ddp] [--ranks 2] [--only ddp] [--markdown]
+                                 [--results]   # its rows into benchmarks/results/frames.json
 
 Scenarios, each one training step (forward, backward, AdamW) timed from the
 compiled model's first call to the end of the step (capture, loading and
@@ -43,6 +44,7 @@ from tools.harness import (
     seconds,
     tool_argv,
 )
+from tools.results import Recorder, add_arguments, numbers, rounded
 
 MODES = {"program": "ltc_cache.compile", "inductor": "Inductor",
          "ltc_cache": "torch.compile(backend=\"ltc_cache\")"}
@@ -176,6 +178,21 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def results_rows(rows: list[dict]) -> list[dict]:
+    """frames.json's ``training`` rows, a scenario a row."""
+    def share(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else round(a / b, 2)
+
+    return [{"scenario": r["scenario"], "program_cold_s": rounded(r.get("program_cold_s")),
+             "program_warm_s": rounded(r.get("program_warm_s")),
+             "warm_vs_cold": share(r.get("program_warm_s"), r.get("program_cold_s")),
+             "inductor_warm_s": rounded(r.get("inductor_warm_s")),
+             "program_vs_inductor": share(r.get("program_warm_s"), r.get("inductor_warm_s")),
+             "torch_compile_warm_s": rounded(r.get("ltc_cache_warm_s")),
+             "warm_counts": numbers([r.get("program_warm_frames"),
+                                     r.get("program_warm_traces")])} for r in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_frames",
                                      description=__doc__.splitlines()[0])
@@ -185,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--only", choices=("gpt2", "branchy", "ddp"), default=None)
     parser.add_argument("--markdown", action="store_true")
+    add_arguments(parser, "frames")
     args = parser.parse_args(argv)
     if args.child:
         child(*args.child)
         return 0
+    recorder = Recorder.from_args("tools.bench_frames", args, argv)
     scenarios = ["gpt2", "branchy", f"ddp{args.ranks}"]
     if args.skip_ddp:
         scenarios.pop()
@@ -196,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         scenarios = [s for s in scenarios if s.startswith(args.only)]
     rows = measure(args.repeats, scenarios, args.ranks)
     print(markdown(rows) if args.markdown else json.dumps(rows, indent=1))
+    if recorder:
+        recorder.write("frames", [{"id": "training", "rows": results_rows(rows)}], threads=1,
+                       merge_on={"training": ("scenario",)})
     return 0
 
 

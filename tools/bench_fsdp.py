@@ -1,6 +1,7 @@
 """FSDP2 training through ltc_cache against eager FSDP2 and Inductor.
 
     python -m tools.bench_fsdp [--ranks 2,4] [--steps 6] [--layers 2] [--no-inductor]
+                               [--results]   # its rows into benchmarks/results/fsdp.json
 
 For each number of ranks, torchrun launches of ``tests/children/fsdp.py``
 (GPT-2, each block and the model ``fully_shard``-ed, gloo, CPU, AdamW),
@@ -31,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 from tools.harness import CHILDREN, with_import_roots
+from tools.results import Recorder, add_arguments, rounded
 
 CHILD = CHILDREN / "fsdp.py"
 
@@ -106,6 +108,22 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def results_rows(rows: list[dict]) -> list[dict]:
+    """fsdp.json's ``steps`` rows (rank 0's figures)."""
+    out = []
+    for row in rows:
+        inductor_warm = row.get("inductor_warm_first_s")
+        out.append({"ranks": row["ranks"], "eager_step_s": round(row["eager_steady_s"], 3),
+                    "ltc_step_s": round(row["ltc_steady_s"], 3),
+                    "ltc_first_cold_s": round(row["ltc_cold_first_s"], 1),
+                    "ltc_first_warm_s": round(row["ltc_warm_first_s"], 2),
+                    "inductor_first_cold_s": rounded(row.get("inductor_cold_first_s"), 1),
+                    "inductor_first_warm_s": rounded(inductor_warm, 1),
+                    "warm_vs_inductor": round(row["ltc_warm_first_s"] / inductor_warm, 2)
+                    if inductor_warm else None})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_fsdp",
                                      description=__doc__.splitlines()[0])
@@ -114,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--json")
+    add_arguments(parser, "fsdp")
     args = parser.parse_args(argv)
+    recorder = Recorder.from_args("tools.bench_fsdp", args, argv)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for ranks in (int(r) for r in args.ranks.split(",")):
@@ -123,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if recorder:
+        recorder.write("fsdp", [{"id": "steps", "rows": results_rows(rows)}],
+                       threads="1 thread a rank", merge_on={"steps": ("ranks",)})
     return 0
 
 

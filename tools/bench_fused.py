@@ -9,7 +9,11 @@ and Inductor, side by side in one process, interleaved (A B C D, B C D A,
                                 [--threads 1|default|both] [--rounds 15] [--round-ms 50]
                                 [--cache DIR] [--reprepare] [--no-first-call]
                                 [--prepare off|sync] [--clock auto|wall|cpu] [--new 32]
-                                [--json FILE]
+                                [--json FILE] [--results]
+
+``--results`` writes the one-thread rows into benchmarks/results/: the
+suite's into suite_fused.json, the others into steady_state.json, each
+refreshing the rows it measured.
 
 Rows (``--rows``: comma-separated ``fnmatch`` patterns over their names):
 
@@ -94,6 +98,7 @@ from typing import Any, NamedTuple
 from tools.bench_compile import MODELS as TINY_MODELS
 from tools.bench_compile import TRAIN_MODELS as TINY_TRAIN_MODELS
 from tools.harness import child_env, table, tool_argv
+from tools.results import Recorder, add_arguments, two_figures
 
 STEADY_MODELS = ("gpt2", "bert", "llama", "t5")  # bench_steady's default --models
 GENERATE_MODELS = ("gpt2", "llama")
@@ -726,6 +731,64 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
+def _share(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 2)
+
+
+def results_cells(result: dict[str, Any], clock: str) -> dict[str, Any]:
+    """A row's cells as steady_state.json and suite_fused.json hold them
+    (milliseconds under the names of its labels)."""
+    measured = result.get("measure", {})
+    if "times" not in measured:
+        why = "prepare failed" if "crash" in result["prepare"] else "measure failed"
+        return {**dict.fromkeys(("eager", "torchscript", "fused", "inductor",
+                                 "fused_vs_inductor", "fused_vs_torchscript", "fused_vs_eager",
+                                 "error_fused", "error_torchscript", "error_inductor")),
+                "libraries": why}
+    ms = {k: v[f"{clock}_ms"] for k, v in measured["times"].items()}
+    errors, fused = measured["errors"], ms.get("fused")
+    return {"eager": _round(ms.get("eager")), "torchscript": _round(ms.get("ts")),
+            "fused": _round(fused), "inductor": _round(ms.get("inductor")),
+            "fused_vs_inductor": _share(fused, ms.get("inductor")),
+            "fused_vs_torchscript": _share(fused, ms.get("ts")),
+            "fused_vs_eager": _share(fused, ms.get("eager")),
+            "libraries": libraries_cell(result),
+            **{f"error_{name}": two_figures(errors.get(label)) for label, name in
+               (("fused", "fused"), ("ts", "torchscript"), ("inductor", "inductor"))}}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def write_results(recorder: Recorder, results: list[dict[str, Any]], clock: str) -> None:
+    """The one-thread rows into their files: suite rows into suite_fused.json's
+    ``models``, the others into steady_state.json's ``one_thread``."""
+    suite, steady = [], []
+    for result in results:
+        if result["threads"] != "1":
+            continue
+        row, cells = Row.parse(result["row"]), results_cells(result, clock)
+        if row.group == "suite":
+            first = {label: (result.get("first") or {}).get(label) or {}
+                     for label in ("fused", "ts", "inductor")}
+            suite.append({"model": row.model, "mode": row.mode,
+                          **{f"{k}_ms" if k in ("eager", "torchscript", "fused", "inductor")
+                             else k: v for k, v in cells.items()},
+                          **{f"first_call_{name}_s": _round(first[label].get("first_call_s"))
+                             for label, name in (("fused", "fused"), ("ts", "torchscript"),
+                                                 ("inductor", "inductor"))}})
+        else:
+            unit = "ms/token" if row.mode == "decode" else "ms"
+            steady.append({"row": row.name, "unit": unit, **cells})
+    if suite:
+        recorder.write("suite_fused", [{"id": "models", "rows": suite}], threads=1,
+                       merge_on={"models": ("model", "mode")})
+    if steady:
+        recorder.write("steady_state", [{"id": "one_thread", "rows": steady}], threads=1,
+                       merge_on={"one_thread": ("row",)})
+
+
 def selected_rows(args: argparse.Namespace) -> list[Row]:
     patterns = args.rows.split(",")
     suite: list[str] = []
@@ -763,10 +826,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the warm first calls in fresh processes")
     parser.add_argument("--json", type=Path, help="write every result here (after each row)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    add_arguments(parser, "steady_state", "suite_fused")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
+    recorder = Recorder.from_args("tools.bench_fused", args, argv)
+    if recorder and args.threads == "default":
+        parser.error("--results writes the one-thread rows: --threads 1 or both")
     rows = selected_rows(args)
     if not rows:
         raise SystemExit(f"no row matches --rows {args.rows}")
@@ -783,6 +850,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 args.json.write_text(json.dumps(results, indent=1))
     print(report(results, args))
+    if recorder:
+        write_results(recorder, results, clock_of("1", args.clock))
     return 0
 
 

@@ -8,6 +8,10 @@ varying length (``--train``).
                                    [--compile program,torch,inductor] [--lengths 5,8,11]
     python -m tools.bench_generate --train [--models gpt2,llama]
 
+``--results`` writes the serving rows into benchmarks/results/generate.json
+(a table per model) and, with ``--forward``, the first requests into
+lengths.json (one model).
+
 Serving ``generate()``: eager against ltc_cache and Inductor. A worker is
 a fresh process that builds a tiny language model
 (``zoo/generate_models.py``) in ``eval()``, compiles it, and answers one
@@ -98,6 +102,7 @@ from tools.harness import (
     table,
     tool_argv,
 )
+from tools.results import Recorder, add_arguments, numbers, rounded
 from zoo.padded_models import train_lengths
 
 ROUTES = ("eager", "ltc_cache", "inductor")
@@ -264,6 +269,46 @@ def report(model: str, results: dict[str, Any]) -> str:
     return f"### {model}\n\n" + table(rows)
 
 
+def serving_rows(results: dict[str, Any]) -> list[dict]:
+    """generate.json's rows of one model: a route and start a row."""
+    inductor_warm = results["inductor"]["warm"]
+    rows = []
+    for route in ROUTES:
+        for start in ("cold", "warm"):
+            r = results[route][start]
+            row: dict[str, Any] = {"route": route, "start": start}
+            if "failed" in r:
+                keys = ("to_first_token_s", "requests_sum_s", "largest_request_s",
+                        "requests_vs_inductor", "first_tokens_sum_s", "largest_first_token_s",
+                        "first_tokens_vs_inductor", "tok_s_default", "tok_s_one",
+                        "tok_cpu_s_one", "warm_counts", "greedy_equal")
+                rows.append({**row, **dict.fromkeys(keys)})
+                continue
+            firsts, ttfts = list(r["firsts"].values()), list(r["ttfts"].values())
+            vs = vs_ttft = None
+            if "failed" not in inductor_warm:
+                vs = round(sum(firsts) / sum(inductor_warm["firsts"].values()), 3)
+                vs_ttft = round(sum(ttfts) / sum(inductor_warm["ttfts"].values()), 3)
+            c, eager = r["counts"], results["eager"][start]
+            same = None if "failed" in eager else [
+                sum(r["answers"][n] == eager["answers"][n] for n in eager["answers"]),
+                len(eager["answers"])]
+            rows.append({**row, "to_first_token_s": rounded(r["first_token"]),
+                         "requests_sum_s": rounded(sum(firsts)),
+                         "largest_request_s": rounded(max(firsts)),
+                         "requests_vs_inductor": vs,
+                         "first_tokens_sum_s": rounded(sum(ttfts)),
+                         "largest_first_token_s": rounded(max(ttfts), 3),
+                         "first_tokens_vs_inductor": vs_ttft,
+                         "tok_s_default": rounded(r["steady_default"], 1),
+                         "tok_s_one": rounded(r["steady_one"], 1),
+                         "tok_cpu_s_one": rounded(r["steady_one_cpu"], 1),
+                         "warm_counts": [c["captures"], c.get("aot_traces", 0),
+                                         c.get("traces", 0)],
+                         "greedy_equal": same})
+    return rows
+
+
 # --- --forward and --train -----------------------------------------------------
 
 
@@ -350,6 +395,44 @@ def forward_table(rows: list[dict], lengths: list[int]) -> str:
     return "\n".join(lines)
 
 
+COMPILER_LABELS = {"program": "`ltc_cache.compile`",
+                   "torch": '`torch.compile(backend="ltc_cache")`',
+                   "inductor": "Inductor (its caches on)"}
+
+
+def forward_results(rows: list[dict], lengths: list[int]) -> dict:
+    """lengths.json's ``first_requests`` table (one model): a compiler a row,
+    a length a column of cold / warm / warm over cold seconds."""
+    columns = [{"key": "compiler", "label": "compiler"}]
+    columns += [{"key": f"len_{n}", "label": str(n), "format": ".2f", "join": "/"}
+                for n in lengths]
+    columns += [{"key": "total_warm_vs_cold", "label": "total warm / cold", "format": ".2f",
+                 "bold": True},
+                {"key": "warm_counts",
+                 "label": "warm: AOTAutograd traces, LTC traces, Dynamo graphs",
+                 "format": "d", "join": ", "}]
+    out = []
+    for r in rows:
+        cold, warm = r["cold"], r["warm"]
+        row: dict[str, Any] = {"compiler": COMPILER_LABELS.get(r["compiler"], r["compiler"])}
+        if "failed" in cold or "failed" in warm:
+            out.append({**row, **{c["key"]: None for c in columns[1:]}})
+            continue
+        for n in lengths:
+            c, w = cold["first_s"][str(n)], warm["first_s"][str(n)]
+            # A ratio of two figures that round to nothing says nothing.
+            row[f"len_{n}"] = [round(c, 2), round(w, 2)] + (
+                [round(w / c, 2)] if c >= 0.005 else [])
+        total_cold = sum(cold["first_s"][str(n)] for n in lengths)
+        total_warm = sum(warm["first_s"][str(n)] for n in lengths)
+        row["total_warm_vs_cold"] = round(total_warm / total_cold, 2) if total_cold else None
+        # Inductor's worker has no ltc_cache counters worth a cell.
+        row["warm_counts"] = None if r["compiler"] == "inductor" else numbers(
+            [warm.get("aot_traces"), warm.get("traces"), warm.get("dynamo_graphs")])
+        out.append(row)
+    return {"id": "first_requests", "columns": columns, "rows": out}
+
+
 TRAIN_ROUTES = ("ltc_cache", "inductor", "eager")
 
 
@@ -427,8 +510,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="--forward: comma-separated, of " + ", ".join(COMPILERS))
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
                         help="--forward: sequence lengths, in the cold worker's order")
+    add_arguments(parser, "generate", "lengths")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
+    recorder = Recorder.from_args("tools.bench_generate", args, argv)
+    if recorder and (args.train or (args.forward and len(models) != 1)):
+        parser.error("--results: serving (generate.json) or --forward of one model "
+                     "(lengths.json)")
     if args.train:
         print(train_table(models))
         return 0
@@ -440,9 +528,17 @@ def main(argv: list[str] | None = None) -> int:
                   for r in rows if "failed" not in r["cold"] and "failed" not in r["warm"]]
         if totals:
             print(f"\nmedian total warm/cold over the rows: {statistics.median(totals):.2f}")
+        if recorder:
+            recorder.write("lengths", [forward_results(rows, lengths)], threads=1)
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as scratch:
         measured = {m: measure(m, args.requests, args.new, Path(scratch)) for m in models}
+    if recorder:
+        threads = {r.get("threads") for m in measured.values() for route in m.values()
+                   for r in route.values()} - {None}
+        recorder.write("generate", [{"id": m, "rows": serving_rows(results)}
+                                    for m, results in measured.items()],
+                       threads=f"{max(threads, default='?')} threads (the 1-thread columns: 1)")
     if args.json:
         print(json.dumps(measured))
         return 0

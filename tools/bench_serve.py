@@ -2,6 +2,7 @@
 
     python -m tools.bench_serve                  # 1, 4 and 8 workers, GPT-2
     python -m tools.bench_serve --workers 1 4 --model mlp
+    python -m tools.bench_serve --model gpt2 --results   # into benchmarks/results/fleet.json
 
 For each fleet size, in one run: a cold start on an empty cache directory,
 a warm start on the directory the cold one filled and, where redis-server
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tools.harness import ROOT
+from tools.results import Recorder, add_arguments
 
 SERVE = ROOT / "examples" / "serve.py"
 
@@ -75,12 +77,23 @@ def summary(report: dict) -> dict:
             "remote_hits": sum(w["remote_hits"] for w in report["workers"])}
 
 
+def results_rows(model: str, rows: list[tuple[int, str, dict, float]]) -> list[dict]:
+    """fleet.json's rows of a model (its table), a fleet size and start a row."""
+    return [{"model": model, "workers": n, "start": kind, "ready_s": round(s["ready"], 2),
+             "compile_median_s": round(s["compile_med"], 2),
+             "compile_slowest_s": round(s["compile_max"], 2), "traces": s["traces"],
+             "redis_hits": s["remote_hits"], "compile_vs_cold": round(ratio, 2)}
+            for n, kind, s, ratio in rows]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_serve",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--model", default="gpt2")
+    add_arguments(parser, "fleet")
     args = parser.parse_args()
+    recorder = Recorder.from_args("tools.bench_serve", args)
     base = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
     base["LTC_CACHE_FUSE"] = "off"  # start-up of the replay tier, no background compiles
     rows = []
@@ -111,6 +124,11 @@ def main() -> int:
         print(f"{n:>7}  {kind:<16} {s['ready']:>6.2f} {s['compile_med']:>11.2f} "
               f"{s['compile_max']:>11.2f} {s['traces']:>6} {s['remote_hits']:>11} "
               f"{ratio:>12.2f}")
+    if recorder:
+        # The table of the model; a run of some fleet sizes refreshes their rows.
+        recorder.write("fleet", [{"id": args.model, "rows": results_rows(args.model, rows)}],
+                       threads="the cores shared out among the workers",
+                       merge_on={args.model: ("workers", "start")})
     return 0
 
 

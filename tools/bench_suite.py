@@ -3,7 +3,7 @@ through ``ltc_cache.compile``, cold then warm in fresh processes.
 
     python -m tools.bench_suite [--models ResNet,ViT] [--family hf|vision]
                                 [--modes train,infer,ckpt,lengths] [--markdown] [--json FILE]
-                                [--inductor MODELS] [--repeat N]
+                                [--inductor MODELS] [--repeat N] [--results]
 
 For each model and mode, two fresh processes over one new cache directory:
 the cold one, then the warm one. Each builds the model (seed 0), runs one
@@ -35,6 +35,11 @@ warm, and compares the first warm step of the two: after the cold pairs,
 ``--repeat`` warm processes of each, alternating (ltc_cache, Inductor,
 ltc_cache, ...), medians of the first step's process CPU time and of its
 wall time.
+
+``--results`` writes the rows into benchmarks/results/: the suite's into
+suite.json (its ``models`` rows of the models and modes run, and the
+``summary`` counted again over every row), ``--inductor``'s into
+warm_start.json (``suite8``, the models run).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import time
 from pathlib import Path
 
 from tools.harness import bytecode_as_installed, table, tool_argv, with_import_roots
+from tools.results import Recorder, add_arguments, numbers, two_figures
 
 
 def _regions(lines: list[str]) -> int:
@@ -350,6 +356,80 @@ HEADER = ["model", "mode", "correct (error)", "ops in LTC", "regions (cold)",
           "buffers (error)"]
 
 
+def results_row(result: dict) -> dict:
+    """suite.json's ``models`` row of a pair (cold and warm process)."""
+    cold, warm = result["cold"], result["warm"]
+    row: dict = {"model": result["model"], "mode": result["mode"]}
+    if "crash" in cold or "crash" in warm:
+        return {**row, "within_1e-4": False, **dict.fromkeys(
+            ("error", "ops_in_ltc", "regions", "warm_counts", "warm_vs_cold", "buffers_error"))}
+    stats = warm["stats"]
+    captures = (warm["frames"] + stats.get("program_captures", 0)
+                + stats.get("program_fallbacks", 0))
+    error = max(cold["error"], warm["error"])
+    if "seconds" in warm:  # mode lengths: the ten steps' sums
+        warm_vs_cold = sum(warm["seconds"]) / sum(cold["seconds"])
+    else:
+        warm_vs_cold = warm["first_s"] / cold["first_s"]
+    return {**row, "within_1e-4": error <= 1e-4 and not cold.get("missing_grads"),
+            "error": two_figures(error),
+            "ops_in_ltc": round(100 * stats["ltc_ops"] / stats["aten_ops"])
+            if stats.get("aten_ops") else 0,
+            "regions": cold["regions"], "warm_counts": [stats["traces"], warm["aot"], captures],
+            "warm_vs_cold": round(warm_vs_cold, 3),  # the summary's median reads these
+            "buffers_error": two_figures(max(cold.get("buffer_error", 0.0),
+                                             warm.get("buffer_error", 0.0)))}
+
+
+def summary_rows(rows: list[dict]) -> list[dict]:
+    """suite.json's ``summary``: per mode, over every model's row."""
+    out = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        ratios = [r["warm_vs_cold"] for r in mine if r["warm_vs_cold"] is not None]
+        out.append({"mode": mode, "models": len(mine),
+                    "correct": sum(r["within_1e-4"] is True for r in mine),
+                    "warm_zero": sum(r["warm_counts"] == [0, 0, 0] for r in mine),
+                    "median_warm_vs_cold": round(statistics.median(ratios), 3)
+                    if ratios else None})
+    return out
+
+
+def inductor_results_row(result: dict) -> dict:
+    """warm_start.json's ``suite8`` row of a model."""
+    runs = [result["cold"]["ltc"], result["cold"]["inductor"], *result["warm"]["ltc"],
+            *result["warm"]["inductor"]]
+    if any("crash" in r for r in runs):
+        return {"model": result["model"], **dict.fromkeys(
+            ("ltc_warm_cpu_s", "inductor_warm_cpu_s", "ratio_cpu", "ratio_cpu_range",
+             "ratio_wall", "inductor_cold_s", "inductor_error"))}
+
+    def median(backend: str, field: str) -> float:
+        return statistics.median(r[field] for r in result["warm"][backend])
+
+    ratios = [a["first_cpu_s"] / b["first_cpu_s"]
+              for a, b in zip(result["warm"]["ltc"], result["warm"]["inductor"], strict=True)]
+    return {"model": result["model"], "ltc_warm_cpu_s": round(median("ltc", "first_cpu_s"), 2),
+            "inductor_warm_cpu_s": round(median("inductor", "first_cpu_s"), 2),
+            "ratio_cpu": round(median("ltc", "first_cpu_s")
+                               / median("inductor", "first_cpu_s"), 3),
+            "ratio_cpu_range": numbers([min(ratios), max(ratios)], 3),
+            "ratio_wall": round(median("ltc", "first_s") / median("inductor", "first_s"), 3),
+            "inductor_cold_s": round(result["cold"]["inductor"]["first_s"], 1),
+            "inductor_error": two_figures(max(r["error"] for r in result["warm"]["inductor"]))}
+
+
+def write_suite(recorder: Recorder, results: list[dict]) -> None:
+    """The pairs' rows into suite.json's ``models``, and its summary counted
+    again over every row (the kept ones too)."""
+    def summary(doc: dict) -> list[dict]:
+        models = next(t for t in doc["tables"] if t["id"] == "models")
+        return [{"id": "summary", "rows": summary_rows(models["rows"])}]
+
+    recorder.write("suite", [{"id": "models", "rows": [results_row(r) for r in results]}],
+                   threads=1, merge_on={"models": ("model", "mode")}, derive=summary)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench_suite",
                                      description=__doc__.splitlines()[0])
@@ -367,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", default=None, help="write every result to this file")
+    add_arguments(parser, "suite", "warm_start")
     options = parser.parse_args(argv)
+    recorder = None if options.child else Recorder.from_args("tools.bench_suite", options, argv)
     if options.child:
         print(json.dumps(child(*options.child, backend=options.backend,
                                lengths_seed=options.lengths_seed)))
@@ -388,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
             print(table([HEADER, *(row({"model": r["model"], "mode": r["mode"],
                                          "cold": r["cold"]["ltc"], "warm": r["warm"]["ltc"][0]})
                                    for r in compared)]))
+        if recorder:
+            recorder.write("warm_start", [{"id": "suite8", "rows": [
+                inductor_results_row(r) for r in compared]}], threads=1,
+                merge_on={"suite8": ("model",)})
         return 0
 
     models = options.models.split(",") if options.models else suite_models.names(options.family)
@@ -401,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                 Path(options.json).write_text(json.dumps(results, indent=1))
     if options.markdown:
         print(table([HEADER, *(row(r) for r in results)]))
+    if recorder:
+        write_suite(recorder, results)
     return 0
 
 

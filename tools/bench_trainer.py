@@ -5,6 +5,7 @@ loop whose first iteration is an evaluation plus the first step; or
 
     python -m tools.bench_trainer [--models gpt2,bert] [--steps 6] [--pairs 1]
         [--modes ltc_cache,inductor,eager] [--script-modes ltc_cache,torch,inductor,eager]
+    python -m tools.bench_trainer --steps 6 --results   # into benchmarks/results/trainer.json
     python -m tools.bench_trainer --example [--pairs 3] [--steps 3] [--compile ltc_cache|torch]
 
 Each (loop, model, mode) gets new scratch directories (ltc_cache's cache,
@@ -36,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 from tools.harness import ROOT, child_env, cold_then_warm, median, ratio, seconds, table
+from tools.results import Recorder, add_arguments, rounded
 
 EXAMPLE = ROOT / "examples" / "trainer.py"
 TRAIN_EXAMPLE = ROOT / "examples" / "train.py"
@@ -78,6 +80,16 @@ def markdown(rows: list[dict]) -> str:
     return table(cells)
 
 
+def results_rows(rows: list[dict]) -> list[dict]:
+    """trainer.json's ``loops`` rows."""
+    return [{"loop": r["loop"], "model": r["model"], "mode": r["mode"],
+             "first_step_cold_s": rounded(r["cold_first"]),
+             "first_step_warm_s": rounded(r["warm_first"]),
+             "steady_cold_ms": rounded(r["cold_steady"], 1, 1e3),
+             "steady_warm_ms": rounded(r["warm_steady"], 1, 1e3),
+             "warm_counts": r["warm_did"]} for r in rows]
+
+
 def _ms(value: float | None) -> str:
     return "failed" if value is None else f"{value * 1e3:.1f} ms"
 
@@ -118,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="examples/train.py (the README's training command) instead")
     parser.add_argument("--compile", choices=("ltc_cache", "torch"), default="ltc_cache",
                         help="with --example: what compiles the model")
+    add_arguments(parser, "trainer")
     args = parser.parse_args(argv)
+    recorder = Recorder.from_args("tools.bench_trainer", args, argv)
+    if recorder and args.example:
+        parser.error("--results writes the loops table; --example has none")
     steps, pairs = (3, 3) if args.example else (6, 1)
     args.steps = steps if args.steps is None else args.steps
     args.pairs = pairs if args.pairs is None else args.pairs
@@ -151,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                 equal = ", ".join(f"{mode} {losses == same['eager']}"
                                   for mode, losses in same.items() if mode != "eager")
                 print(f"  warm losses bit for bit equal to eager's: {equal}")
+    if recorder:
+        # A run of some loops, models or modes refreshes those rows only.
+        recorder.write("trainer", [{"id": "loops", "rows": results_rows(rows)}], threads=1,
+                       merge_on={"loops": ("loop", "model", "mode")})
     return 0
 
 

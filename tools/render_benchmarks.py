@@ -12,7 +12,7 @@ on exactly one page. The pictures (benchmarks/*.png) need matplotlib (the
 ``bench`` extra); the tables and the schema check need nothing.
 
 A results file, benchmarks/results/NAME.json, is one tool's answer to one
-question (schema 1):
+question, written by the tool's ``--results`` (tools/results.py) (schema 1):
 
     schema        1
     name          NAME, the file's stem
@@ -20,7 +20,8 @@ question (schema 1):
     question      what a user asks that the tables answer
     tool          the tools.<module> that measures it
     command       the command line that reproduces the rows
-    commit        the code measured (a hex hash)
+    commit        the code measured (a hex hash; "-dirty" after it: the work
+                  tree differed from that commit)
     commit_basis  "stated": the run named its commit; "recorded": the commit
                   that recorded the figures (the run did not name one)
     date          YYYY-MM-DD
@@ -98,7 +99,7 @@ MACHINE_KEYS: dict[str, tuple[type | tuple[type, ...], bool]] = {
     "python": (str, True),
     "threads": ((int, str), True),
 }
-COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+COMMIT = re.compile(r"^[0-9a-f]{7,40}(-dirty)?$")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 NUMBER = (int, float)
 BLOCK = re.compile(r"(<!-- (table: [\w./-]+|machine) -->\n)(.*?)(<!-- end -->)", re.S)
