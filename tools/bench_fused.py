@@ -97,7 +97,7 @@ from typing import Any, NamedTuple
 
 from tools.bench_compile import MODELS as TINY_MODELS
 from tools.bench_compile import TRAIN_MODELS as TINY_TRAIN_MODELS
-from tools.harness import child_env, table, tool_argv
+from tools.harness import child_env, ratio, table, tool_argv
 from tools.results import Recorder, add_arguments, two_figures
 
 STEADY_MODELS = ("gpt2", "bert", "llama", "t5")  # bench_steady's default --models
@@ -603,10 +603,6 @@ def per_unit(row: str, ms: float | None) -> str:
     if row.endswith("/decode"):
         return f"{ms:.2f} ms/token ({1e3 / ms:.0f} tok/s)"
     return f"{ms:.2f} ms"
-
-
-def ratio(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None or not b else f"{a / b:.2f}"
 
 
 def libraries_cell(result: dict[str, Any]) -> str:

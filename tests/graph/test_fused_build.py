@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TESTS, child_env, json_child, once_per_run
+from helpers import child_env, json_child, once_per_run
 from torch import fx, nn
 
 import ltc_cache
@@ -126,7 +126,7 @@ def background(tmp_path_factory) -> dict:
                     "assert torch.allclose(c(x)[0], m(x)) and torch.allclose(c(x)[0], m(x)); "
                     "print(json.dumps(ltc_cache.stats()))")
             proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                  env=dict(os.environ, PYTHONPATH=str(TESTS)), timeout=300)
+                                  env=child_env(), timeout=300)
         seen["next_process"] = {"returncode": proc.returncode, "stdout": proc.stdout,
                                 "stderr": proc.stderr[-3000:]}
         return seen
