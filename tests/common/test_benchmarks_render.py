@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tools import render_benchmarks as render
 
-from tools import render_benchmarks as render  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 FILES = sorted(render.RESULTS.glob("*.json"))
 

@@ -7,17 +7,15 @@ No benchmark runs here: the tables are made up, the directory a tmp one.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tools import render_benchmarks as render
+from tools import results
 
-from tools import render_benchmarks as render  # noqa: E402
-from tools import results  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 DESCRIBE = {"title": "A made-up question", "question": "Does the writer write?",
             "method": "Nothing measured."}
