@@ -14,7 +14,7 @@ import json
 import sys
 
 from ltc_cache.diagnostics import counters
-from tools import bench_suite
+from tools import suite_child
 from tools.probes import AOT
 
 
@@ -25,7 +25,7 @@ def main(names: list[str]) -> int:
         counters.reset()
         if "torch._dynamo" in sys.modules:  # as the models before it left them
             sys.modules["torch._dynamo"].utils.counters.clear()
-        results[name] = bench_suite.child(name, "train")
+        results[name] = suite_child.child(name, "train")
     print(json.dumps(results))
     return 0
 
