@@ -58,7 +58,7 @@ def assert_warm(report: dict) -> None:
 
 # Trials that share a cold and a warm process, one after the other in each,
 # counted on their own (their graphs are not each other's).
-COMPILED = ("module:mlp", "function:mlp", "module:branchy", "extract:mlp")
+COMPILED = ("module:mlp", "function:mlp", "module:branchy", "extract:mlp", "torch:mlp")
 
 
 @pytest.fixture(scope="session")
@@ -146,15 +146,14 @@ def test_threads_generate_through_a_compiled_model_cold_then_warm(cache_dir):
 # -- torch.compile(backend="ltc_cache") and extract_compiled_graph -----------------------
 
 
-def test_threads_through_torch_compile_cold_then_warm(cache_dir):
+def test_threads_through_torch_compile_cold_then_warm(compiled):
     """Dynamo captures the frame once per thread that misses its cache at
     once (it looks before taking its lock and not after: README,
     "Threads"); the backend's work behind those captures is done once."""
-    cold = serve("torch", "mlp")
+    cold = checked(compiled["cold"]["torch:mlp"])
     assert 1 <= cold["frames_ok"] <= THREADS
     assert cold["stats"]["traces"] == 1
-    warm = serve("torch", "mlp")
-    assert_warm(warm)
+    assert_warm(checked(compiled["warm"]["torch:mlp"]))
 
 
 def test_threads_extract_compiled_graph_cold_then_warm(compiled):
