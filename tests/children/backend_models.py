@@ -15,9 +15,9 @@ import copy
 import json
 import sys
 import time
-import warnings
 
 import torch
+from helpers import ltc_cache_warnings
 
 from zoo.compile_models import MODELS, first_tensor, train
 
@@ -69,12 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     trained = options.trained.split(",") if options.trained else options.models
     results = {}
     for name in options.models:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with ltc_cache_warnings() as warned:
             result = run(name, options.train if name in trained else 0)
-        # What ltc_cache warned about (a region run eagerly, a graph that does
-        # not replay), so that a failing test says why.
-        result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
+        result["warnings"] = warned
         results[name] = result
     print(json.dumps(results))
     return 0

@@ -30,9 +30,9 @@ import copy
 import hashlib
 import json
 import sys
-import warnings
 
 import torch
+from helpers import ltc_cache_warnings
 
 from tools.probes import AOT, count_aot_traces
 from zoo.compile_models import MODELS, VOCAB, first_tensor, loss_of, train_steps
@@ -120,10 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     count_aot_traces()
     results = {}
     for name in options.models:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with ltc_cache_warnings() as warned:
             result = run(options.scenario, name, [int(n) for n in options.lengths.split(",")])
-        result["warnings"] = [str(w.message) for w in caught if "ltc_cache" in str(w.message)]
+        result["warnings"] = warned
         results[name] = result
     print(json.dumps(results))
     return 0

@@ -38,10 +38,11 @@ import faulthandler
 import hashlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import NoReturn
+
+from helpers import exit_skipping_teardown
 
 BATCH_PER_RANK, SEQ = 2, 8
 
@@ -256,13 +257,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     del net, model
     dist.barrier()
     dist.destroy_process_group()
-    # Everything is written. A rank has still hung after this, in torch's
-    # teardown at interpreter exit (faulthandler: the main thread past
-    # main(), no Python frame below it) in 2 of about 40 launches on a
-    # loaded machine; skip that teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_skipping_teardown()
 
 
 if __name__ == "__main__":

@@ -24,10 +24,11 @@ import argparse
 import faulthandler
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import NoReturn
+
+from helpers import exit_skipping_teardown
 
 BATCH_PER_RANK, SEQ = 2, 8
 ORDERS = ("compiled_fsdp", "eager", "inductor")
@@ -175,11 +176,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     Path(options.out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
-    # Everything is written; skip torch's teardown at interpreter exit,
-    # which has hung a rank of the DDP child on a loaded machine.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_skipping_teardown()
 
 
 if __name__ == "__main__":
