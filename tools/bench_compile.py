@@ -45,7 +45,16 @@ import time
 from pathlib import Path
 
 from tools.compile_child import child, program_child
-from tools.harness import add_runs, child_env, cold_then_warm, median, ratio, seconds, tool_argv
+from tools.harness import (
+    add_runs,
+    child_env,
+    cold_then_warm,
+    largest,
+    median,
+    ratio,
+    seconds,
+    tool_argv,
+)
 from tools.results import Recorder, add_arguments, numbers, rounded, two_figures
 
 MODELS = ["gpt2", "bert", "llama", "t5", "transformer_encoder", "cnn"]
@@ -83,10 +92,8 @@ def measure(models: list[str], repeats: int, train: bool) -> list[dict]:
                                  "steady_ms": "steady_ms"})
             row["eager_ms"] = median(runs["ltc_cache_warm"], "eager_ms")
             row["ltc_share"] = median(runs["ltc_cache_warm"], "ltc_share")
-            row["ltc_warm_traces"] = max((r.get("traces", 0) for r in runs["ltc_cache_warm"]),
-                                         default=None)
-            row["ltc_warm_aot_traces"] = max((r.get("aot_traces", 0)
-                                              for r in runs["ltc_cache_warm"]), default=None)
+            row["ltc_warm_traces"] = largest(runs["ltc_cache_warm"], "traces")
+            row["ltc_warm_aot_traces"] = largest(runs["ltc_cache_warm"], "aot_traces")
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     return rows
@@ -141,8 +148,8 @@ def measure_program(models: list[str], repeats: int, train: bool) -> list[dict]:
             row: dict = {"model": model, "train": train}
             add_runs(row, runs, {"s": "first_s", "rss_mb": "peak_rss_mb"})
             warm = runs["program_warm"]
-            row["program_warm_frames"] = max((r.get("frames", 0) for r in warm), default=None)
-            row["program_warm_traces"] = max((r.get("traces", 0) for r in warm), default=None)
+            row["program_warm_frames"] = largest(warm, "frames")
+            row["program_warm_traces"] = largest(warm, "traces")
             row["program_warm_hits"] = min((r.get("program_hits", 0) for r in warm), default=None)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
@@ -160,8 +167,7 @@ def markdown_program(rows: list[dict]) -> str:
     for r in rows:
         rss = " / ".join("-" if r.get(f"{m}_warm_rss_mb") is None
                          else f"{r[f'{m}_warm_rss_mb']:.0f}" for m in PROGRAM_MODES)
-        errors = [r.get(f"{m}_{p}_max_error") for m in PROGRAM_MODES for p in ("cold", "warm")]
-        worst = max((e for e in errors if e is not None), default=None)
+        worst = _worst_error(r)
         lines.append(
             f"| {r['model']}{' (train step)' if r['train'] else ''} "
             f"| {seconds(r.get('program_cold_s'))} | **{seconds(r.get('program_warm_s'))}** "
@@ -174,6 +180,12 @@ def markdown_program(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _worst_error(row: dict) -> float | None:
+    """The largest error against eager of any mode's cold or warm run in ``row``."""
+    errors = [row.get(f"{m}_{p}_max_error") for m in PROGRAM_MODES for p in ("cold", "warm")]
+    return max((e for e in errors if e is not None), default=None)
+
+
 def _share(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else round(a / b, 2)
 
@@ -182,7 +194,6 @@ def results_rows(rows: list[dict]) -> list[dict]:
     """program.json's rows (its ``inference`` or ``training`` table)."""
     out = []
     for r in rows:
-        errors = [r.get(f"{m}_{p}_max_error") for m in PROGRAM_MODES for p in ("cold", "warm")]
         out.append({
             "model": r["model"], "program_cold_s": rounded(r.get("program_cold_s")),
             "program_warm_s": rounded(r.get("program_warm_s")),
@@ -194,7 +205,7 @@ def results_rows(rows: list[dict]) -> list[dict]:
             "warm_rss_mb": numbers([r.get(f"{m}_warm_rss_mb") for m in PROGRAM_MODES]),
             "warm_counts": numbers([r.get("program_warm_frames"), r.get("program_warm_traces"),
                                     r.get("program_warm_hits")]),
-            "max_error": two_figures(max((e for e in errors if e is not None), default=None)),
+            "max_error": two_figures(_worst_error(r)),
         })
     return out
 

@@ -38,6 +38,7 @@ from tools.harness import (
     CHILDREN,
     child_env,
     child_result,
+    largest,
     median,
     ratio,
     run_child,
@@ -149,11 +150,11 @@ def measure(repeats: int, scenarios: list[str], ranks: int) -> list[dict]:
                 if failed:
                     row[f"{label}_failed"] = failed[0]
                 row[f"{label}_s"] = median(results, "first_s")
-                row[f"{label}_frames"] = max((r.get("frames", 0) for r in results), default=0)
-                row[f"{label}_traces"] = max((r.get("traces", 0) for r in results), default=0)
+                row[f"{label}_frames"] = largest(results, "frames", default=0)
+                row[f"{label}_traces"] = largest(results, "traces", default=0)
                 if any("loss_error" in r for r in results):
-                    row[f"{label}_loss_error"] = max(r.get("loss_error", 0) for r in results)
-                    row[f"{label}_captures"] = max(r.get("captures", 0) for r in results)
+                    row[f"{label}_loss_error"] = largest(results, "loss_error")
+                    row[f"{label}_captures"] = largest(results, "captures")
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
     return rows

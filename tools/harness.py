@@ -107,6 +107,12 @@ def median(runs: list[dict], field: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def largest(runs: list[dict], field: str, default: float | None = None) -> float | None:
+    """The largest ``field`` over the runs (a run without it counts 0);
+    ``default`` where there are no runs. For counts a warm run must keep at 0."""
+    return max((r.get(field, 0) for r in runs), default=default)
+
+
 def add_runs(row: dict, runs: dict[str, list[dict]], medians: dict[str, str]) -> None:
     """Into ``row``, for each label of ``runs``: its first failure, the
     median of each run field ``medians`` names (``{"s": "first_s"}`` writes
