@@ -52,3 +52,32 @@ def captures() -> int:
     import ltc_cache
 
     return int(counters["frames"].get("ok", 0)) + ltc_cache.stats().get("program_captures", 0)
+
+
+def dynamo_frames() -> tuple[list[str], list[str]]:
+    """From now on, the code of each frame Dynamo's callback is handed (what
+    ``counters["frames"]`` counts: name, file and caller), and of each it
+    traces (a visit may end sooner, on a skip): two lists that grow."""
+    from pathlib import Path
+
+    from torch._dynamo import convert_frame
+
+    visited: list[str] = []
+    traced: list[str] = []
+    original = convert_frame.ConvertFrame.__call__
+    original_compile = convert_frame._compile
+
+    def call(self, frame, *args, **kwargs):
+        back = frame.f_back
+        caller = f", from {back.f_code.co_qualname}" if back is not None else ""
+        visited.append(f"{frame.f_code.co_qualname} ({Path(frame.f_code.co_filename).name}"
+                       f"{caller})")
+        return original(self, frame, *args, **kwargs)
+
+    def compile_frame(code, *args, **kwargs):
+        traced.append(code.co_qualname)
+        return original_compile(code, *args, **kwargs)
+
+    convert_frame.ConvertFrame.__call__ = call
+    convert_frame._compile = compile_frame
+    return visited, traced

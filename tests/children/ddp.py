@@ -44,6 +44,8 @@ from typing import NoReturn
 
 from helpers import exit_skipping_teardown
 
+from tools.probes import dynamo_frames
+
 BATCH_PER_RANK, SEQ = 2, 8
 
 
@@ -155,34 +157,6 @@ def _farthest(model, other) -> float:
                for p, q in zip(model.parameters(), other.parameters(), strict=True))
 
 
-def _count_visits() -> list[str]:
-    """The code of each frame Dynamo's callback is handed (what
-    ``counters["frames"]`` counts), by name."""
-    from torch._dynamo import convert_frame
-
-    visited: list[str] = []
-    original = convert_frame.ConvertFrame.__call__
-
-    def call(self, frame, *args, **kwargs):
-        back = frame.f_back
-        caller = f", from {back.f_code.co_qualname}" if back is not None else ""
-        visited.append(f"{frame.f_code.co_qualname} ({Path(frame.f_code.co_filename).name}"
-                       f"{caller})")
-        return original(self, frame, *args, **kwargs)
-
-    convert_frame.ConvertFrame.__call__ = call
-    # Captures: Dynamo tracing a frame (a visit may end sooner, on a skip).
-    original_compile = convert_frame._compile
-
-    def compile_frame(code, *args, **kwargs):
-        CAPTURES.append(code.co_qualname)
-        return original_compile(code, *args, **kwargs)
-
-    convert_frame._compile = compile_frame
-    return visited
-
-
-CAPTURES: list[str] = []
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -208,7 +182,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from tools.probes import AOT, count_aot_traces, program_logs
 
     count_aot_traces()
-    visited = _count_visits()
+    visited, captured = dynamo_frames()
     logs = program_logs()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -239,7 +213,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
               "frames_ok": int(torch._dynamo.utils.counters["frames"]["ok"]),
               "aot_traces": AOT["traces"], "logs": logs,
               "visited": visited,
-              "captures": len(CAPTURES), "compiled_nodes": list(COMPILED_NODES)}
+              "captures": len(captured), "compiled_nodes": list(COMPILED_NODES)}
     # The weights after the steps: the same on every rank (a digest), and
     # as far from eager DDP's (the same steps, every rank) and from the
     # reference's as the all-reduced gradients allow.

@@ -30,6 +30,8 @@ from typing import NoReturn
 
 from helpers import exit_skipping_teardown
 
+from tools.probes import dynamo_frames
+
 BATCH_PER_RANK, SEQ = 2, 8
 ORDERS = ("compiled_fsdp", "eager", "inductor")
 
@@ -102,30 +104,6 @@ def _steps(net, parameters, ids, steps: int, reduce) -> tuple[list[float], list[
     return losses, seconds
 
 
-CAPTURES: list[str] = []
-
-
-def _count_frames() -> list[str]:
-    """The code of each frame Dynamo's callback is handed, and (in
-    ``CAPTURES``) of each it traces."""
-    from torch._dynamo import convert_frame
-
-    visited: list[str] = []
-    original = convert_frame.ConvertFrame.__call__
-
-    def call(self, frame, *args, **kwargs):
-        visited.append(f"{frame.f_code.co_qualname} ({Path(frame.f_code.co_filename).name})")
-        return original(self, frame, *args, **kwargs)
-
-    convert_frame.ConvertFrame.__call__ = call
-    original_compile = convert_frame._compile
-
-    def compile_frame(code, *args, **kwargs):
-        CAPTURES.append(code.co_qualname)
-        return original_compile(code, *args, **kwargs)
-
-    convert_frame._compile = compile_frame
-    return visited
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -148,7 +126,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from tools.probes import AOT, count_aot_traces, program_logs
 
     count_aot_traces()
-    visited = _count_frames()
+    visited, captured = dynamo_frames()
     logs = program_logs()
     if os.environ.get("FSDP_CHILD_LOG"):  # the backend's reasons too, on stderr
         import logging
@@ -168,7 +146,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
               "first_step_s": seconds[0], "step_s": seconds[1:], "stats": ltc_cache.stats(),
               "frames_ok": int(torch._dynamo.utils.counters["frames"]["ok"]),
               "aot_traces": AOT["traces"], "logs": logs, "visited": visited,
-              "captures": len(CAPTURES), "loadavg": os.getloadavg()[0]}
+              "captures": len(captured), "loadavg": os.getloadavg()[0]}
     if not options.no_eager:
         eager, eager_model = _build("eager", options.layers)
         result["eager"], result["eager_step_s"] = _steps(
