@@ -17,6 +17,7 @@ import json
 import sys
 
 import torch
+from helpers import mse_steps
 from torch import nn
 
 import ltc_cache
@@ -31,16 +32,7 @@ def run_train() -> float:
     losses = []
     for m in (compiled, reference):
         optimizer = torch.optim.AdamW(m.parameters() if m is reference else model.parameters())
-        run = []
-        for step in range(3):
-            g = torch.Generator().manual_seed(step)
-            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-            loss = torch.nn.functional.mse_loss(m(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            run.append(loss.item())
-        losses.append(run)
+        losses.append([loss.item() for loss in mse_steps(m, optimizer)])
     return max(abs(a - b) / abs(b) for a, b in zip(*losses, strict=True))
 
 

@@ -20,6 +20,7 @@ import copy
 import json
 
 import torch
+from helpers import mse_steps
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -92,19 +93,9 @@ def run_train() -> float:
     model = Signed()
     reference = copy.deepcopy(model)
     compiled = ltc_cache.compile(model)
-    losses: list[list[float]] = []
+    losses: list[list[torch.Tensor]] = []
     for m, params in ((compiled, model.parameters()), (reference, reference.parameters())):
-        optimizer = torch.optim.SGD(params, lr=0.1)
-        run = []
-        for step in range(3):
-            g = torch.Generator().manual_seed(step)
-            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-            loss = torch.nn.functional.mse_loss(m(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            run.append(loss.detach())
-        losses.append(run)
+        losses.append(mse_steps(m, torch.optim.SGD(params, lr=0.1)))
     errors = [relative(a, b) for a, b in zip(*losses, strict=True)]
     errors += [relative(a.detach(), b.detach())
                for a, b in zip(model.state_dict().values(), reference.state_dict().values(),
