@@ -22,6 +22,7 @@ __all__ = [
     "ERRORS",
     "EVICTIONS",
     "FUSED_CHECKS",
+    "FUSED_COMPILES",
     "FUSED_LOADS",
     "FUSED_PICKUPS",
     "FUSED_PLAN_CHECKS",
@@ -94,6 +95,8 @@ PROGRAM_LOOKUPS = _declare("program_lookups", "program (or negative program) ent
 FUSED_LOADS = _declare("fused_loads", "fused libraries loaded")
 FUSED_REFUSED = _declare("fused_refused", "fused libraries refused")
 FUSED_QUEUED = _declare("fused_queued", "graphs queued for the fusing worker")
+FUSED_COMPILES = _declare("fused_compiles", "fused libraries (of graphs and plans) compiled, or "
+                                            "refused at their compile, by this process")
 FUSED_PICKUPS = _declare("fused_pickups", "libraries picked up from the worker while running")
 FUSED_CHECKS = _declare("fused_checks", "comparisons of a library with TorchScript (a first "
                                         "call without a stored verdict, or a call where the "

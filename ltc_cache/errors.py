@@ -3,8 +3,8 @@ builtin it refines."""
 
 from __future__ import annotations
 
-__all__ = ["EntryError", "LockTimeout", "LtcCacheError", "LtcUnavailable", "UncacheableGraph",
-           "first_line", "is_graph_failure"]
+__all__ = ["EntryError", "LockTimeout", "LtcCacheError", "LtcUnavailable", "NotForThisCpu",
+           "UncacheableGraph", "first_line", "is_graph_failure"]
 
 
 class LtcCacheError(Exception):
@@ -23,6 +23,12 @@ class EntryError(LtcCacheError, ValueError):
     def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(message if key is None else f"entry {key[:12]}: {message}")
         self.key = key
+
+
+class NotForThisCpu(EntryError):
+    """A fused library needs vector instructions this CPU lacks (or that
+    ltc_cache does not know): a miss here, kept for the CPUs it was built
+    for, never loaded and never replaced."""
 
 
 class LockTimeout(LtcCacheError, TimeoutError):

@@ -112,12 +112,18 @@ class KindView:
 @dataclass(frozen=True)
 class SummaryParts:
     """Entries of one kind that ``stats`` counts apart (a fused entry: a
-    library or a refusal): ``field`` of the listing summary names the part,
-    one of ``names``, in the order shown. A summary without ``field`` was
-    written before the kind had parts, and its entry is read again."""
+    library this CPU runs, one built for other CPUs, or a refusal): ``field``
+    of the listing summary names the part, one of ``names``, in the order
+    shown, unless ``classify`` (the summary -> its part, read where the
+    listing runs) says more. A summary without ``field`` was written
+    before the kind had parts, and its entry is read again."""
 
     field: str
     names: tuple[str, ...]
+    classify: Callable[[Mapping[str, Any]], str] | None = None
+
+    def part_of(self, summary: Mapping[str, Any]) -> str:
+        return self.classify(summary) if self.classify else str(summary.get(self.field))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,19 @@ if TYPE_CHECKING:
     from ltc_cache.graph.entry import Entry
     from ltc_cache.store import DiskStore
 
+# x86 CPU kinds by the vector features the fused tier reads (cpu_isa.FEATURES).
+CPU_KINDS: dict[str, frozenset[str]] = {
+    "no AVX2": frozenset(),
+    "Zen 2 (AVX2)": frozenset({"avx2"}),
+    "Skylake-X (AVX-512)": frozenset({"avx2", "avx512"}),
+    "Ice Lake, Zen 4 (VNNI)": frozenset({"avx2", "avx512", "avx512_vnni"}),
+    "Cooper Lake (VNNI, BF16)": frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16"}),
+    "Sapphire Rapids (AMX)": frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16",
+                                        "amx_tile"}),
+    "Granite Rapids (AMX FP16)": frozenset({"avx2", "avx512", "avx512_vnni", "avx512_bf16",
+                                            "amx_tile", "amx_fp16"}),
+}
+
 TESTS = Path(__file__).parent
 CHILDREN = TESTS / "children"
 RELIABILITY_CHILD = CHILDREN / "reliability.py"

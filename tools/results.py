@@ -53,16 +53,23 @@ def add_arguments(parser: argparse.ArgumentParser, *names: str) -> None:
 
 
 def cpu_model() -> str:
-    """``lscpu``'s model name (the platform's processor where there is no lscpu)."""
+    """``lscpu``'s model name, family and model (the platform's processor
+    where there is no lscpu), and the vector features the fused tier reads
+    (``AMD EPYC (family 23, model 49; avx2)``): CPUs that one name covers
+    differ in them, and a library's speed with them."""
+    from ltc_cache.graph.fused.cpu_isa import FEATURES, cpu_features
+
+    features = " ".join(f for f in FEATURES if f in cpu_features()) or "no AVX2"
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or platform.machine()
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name":
-            return value.strip()
-    return platform.machine()
+        return f"{platform.processor() or platform.machine()} ({features})"
+    fields = {key.strip(): value.strip() for key, _, value in
+              (line.partition(":") for line in out.splitlines())}
+    name = fields.get("Model name", platform.machine())
+    if "CPU family" in fields and "Model" in fields:
+        return f"{name} (family {fields['CPU family']}, model {fields['Model']}; {features})"
+    return f"{name} ({features})"
 
 
 def commit() -> str:

@@ -75,7 +75,7 @@ def cmd_ls(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> i
     with_kind = any(e.kind not in (None, EntryKind.GRAPH) for e in good)
     headers = ["KEY", "NAME", *(["KIND"] if with_kind else []), "OPS", "INPUTS", "SIZE",
                "CREATED", "LAST USED", "HITS", "TORCH"]
-    rows = [[e.short_key, e.graph_name, *([e.kind or EntryKind.GRAPH] if with_kind else []),
+    rows = [[e.short_key, e.graph_name, *([e.kind_str] if with_kind else []),
              str(e.node_count), str(e.num_inputs), e.size_str, e.created_str,
              e.last_used_str, str(e.hits), e.torch_version] for e in good]
     first_number = 3 if with_kind else 2
@@ -129,7 +129,8 @@ def cmd_stats(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -
 def _kind_rows(kinds: Sequence[KindTotal]) -> list[tuple[str, str]]:
     """A row per kind under Entries, where there are kinds besides graphs
     (as ``ls`` shows its KIND column), split into the parts its kind
-    counts apart (a fused row: libraries and refusals)."""
+    counts apart (a fused row: libraries, libraries for other CPUs and
+    refusals), those it has."""
     if all(total.kind == EntryKind.GRAPH for total in kinds):
         return []
     rows = []
@@ -137,7 +138,7 @@ def _kind_rows(kinds: Sequence[KindTotal]) -> list[tuple[str, str]]:
         text = f"{total.entries} ({total.size_str})"
         if total.parts:
             text += ": " + ", ".join(f"{counted(part.entries, part.kind)} ({part.size_str})"
-                                     for part in total.parts)
+                                     for part in total.parts if part.entries)
         rows.append((f"  {total.kind}", text))
     return rows
 

@@ -81,10 +81,10 @@ def _run_plan(plan: DeletePlan, store: DiskStore, args: argparse.Namespace) -> i
 
 
 def cmd_prune(args: argparse.Namespace, store: DiskStore, config: CacheConfig) -> int:
-    if args.max_size is None and args.older_than is None and not args.stale:
-        raise UsageError("prune what? give --max-size, --older-than and/or --stale")
+    if args.max_size is None and args.older_than is None and not args.stale and not args.cpu:
+        raise UsageError("prune what? give --max-size, --older-than, --stale and/or --cpu")
     plan = plan_prune(scan(store), max_size=args.max_size, older_than=args.older_than,
-                      stale=args.stale)
+                      stale=args.stale, cpus=args.cpu)
     return _run_plan(plan, store, args)
 
 

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ..graph.fused.cpu_isa import parse_cpu
 from ..report import SORT_FIELDS, parse_filter
 from ..units import SIZE_RULE, parse_age, parse_size
 from .fuse import cmd_fuse
@@ -108,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="delete entries not used for AGE, e.g. 30d, 12h")
     prune.add_argument("--stale", action="store_true",
                        help="delete entries of another torch version or entry schema")
+    prune.add_argument("--cpu", action="append", default=[], type=_arg(parse_cpu),
+                       metavar="FEATURES", help="keep only the fused libraries that a CPU of "
+                       "FEATURES runs: 'here', or feature words such as 'avx2' or 'avx512 "
+                       "avx512_vnni amx_tile'; repeatable, one for each kind of CPU of the fleet")
     deleting(prune)
 
     clear = command("clear", cmd_clear, "delete every entry")

@@ -25,10 +25,16 @@ from ..counter_names import (
     FUSED_PLAN_REFUSED,
 )
 from ..diagnostics import count_event, warn_once
-from ..errors import EntryError
+from ..errors import EntryError, NotForThisCpu
 from ..graph.entry import Entry, new_meta
-from ..graph.fused.aoti import runner_available
-from ..graph.fused.entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry, usable_library
+from ..graph.fused.entries import (
+    DATA_DEPENDENT,
+    NOT_FASTER,
+    refusal_entry,
+    usable_library,
+    warn_not_for_this_cpu,
+)
+from ..graph.fused.platform import fusable_here
 from ..graph.fused.runner import FusedFunction, load_runner, mismatch
 from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
 from ..kinds import EntryKind
@@ -169,7 +175,7 @@ class PlanFunction:
     def _obtain(self, args: Sequence[Any], example: Example,
                 ahead: bool) -> Callable[..., Any] | None:
         cache, config, outputs = self._cache, self._cache.config, self._outputs
-        if not runner_available() or outputs.container is None:
+        if not fusable_here() or outputs.container is None:
             logger.info("%s: no plan library (no tuple of outputs)", self._name)
             return self._per_region
         key = part_key(self._plan_key.digest, self._part)
@@ -189,6 +195,9 @@ class PlanFunction:
         secret = program_secret(config.secret, config.directory)
         try:
             library = usable_library(stored, secret, self._plan_key.digest)
+        except NotForThisCpu as exc:  # a miss here, never replaced: no rebuild loop
+            warn_not_for_this_cpu(self._name, exc)
+            return self._per_region
         except EntryError as exc:
             cache.drop_entry(key, str(exc), remade="compiled")
             return self._per_region

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..graph.fused.cpu_isa import missing_features
 from ..store.disk import DiskStore
 from ..units import format_size
 from .entries import Progress
@@ -53,12 +54,17 @@ class DeletePlan:
 
 def plan_prune(report: CacheReport, *, max_size: int | None = None,
                older_than: float | None = None, stale: bool = False,
-               now: float | None = None) -> DeletePlan:
+               cpus: Sequence[frozenset[str]] = (), now: float | None = None) -> DeletePlan:
     """Entries of another torch version or entry schema (``stale``), not
-    used for ``older_than`` seconds, and then the least recently used until
-    the rest fit in ``max_size`` bytes."""
+    used for ``older_than`` seconds, fused libraries that none of ``cpus``
+    (each a set of vector features) runs, and then the least recently used
+    until the rest fit in ``max_size`` bytes."""
     now = now or time.time()
     reasons: dict[str, str] = {}
+    if cpus:
+        for e in report.entries:
+            if e.isa is not None and all(missing_features(e.isa, cpu) for cpu in cpus):
+                reasons[e.key] = f"a library for {e.isa}, which none of the CPUs given has"
     if stale:
         import torch
 

@@ -14,7 +14,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ..kinds import handlers_of
+from ..graph.fused.cpu_isa import isa_runs_here
+from ..graph.fused.entry_kind import REFUSAL
+from ..kinds import EntryKind, handlers_of
 from ..store.disk import DiskStore
 from ..store.ledger import EntryRecord
 from ..units import format_age, format_size
@@ -58,9 +60,10 @@ class EntryInfo(NamedTuple):
     torch_version: str = "?"
     schema: int | None = None
     problem: str | None = None
-    # A fused entry's part (its kind's SummaryParts): "library", or
-    # "refusal" (why there is none).
+    # A fused entry's part: "library", or "refusal" (why there is none);
+    # a library's: every vector feature it needs (AVX2, AVX512 AVX512_VNNI, ...).
     fused: str | None = None
+    isa: str | None = None
 
     @property
     def short_key(self) -> str:
@@ -69,6 +72,22 @@ class EntryInfo(NamedTuple):
     @property
     def num_inputs(self) -> int:
         return sum(self.inputs.values())
+
+    @property
+    def runs_here(self) -> bool | None:
+        """Whether this CPU runs a fused library; None for any other entry."""
+        return None if self.isa is None else isa_runs_here(self.isa)
+
+    @property
+    def kind_str(self) -> str:
+        """The KIND column of ``ls``: a fused library with the features it
+        needs, and whether this CPU lacks them."""
+        kind = str(self.kind or EntryKind.GRAPH)
+        if self.fused == REFUSAL:
+            return f"{kind} refusal"
+        if self.isa is not None:
+            return f"{kind} {self.isa or 'any CPU'}" + ("" if self.runs_here else " (not here)")
+        return kind
 
     size_str = shown("size", format_size)
     created_str = shown("created", ago)
@@ -82,7 +101,8 @@ class EntryInfo(NamedTuple):
             "created": self.created, "created_str": self.created_str,
             "last_used": self.last_used, "last_used_str": self.last_used_str,
             "hits": self.hits, "torch_version": self.torch_version, "schema": self.schema,
-            "problem": self.problem, "fused": self.fused,
+            "problem": self.problem, "fused": self.fused, "isa": self.isa,
+            "runs_here": self.runs_here,
         }
 
 
@@ -151,6 +171,7 @@ def scan(store: DiskStore) -> CacheReport:
             schema=summary.get("schema"),
             problem=summary.get("problem"),
             fused=summary.get("fused"),
+            isa=summary.get("isa") if isinstance(summary.get("isa"), str) else None,
         ))
     return CacheReport(Path(store.directory), tuple(entries), len(internal), internal_size,
                        time.time(), tuple(internal))

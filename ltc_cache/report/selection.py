@@ -31,6 +31,7 @@ _FILTER_FIELDS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "kind": ("kind", str, "text"),
     "torch": ("torch_version", str, "text"),
     "key": ("key", str, "text"),
+    "isa": ("isa", str.upper, "text"),
 }
 _OPERATORS = {">=": operator.ge, "<=": operator.le, "!=": operator.ne, "==": operator.eq,
               "=": operator.eq, ">": operator.gt, "<": operator.lt}
@@ -53,9 +54,9 @@ class EntryFilter:
         if self.compare == "age":
             actual = (now or time.time()) - actual
         elif self.compare == "text":
-            # An entry without a kind is a graph.
-            matched = fnmatch.fnmatchcase(str(actual if actual is not None else EntryKind.GRAPH),
-                                          self.value)
+            if actual is None:  # an entry without a kind is a graph; one without an ISA no library
+                actual = EntryKind.GRAPH if self.attribute == "kind" else ""
+            matched = fnmatch.fnmatchcase(str(actual), self.value)
             return matched if self.op in ("=", "==") else not matched
         return _OPERATORS[self.op](actual, self.value)
 

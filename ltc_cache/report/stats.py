@@ -151,7 +151,7 @@ def _kind_totals(store: DiskStore, rows: Sequence[StoredRow]) -> tuple[KindTotal
         _add(totals, kind, row.size)
         split = _parts(kind)
         if split is not None:
-            _add(parts.setdefault(kind, {}), str(summary.get(split.field)), row.size)
+            _add(parts.setdefault(kind, {}), split.part_of(summary), row.size)
     order = [*(kind for kind in KINDS if kind in totals), *sorted(set(totals) - set(KINDS))]
     return tuple(KindTotal(kind, *totals[kind], parts=_part_totals(kind, parts.get(kind, {})))
                  for kind in order)

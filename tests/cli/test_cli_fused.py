@@ -137,10 +137,11 @@ def store_entry(directory: Path, entry: Entry, **config: object) -> None:
 
 
 def make_library(directory: Path, graph_key: str, *, library: bytes = LIBRARY,
-                 secret: bytes | None = None) -> Entry:
+                 secret: bytes | None = None, isa: str | None = None) -> Entry:
     key = fused_key(graph_key)
     return fused_entry(key, graph_entry(directory, graph_key), library=library,
-                       isa=machine_isa(), aliases=[], restride=[[0, [2, 4], [4, 1]]],
+                       isa=machine_isa() if isa is None else isa, aliases=[],
+                       restride=[[0, [2, 4], [4, 1]]],
                        secret=secret or program_secret(None, directory), stats=STATS)
 
 
@@ -274,6 +275,56 @@ def test_stats_counts_fused_libraries_and_refusals_apart(cache, capsys):
     assert "fused" not in store.ledger.entries()[library].summary
     store.close()
     check()
+
+
+# A library no CPU runs: AVX10_2 is no word ltc_cache knows.
+ELSEWHERE = "AVX512 AVX512_VNNI AVX512_BF16 AMX_TILE AMX_FP16 AVX10_2"
+
+
+def test_ls_show_stats_say_what_each_library_needs_and_whether_this_cpu_has_it(cache, capsys):
+    directory, keys = cache
+    here = put_library(directory, keys["mlp"])
+    elsewhere = make_library(directory, keys["scale"], isa=ELSEWHERE)
+    store_entry(directory, elsewhere)
+
+    code, out, _ = cli(capsys, directory, "ls", "--json")
+    rows = {e["key"]: e for e in json.loads(out)["entries"]}
+    assert (rows[here]["isa"], rows[here]["runs_here"]) == (machine_isa(), True)
+    assert (rows[elsewhere.key]["isa"], rows[elsewhere.key]["runs_here"]) == (ELSEWHERE, False)
+    code, out, _ = cli(capsys, directory, "ls")
+    line = next(line for line in out.splitlines() if line.startswith(elsewhere.key[:12]))
+    assert f"fused {ELSEWHERE} (not here)" in line
+    code, out, _ = cli(capsys, directory, "ls", "--json", "--filter", "isa=*avx10*")
+    assert [e["key"] for e in json.loads(out)["entries"]] == [elsewhere.key]
+
+    code, out, _ = cli(capsys, directory, "show", elsewhere.key)
+    fields = dict(re.findall(r"^(\w[\w ]*?)  +(.*)$", out, re.M))
+    assert fields["ISA"].startswith(f"{ELSEWHERE} (this CPU lacks ") and "AVX10_2" in \
+        fields["ISA"] and fields["ISA"].endswith(": not used here)")
+
+    code, out, _ = cli(capsys, directory, "stats", "--json")
+    fused = json.loads(out)["kinds"]["fused"]
+    assert (fused["library"]["entries"], fused["other-CPU library"]["entries"]) == (1, 1)
+    code, out, _ = cli(capsys, directory, "stats")
+    assert code == 0
+    assert re.search(r"^  fused +2 \(.*\): 1 library \(.*\), 1 other-CPU library \(.*\)$",
+                     out, re.M), out
+
+
+def test_prune_cpu_drops_the_libraries_no_cpu_of_the_fleet_runs(cache, capsys):
+    directory, keys = cache
+    here = put_library(directory, keys["mlp"])
+    amx = make_library(directory, keys["scale"], isa="AVX512 AVX512_VNNI AMX_TILE")
+    store_entry(directory, amx)
+    code, out, _ = cli(capsys, directory, "prune", "--cpu", "avx512 avx512_vnni", "--dry-run")
+    assert code == 0 and amx.key[:12] in out and here[:12] not in out
+    code, out, _ = cli(capsys, directory, "prune", "--cpu", "here", "--cpu", "amx_tile", "--yes")
+    assert code == 0 and set(sizes(directory)) >= {here, amx.key}
+    code, out, _ = cli(capsys, directory, "prune", "--cpu", "here", "--yes")
+    assert code == 0 and amx.key not in sizes(directory) and here in sizes(directory)
+    assert set(keys.values()) <= set(sizes(directory))  # graphs are no libraries
+    code, _, err = cli(capsys, directory, "prune", "--cpu", "neon")
+    assert code == 2 and "not a CPU: 'neon'" in err
 
 
 def test_stats_of_graphs_alone_shows_no_kind_rows(cache, capsys):

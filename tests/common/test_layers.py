@@ -258,6 +258,9 @@ SURFACES = [
             ("torch._subclasses", "torch.utils._python_dispatch"),
             within="ltc_cache.compile_backend"),
     Surface("AOTInductor", "ltc_cache.graph.fused.aoti", ("torch._inductor", "torch._C._aoti")),
+    Surface("the CPU probes Inductor's pick reads", "ltc_cache.graph.fused.cpu_isa",
+            tuple(f"torch.cpu._is_{probe}_supported" for probe in (
+                "avx2", "avx512", "vnni", "avx512_bf16", "amx_tile", "amx_fp16"))),
     Surface("Dynamo package and precompile", "ltc_cache.dynamo_package",
             ("torch._dynamo.package", "torch._dynamo.aot_compile",
              "torch._dynamo.aot_compile_types", "torch._dynamo.convert_frame",

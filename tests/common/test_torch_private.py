@@ -8,7 +8,8 @@ written against torch 2.13:
 
 - LTC's bindings and lazy internals: ltc_cache/graph/lazy_bindings.py
 - AOTAutograd's internals: ltc_cache/compile_backend/aot_autograd.py
-- AOTInductor: ltc_cache/graph/fused/aoti.py
+- AOTInductor: ltc_cache/graph/fused/aoti.py, and its pick of a vector ISA with the CPU
+  probes it reads: ltc_cache/graph/fused/cpu_isa.py
 - Dynamo's precompile and package: ltc_cache/dynamo_package.py
 - Dynamo's guards: ltc_cache/program/guards.py
 """
@@ -18,7 +19,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import io
+import os
 import pickle
+import shutil
 import threading
 
 import torch
@@ -161,8 +164,48 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert callable(torch._inductor.aoti_compile_and_package) and callable(make_fx)
     assert {"package_path", "inductor_configs"} <= set(
         inspect.signature(torch._inductor.aoti_compile_and_package).parameters)
-    assert platform.machine_isa().upper() in platform._RUNS
+    assert platform.machine_isa() == platform.machine_isa().upper()
     assert hasattr(torch._C, "_dispatch_get_all_op_names")
+
+
+def test_inductor_picks_the_isa_cpu_isa_predicts(monkeypatch):
+    """ltc_cache/graph/fused/cpu_isa.py mirrors Inductor's pick of a vector
+    ISA (a fused key names it before any Inductor import): the x86 ISAs and
+    their names, widest first, and the pick among them for every CPU kind
+    and ATEN_CPU_CAPABILITY; and on this machine, Inductor's real pick
+    (compile checks and all), by default and as an AVX2 machine. Also the
+    probes it reads, which are Inductor's own."""
+    import warnings
+
+    from helpers import CPU_KINDS
+    from torch._inductor import cpu_vec_isa as vec
+
+    from ltc_cache.graph.fused import cpu_isa
+
+    for probe in ("avx2", "avx512", "vnni", "avx512_bf16", "amx_tile", "amx_fp16"):
+        assert isinstance(getattr(torch.cpu, f"_is_{probe}_supported")(), bool)
+    x86 = [isa for isa in vec.supported_vec_isa_list
+           if isinstance(isa, vec.VecAVX2 | vec.VecAVX512)]
+    assert [str(isa) for isa in x86] == [" ".join(isa) for isa in cpu_isa._INDUCTOR_ISAS]
+    for features in CPU_KINDS.values():
+        monkeypatch.setattr(cpu_isa, "_probed", lambda features=features: features)
+        valid = [isa for isa in x86 if set(str(isa).split()) <= features]
+        for capability in (None, "default", "avx2", "avx512", "AVX2", "sve256"):
+            if capability is None:
+                monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+            else:
+                monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "ignoring invalid value"
+                picked = (vec.get_isa_from_cpu_capability(capability, valid, vec.invalid_vec_isa)
+                          if valid else vec.invalid_vec_isa)
+            assert cpu_isa.inductor_isa() == cpu_isa.isa_words(str(picked)), (features, capability)
+    monkeypatch.undo()
+    if cpu_isa.x86_machine() and shutil.which(os.environ.get("CXX") or "g++"):
+        for capability in (None, "avx2"):
+            if capability is not None:
+                monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
+            assert cpu_isa.inductor_isa() == cpu_isa.isa_words(str(vec.pick_vec_isa()))
 
 
 # --- Dynamo's precompile and package: ltc_cache/dynamo_package.py -------------

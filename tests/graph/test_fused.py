@@ -13,16 +13,17 @@ import warnings
 
 import pytest
 import torch
+from helpers import CPU_KINDS
 from torch import fx, nn
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.diagnostics import counters
 from ltc_cache.errors import EntryError
-from ltc_cache.graph.fused import pickup, platform, tier, verdicts
+from ltc_cache.graph.fused import cpu_isa, pickup, platform, tier, verdicts
 from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
 from ltc_cache.graph.fused.pickup import PendingFunction
-from ltc_cache.graph.fused.platform import fused_key, isa_runs_here
+from ltc_cache.graph.fused.platform import fused_key
 from ltc_cache.graph.fused.runner import FusedFunction, mismatch
 from ltc_cache.graph.keys import CacheKey
 from ltc_cache.graph.replay import build_function
@@ -61,9 +62,6 @@ def test_the_key_names_the_graph_cpu_compiler_and_build(monkeypatch):
     graph = "a" * 64
     base = fused_key(graph)
     assert fused_key(graph) == base and fused_key("b" * 64) != base
-    monkeypatch.setattr(platform, "machine_isa", lambda: "AVX512")
-    assert fused_key(graph).digest != base.digest
-    monkeypatch.undo()
     monkeypatch.setattr(platform, "compiler_id", lambda: "/usr/bin/g++-99:1:2")
     assert fused_key(graph).digest != base.digest
     monkeypatch.undo()
@@ -71,10 +69,19 @@ def test_the_key_names_the_graph_cpu_compiler_and_build(monkeypatch):
     assert fused_key(graph).digest != base.digest
 
 
-def test_a_library_for_a_wider_isa_never_runs_here(monkeypatch):
-    monkeypatch.setattr(platform, "machine_isa", lambda: "AVX2")
-    assert isa_runs_here("AVX2") and isa_runs_here("DEFAULT") and isa_runs_here("")
-    assert not isa_runs_here("AVX512") and not isa_runs_here("SVE256")
+def test_each_cpu_feature_set_has_keys_of_its_own(monkeypatch):
+    """Every feature a library may use is in the key: CPUs that torch's
+    dispatcher calls alike ("AVX512" on Skylake-X, Ice Lake and Sapphire
+    Rapids) keep their libraries apart, and ATEN_CPU_CAPABILITY=avx2 makes
+    any of them an AVX2 machine."""
+    keys = {}
+    for name, features in CPU_KINDS.items():
+        monkeypatch.setattr(cpu_isa, "_probed", lambda features=features: features)
+        keys[name] = fused_key("a" * 64).digest
+        assert fused_key("a" * 64).digest == keys[name]
+    assert len(set(keys.values())) == len(CPU_KINDS)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert fused_key("a" * 64).digest == keys["Zen 2 (AVX2)"]
 
 
 # -- signed entries ----------------------------------------------------------------------------
@@ -154,18 +161,72 @@ def test_a_library_moved_under_another_graphs_key_is_dropped_unloaded(tmp_path, 
     assert store.get(fused_key(graph.key).digest) is None
 
 
-def test_a_library_built_for_another_cpu_is_a_miss_never_loaded(tmp_path, monkeypatch):
+def _as_cpu(monkeypatch, features) -> None:
+    monkeypatch.setattr(cpu_isa, "_probed", lambda: frozenset(features))
+
+
+def test_a_library_for_features_this_cpu_lacks_is_kept_never_loaded_never_rebuilt(
+        tmp_path, monkeypatch):
+    """Found where the CPU lacks a feature it needs (a directory copied from
+    another machine), a library is a miss here: never loaded, never queued
+    or compiled again, and kept for the CPUs it was built for. One warning
+    a process names what is missing."""
     store = MemoryStore()
     cache = cache_over(store, tmp_path, "off")
     graph, model, x = stored_graph(cache)
-    monkeypatch.setattr(platform, "machine_isa", lambda: "AVX2")
-    _store(cache, _library(graph, fused_key(graph.key), isa="AVX512"))
-    monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded an AVX-512 library"))
-    warm = cache_over(store, tmp_path, "sync")
-    with pytest.warns(RuntimeWarning, match="AVX512, which this CPU lacks"):
-        compiled = warm.extract_compiled_graph(fx.symbolic_trace(model), [x])
+    _as_cpu(monkeypatch, {"avx2"})
+    key = fused_key(graph.key)
+    _store(cache, _library(graph, key, isa="AVX512 AVX512_VNNI AMX_TILE"))
+    monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded an AMX library"))
+    monkeypatch.setattr("ltc_cache.graph.fused.build.build_entry",
+                        lambda *a: pytest.fail("compiled it again"))
+    monkeypatch.setattr(tier, "start_worker", lambda directory: pytest.fail("queued it"))
+    for mode in ("sync", "background"):
+        counters.reset()  # a new process
+        with pytest.warns(RuntimeWarning, match="this CPU lacks AVX512 AVX512_VNNI AMX_TILE"):
+            compiled = cache_over(store, tmp_path, mode).extract_compiled_graph(
+                fx.symbolic_trace(model), [x])
+        torch.testing.assert_close(compiled(x)[0], model(x))
+        assert not any(v for k, v in counters.snapshot().items() if k.startswith("fused"))
+    assert "library" in cache.lookup_entry(key, count=False).payload
+
+
+def test_an_isa_ltc_cache_does_not_know_is_refused_by_name(tmp_path, monkeypatch):
+    store = MemoryStore()
+    cache = cache_over(store, tmp_path, "off")
+    graph, model, x = stored_graph(cache)
+    _store(cache, _library(graph, fused_key(graph.key), isa="AVX2 AVX10_2"))
+    monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("guessed at AVX10_2"))
+    with pytest.warns(RuntimeWarning, match="whose AVX10_2 ltc_cache does not know"):
+        compiled = cache_over(store, tmp_path, "sync").extract_compiled_graph(
+            fx.symbolic_trace(model), [x])
     torch.testing.assert_close(compiled(x)[0], model(x))
-    assert ltc_cache.stats().get("fused_loads", 0) == 0
+
+
+def test_a_mixed_fleet_compiles_once_per_cpu_kind(tmp_path, monkeypatch):
+    """Two kinds of CPU alternating over one store (an AVX2 and an AMX
+    machine over one Redis, say), the compile simulated: each kind
+    compiles its library once and loads it after, and neither replaces or
+    rebuilds the other's."""
+    store = MemoryStore()
+    graph, model, x = stored_graph(cache_over(store, tmp_path, "off"))
+    builds = []
+
+    def build(graph_entry, key, secret):
+        builds.append(cpu_isa.machine_isa())
+        return _library(graph_entry, key, isa=cpu_isa.machine_isa())
+
+    monkeypatch.setattr("ltc_cache.graph.fused.build.build_entry", build)
+    made = _fake_library(monkeypatch, graph)
+    kinds = [CPU_KINDS["Zen 2 (AVX2)"], CPU_KINDS["Sapphire Rapids (AMX)"]] * 3
+    for features in kinds:
+        _as_cpu(monkeypatch, features)
+        compiled = cache_over(store, tmp_path, "sync").extract_compiled_graph(
+            fx.symbolic_trace(model), [x])
+        torch.testing.assert_close(compiled(x)[0], model(x))
+        assert isinstance(compiled._fn, FusedFunction)
+    assert builds == ["AVX2", "AVX512 AVX512_VNNI AVX512_BF16 AMX_TILE"]
+    assert len(made) == len(kinds)
 
 
 def test_a_refusal_keeps_torchscript_without_compiling(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ tests/graph/test_fused.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from torch import fx, nn
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.graph.fused import pickup, tier
+from ltc_cache.graph.fused.cpu_isa import inductor_isa
 from ltc_cache.graph.fused.entries import fused_entry, library_of
 from ltc_cache.graph.fused.platform import fused_key
 from ltc_cache.graph.fused.runner import FusedFunction
@@ -37,12 +39,26 @@ def fused_env(cache_dir, mode: str, tmp_path) -> dict[str, str]:
                      XDG_CONFIG_HOME=str(tmp_path / "config"))
 
 
-def test_cold_compiles_warm_loads_and_both_match_eager(cache_dir, tmp_path):
+# The CPU as it is, and where it has more than AVX2, as an AVX2 one: a
+# developer on an AVX-512 machine runs the AVX2 path too.
+CPU_AS = [None, *(["avx2"] if "avx512" in inductor_isa() else [])]
+
+
+def _narrower_capability() -> str:
+    """An ATEN_CPU_CAPABILITY that makes this machine another kind of CPU
+    for torch and Inductor: AVX2 where it has AVX-512, else none at all."""
+    return "avx2" if "avx512" in inductor_isa() else "default"
+
+
+@pytest.mark.parametrize("capability", CPU_AS, ids=lambda c: f"as {c or 'it is'}")
+def test_cold_compiles_warm_loads_and_both_match_eager(cache_dir, tmp_path, capability):
     """A graph that updates an argument in place and returns another as it
     is (zoo/corner_models.py); a training step's forward and backward
     regions. One process compiles them (LTC_CACHE_FUSE=sync), the next
     loads the three libraries, tracing nothing."""
     env = fused_env(cache_dir, "sync", tmp_path)
+    if capability is not None:
+        env["ATEN_CPU_CAPABILITY"] = capability
     runs = {}
     for name in ("cold", "warm"):
         run = runs[name] = json_child("fused.py", "inplace_update", env=env, timeout=600)
@@ -57,6 +73,29 @@ def test_cold_compiles_warm_loads_and_both_match_eager(cache_dir, tmp_path):
     cold = runs["cold"]["stats"]
     assert cold["fused_checks"] == cold["fused_loads"] >= 3, cold
     assert "fused_checks" not in stats, run
+
+
+def test_a_mixed_fleet_compiles_each_cpu_kinds_library_once(cache_dir, tmp_path):
+    """Two kinds of CPU (this one, and this one made narrower by
+    ATEN_CPU_CAPABILITY, as torch and Inductor read it) alternating over one
+    directory, six processes: each kind compiles its library once and
+    loads it after; neither replaces the other's."""
+    env = fused_env(cache_dir, "sync", tmp_path)
+    code = ("import torch, ltc_cache, json; from torch import fx; "
+            "from graph.test_fused_build import Act; m = Act(); x = torch.randn(4, 8); "
+            "c = ltc_cache.extract_compiled_graph(fx.symbolic_trace(m), [x]); "
+            "assert torch.allclose(c(x)[0], m(x)) and torch.allclose(c(x)[0], m(x)); "
+            "print(json.dumps(ltc_cache.stats()))")
+    compiles = []
+    for capability in [None, _narrower_capability()] * 3:
+        run_env = dict(env, **({"ATEN_CPU_CAPABILITY": capability} if capability else {}))
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=run_env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        stats = json.loads(proc.stdout.splitlines()[-1])
+        compiles.append(stats.get("fused_compiles", 0))
+        assert "fused_refused" not in stats, stats
+    assert compiles == [1, 1, 0, 0, 0, 0]
 
 
 class Act(nn.Module):

@@ -34,6 +34,7 @@ from ..keys import CacheKey
 from ..replay import build_function
 from .aoti import UnexpectedPackage, compile_library
 from .aten_graph import as_tuple, aten_graph, exported_program
+from .cpu_isa import library_needs
 from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .exact import no_further_from_exact
 from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
@@ -133,10 +134,11 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     aliases = output_aliases(expected, inputs)
     graph = aten_graph(traced or reference, inputs)
     try:
-        library, isa = compile_library(exported_program(graph, inputs),
-                                       {**INDUCTOR_OPTIONS, **(settings or {})})
+        library, inductor_isa = compile_library(exported_program(graph, inputs),
+                                                {**INDUCTOR_OPTIONS, **(settings or {})})
     except UnexpectedPackage as exc:
         raise FuseFailed(str(exc)) from None
+    isa = library_needs(inductor_isa)
     compile_seconds = round(time.monotonic() - started, 2)
     runner = load_runner(library)
     with torch.no_grad():

@@ -12,8 +12,9 @@ place of the TorchScript function:
 - ``restride``: the outputs the library lays out otherwise than the
   TorchScript function (``[output, size, stride]``, TorchScript's), which
   the replay copies into that layout;
-- ``isa``: the vector ISA Inductor compiled for, checked against the CPU
-  before the library is loaded;
+- ``isa``: every vector feature the library needs (Inductor's ISA, with
+  AVX-512 BF16 and AMX FP16 where it used them: :mod:`.cpu_isa`), checked
+  against the CPU before the library is loaded;
 - the timings of both tiers on the graph when it was built, and the
   compile's seconds, for listings and for the rule that a library is only
   stored where it is faster.
@@ -35,14 +36,16 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from ...errors import EntryError
+from ...diagnostics import warn_once
+from ...errors import EntryError, NotForThisCpu
 from ...kinds import EntryKind
 from ..entry import Entry, new_meta
 from ..keys import CacheKey
-from .platform import FUSED_VERSION, isa_runs_here
+from .cpu_isa import missing_features, unknown_words
+from .platform import FUSED_VERSION
 
 __all__ = ["DATA_DEPENDENT", "FUSED_FORMAT", "NOT_FASTER", "Library", "fused_entry", "library_of",
-           "refusal_entry", "stored_library", "usable_library"]
+           "refusal_entry", "stored_library", "usable_library", "warn_not_for_this_cpu"]
 
 FUSED_FORMAT = "ltc_cache.fused"
 # How a refusal's reason starts where the library was built but was slower,
@@ -155,10 +158,26 @@ def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
     return library
 
 
+def warn_not_for_this_cpu(name: str, exc: NotForThisCpu) -> None:
+    """Say once a process that a library (of the graph or plan ``name``) is
+    not used on this CPU: it stays stored for the CPUs that run it."""
+    warn_once("fused-cpu", f"the fused library of {name} is not used on this CPU ({exc}); it "
+              "runs without it, and the library stays for the CPUs it was built for")
+
+
 def usable_library(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
-    """:func:`library_of`, refused (EntryError) where this CPU lacks the
-    vector instructions the library was built for."""
+    """:func:`library_of`, refused (:class:`~ltc_cache.errors.NotForThisCpu`)
+    where this CPU lacks a vector feature the library needs, or the library
+    names one ltc_cache does not know (never guessed at)."""
     library = library_of(entry, secret, graph_key)
-    if library is not None and not isa_runs_here(library.isa):
-        raise EntryError(f"built for {library.isa}, which this CPU lacks", entry.key)
+    if library is None:
+        return None
+    unknown = unknown_words(library.isa)
+    if unknown:
+        raise NotForThisCpu(f"built for {library.isa}, whose {' '.join(unknown)} ltc_cache "
+                            "does not know", entry.key)
+    missing = missing_features(library.isa)
+    if missing:
+        raise NotForThisCpu(f"built for {library.isa}; this CPU lacks {' '.join(missing)}",
+                            entry.key)
     return library

@@ -19,15 +19,28 @@ from ...kinds import EntryKind, KindHandlers, KindView, ShowContext, SummaryPart
 from ...signing import key_path, read_key
 from ...units import format_size
 from ...wire import is_entry_key
+from .cpu_isa import isa_runs_here, missing_features
 
 if TYPE_CHECKING:
     from ..entry import Entry
 
-__all__ = ["FUSED", "FUSED_PARTS", "FusedInfo", "check_fused", "fused_info", "signature_str"]
+__all__ = ["FUSED", "FUSED_PARTS", "LIBRARY", "OTHER_CPU", "REFUSAL", "FusedInfo", "check_fused",
+           "fused_info", "signature_str"]
+
+LIBRARY, OTHER_CPU, REFUSAL = "library", "other-CPU library", "refusal"
+
+
+def _part_of(summary: Mapping[str, Any]) -> str:
+    if summary.get("fused") != LIBRARY:
+        return REFUSAL
+    isa = summary.get("isa")
+    return OTHER_CPU if isinstance(isa, str) and not isa_runs_here(isa) else LIBRARY
+
 
 # What a fused entry holds, in the order ``stats`` shows them: its listing
-# summary's "fused" field.
-FUSED_PARTS = SummaryParts("fused", ("library", "refusal"))
+# summary's "fused" field says library or refusal, and the library's "isa"
+# whether this CPU runs it.
+FUSED_PARTS = SummaryParts("fused", (LIBRARY, OTHER_CPU, REFUSAL), _part_of)
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,7 @@ class FusedInfo:
     compiler: str | None
     script_ms: float | None  # TorchScript's milliseconds a call
     fused_ms: float | None  # the library's
-    runs_here: bool | None = None  # whether this CPU has the library's ISA
+    lacks: tuple[str, ...] | None = None  # what this CPU lacks of what the library needs
 
     @property
     def refused(self) -> bool:
@@ -68,14 +81,22 @@ class FusedInfo:
                 f"{self.script_ms:.3f} ms)")
 
     @property
+    def runs_here(self) -> bool | None:
+        """Whether this CPU has every feature the library needs."""
+        return None if self.lacks is None else not self.lacks
+
+    @property
     def isa_str(self) -> str:
-        """``AVX2 (this CPU runs it)``."""
+        """``AVX2 (this CPU runs it)``, ``AVX512 AVX512_VNNI (this CPU lacks
+        AVX512_VNNI: not used here)``."""
         if self.isa is None:
             return "-"
-        if self.runs_here is None:
-            return self.isa or "any"
-        return f"{self.isa or 'any'} " + ("(this CPU runs it)" if self.runs_here
-                                          else "(this CPU lacks it: not used here)")
+        needs = self.isa or "no vector features"
+        if self.lacks is None:
+            return needs
+        if not self.lacks:
+            return f"{needs} (this CPU runs it)"
+        return f"{needs} (this CPU lacks {' '.join(self.lacks)}: not used here)"
 
     @property
     def compile_seconds_str(self) -> str:
@@ -92,7 +113,7 @@ class FusedInfo:
             "library_sha256": self.library_sha256, "isa": self.isa,
             "compile_seconds": self.compile_seconds, "compiler": self.compiler,
             "script_ms": self.script_ms, "fused_ms": self.fused_ms, "ratio": self.ratio,
-            "runs_here": self.runs_here,
+            "runs_here": self.runs_here, "lacks": self.lacks,
         }
 
 
@@ -107,8 +128,6 @@ def _text(value: Any) -> str | None:
 def fused_info(payload: Mapping[str, Any]) -> FusedInfo:
     """The FusedInfo of a fused entry's payload, read leniently (what is
     missing or of the wrong type is None): a display, not a check."""
-    from .platform import isa_runs_here
-
     library, isa = payload.get("library"), _text(payload.get("isa"))
     return FusedInfo(
         graph_key=str(payload.get("graph_key", "?")),
@@ -120,7 +139,7 @@ def fused_info(payload: Mapping[str, Any]) -> FusedInfo:
         compiler=_text(payload.get("compiler")),
         script_ms=_number(payload.get("script_ms")),
         fused_ms=_number(payload.get("fused_ms")),
-        runs_here=isa_runs_here(isa) if isa is not None else None,
+        lacks=tuple(missing_features(isa)) if isa is not None else None,
     )
 
 
@@ -174,9 +193,12 @@ def _verify(entry: Entry, secret: bytes | None, directory: str | Path) -> None:
 
 def _summarise(body: Mapping[str, Any]) -> dict[str, Any]:
     # Kept in the summary so that `ls` and `stats` tell libraries from
-    # refusals without reading megabytes of libraries.
-    return {FUSED_PARTS.field: FUSED_PARTS.names[0] if "library" in (body.get("payload") or {})
-            else FUSED_PARTS.names[1]}
+    # refusals, and say what CPU a library needs, without reading megabytes
+    # of libraries.
+    payload = body.get("payload") or {}
+    if "library" not in payload:
+        return {FUSED_PARTS.field: REFUSAL}
+    return {FUSED_PARTS.field: LIBRARY, "isa": _text(payload.get("isa"))}
 
 
 def _show(entry: Entry, context: ShowContext) -> KindView:

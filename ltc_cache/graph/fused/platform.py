@@ -5,25 +5,30 @@ compiled against (its C shim ABI), it was linked by one compiler's
 runtime, and Inductor vectorised it for the CPU that compiled it. Each of
 those is a key part, so a library from another build, compiler or CPU is
 a miss, never a crash (a library built with AVX-512 would die of SIGILL
-on a CPU without it). The CPU's vector ISA is what torch's own dispatcher
-picked (``torch.backends.cpu.get_cpu_capability``), read without importing
-Inductor; the ISA a library was built for is recorded with it too, and
-checked against this CPU before it is loaded (:func:`isa_runs_here`).
+on a CPU without it). The CPU's part names every vector feature a library
+compiled here needs (:mod:`.cpu_isa`: Inductor's whole ISA, and AVX-512
+BF16 or AMX FP16 where it uses them), so machines of different feature
+sets keep their libraries side by side in one directory or one Redis tier;
+the features a library needs are recorded with it too, and checked against
+this CPU before it is loaded (:func:`isa_runs_here`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import platform as host
 import shutil
 import subprocess
 
 import torch
 
 from ..keys import CacheKey, hash_lines, key_from_parts
+from .aoti import runner_available
+from .cpu_isa import isa_runs_here, machine_isa, x86_machine
 
-__all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version", "fused_key",
-           "isa_runs_here", "machine_isa"]
+__all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version", "fusable_here",
+           "fused_key", "isa_runs_here", "machine_isa"]
 
 # A library of the whole TorchScript graph, inputs and outputs as its
 # function's, with the outputs it aliases or lays out otherwise beside it.
@@ -47,27 +52,12 @@ INDUCTOR_OPTIONS: dict[str, object] = {
 # it logs, not the code it writes: left out of the key.
 _NOT_CODE = ("CACHE", "LOG", "TRACE", "DEBUG", "COMPILE_THREADS", "WORKER", "DIR")
 
-# Which vector ISAs a CPU of each capability runs, widest last.
-_RUNS = {
-    "DEFAULT": {"", "DEFAULT"},
-    "AVX2": {"", "DEFAULT", "AVX2"},
-    "AVX512": {"", "DEFAULT", "AVX2", "AVX512"},
-    "ZVECTOR": {"", "DEFAULT", "ZVECTOR"},
-    "NO AVX": {"", "DEFAULT"},
-    "SVE256": {"", "DEFAULT", "NEON", "ASIMD", "SVE256"},
-    "NEON": {"", "DEFAULT", "NEON", "ASIMD"},
-}
-
-
-def machine_isa() -> str:
-    """The vector ISA this process's CPU kernels use (AVX2, AVX512, ...)."""
-    return torch.backends.cpu.get_cpu_capability()
-
-
-def isa_runs_here(library_isa: str) -> bool:
-    """Whether a library vectorised for ``library_isa`` (as Inductor names
-    it: AVX2, AVX512, ...) can run on this CPU."""
-    return library_isa.upper() in _RUNS.get(machine_isa().upper(), {"", "DEFAULT"})
+def fusable_here() -> bool:
+    """Whether this process can use fused libraries: this torch has
+    AOTInductor's CPU runner, and the CPU is an x86-64 one, whose vector
+    ISA words are the ones ltc_cache knows (anywhere else a library would
+    be compiled only to be refused)."""
+    return runner_available() and x86_machine()
 
 
 def _compiler_path() -> str | None:
@@ -113,7 +103,7 @@ def _device_text() -> str:
     if "LTC_TS_CUDA" in os.environ and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return f"cuda sm_{major}{minor}"
-    return f"cpu {machine_isa()}"
+    return f"cpu {host.machine()} {machine_isa()}"
 
 
 def _options_text() -> list[str]:

@@ -37,22 +37,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ...counter_names import (
     ERRORS,
     FUSED_CHECKS,
+    FUSED_COMPILES,
     FUSED_LOADS,
     FUSED_PICKUPS,
     FUSED_QUEUED,
     FUSED_REFUSED,
 )
 from ...diagnostics import count_event, warn_once
-from ...errors import EntryError
+from ...errors import EntryError, NotForThisCpu
 from ...kinds import EntryKind
 from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
-from .aoti import runner_available
-from .entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry, usable_library
+from .entries import (
+    DATA_DEPENDENT,
+    NOT_FASTER,
+    refusal_entry,
+    usable_library,
+    warn_not_for_this_cpu,
+)
 from .pickup import PendingFunction
-from .platform import fused_key
+from .platform import fusable_here, fused_key
 from .queue import FuseQueue, start_worker
 from .runner import FusedFunction, load_runner, mismatch
 from .verdicts import RTOL, keep_verdict, verdict_held
@@ -98,7 +104,7 @@ class FusedTier:
 
     def _obtain(self, entry: Entry, script: GraphFunction) -> GraphFunction:
         config = self._cache.config
-        if not runner_available() or "input_specs" not in entry.meta:
+        if not fusable_here() or "input_specs" not in entry.meta:
             return script  # nothing to compile it for: an older entry, or not on the CPU
         key = fused_key(entry.key)
         stored = self._cache.lookup_entry(key, count=False)
@@ -138,6 +144,9 @@ class FusedTier:
         secret = program_secret(self._cache.config.secret, self._cache.config.directory)
         try:
             library = usable_library(stored, secret, entry.key)
+        except NotForThisCpu as exc:  # a miss here, never replaced: no rebuild loop
+            warn_not_for_this_cpu(entry.graph_name, exc)
+            return script
         except EntryError as exc:
             self._cache.drop_entry(key, str(exc), remade="compiled")
             return script
@@ -222,6 +231,7 @@ def built_within(timeout: float | None, build: Callable[[], Entry], key: CacheKe
                  of: Entry) -> Entry:
     """``build()``, or a refusal stored under ``key`` for ``of`` where it
     ran past ``timeout`` seconds (counted in the main thread only)."""
+    count_event(FUSED_COMPILES)
     try:
         with _deadline(timeout):
             return build()
