@@ -1,11 +1,13 @@
 """The background worker: ``python -m ltc_cache.cli.fuse_worker``.
 
 Started by a process that queued graphs or plans
-(:mod:`ltc_cache.graph.fused.queue`); compiles their libraries one
-at a time at the lowest CPU priority the system has (``SCHED_IDLE`` on
-Linux: it runs only on a core nothing else wants), so a training job
-beside it loses as little as can be. Its log is ``fuse-queue/worker.log``
-in the cache directory.
+(:mod:`ltc_cache.graph.fused.queue`). The worker holds the queue's lock and
+governs (:mod:`ltc_cache.graph.fused.governor`): it runs the compile in a
+child process of its own group and session (``--compile``: drains the
+queue, one library at a time, at the lowest CPU priority the system has),
+which it stops while the processes that queued the work are busy and
+continues while they are idle or gone. Its log is
+``fuse-queue/worker.log`` in the cache directory.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 
 __all__ = ["main"]
@@ -27,26 +30,62 @@ def lower_priority() -> None:
             os.nice(19)
 
 
-def main() -> int:
+def _die_with_parent() -> None:
+    """Be killed with the governing worker, even while stopped (Linux's
+    ``PR_SET_PDEATHSIG``): a compile never outlives its governor, stopped
+    for good."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        parent = os.getppid()
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+        if os.getppid() != parent:  # it died before that took hold
+            os._exit(1)
+
+
+def compile_queue() -> int:
+    """The compile: drain the queue, one library at a time, plans first."""
+    _die_with_parent()
     lower_priority()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s fuse worker %(process)d: "
-                        "%(message)s")
-    from ..compile_backend.plan_library import fuse_stored
+    import dataclasses
+
+    from ..compile_backend.fuse_queued import fuse_queued
     from ..config import CacheConfig
     from ..graph.cache import GraphCache
     from ..graph.fused.queue import FuseQueue
 
     config = CacheConfig.from_env()
-    cache = GraphCache(config)
-    queue = FuseQueue(config.directory)
+    # The graphs it runs to build and check a plan's library are not queued
+    # again from here (nor is this process a client to wait for).
+    cache = GraphCache(dataclasses.replace(config, fuse="off"))
+    fuse_queued(cache, FuseQueue(config.directory), timeout=config.fuse_timeout)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s fuse worker %(process)d: "
+                        "%(message)s")
+    if argv == ["--compile"]:
+        return compile_queue()
+    from ..config import CacheConfig
+    from ..graph.fused.governor import Clients, govern
+    from ..graph.fused.queue import FuseQueue
+
+    queue = FuseQueue(CacheConfig.from_env().directory)
+    clients = Clients(queue.path)
     while True:
         with queue.worker_lock() as held:
             if not held:
                 return 0  # another worker drains the queue
-            while keys := queue.pending():
-                for key in keys:
-                    fuse_stored(cache, key, timeout=config.fuse_timeout)
-                    queue.done(key)
+            while queue.pending():
+                child = subprocess.Popen([sys.executable, "-m", "ltc_cache.cli.fuse_worker",
+                                          "--compile"], start_new_session=True)
+                govern(child.pid, lambda child=child: child.poll() is not None, clients)
+                if child.wait() != 0:
+                    logging.getLogger(__name__).warning("the compile exited with %s; leaving "
+                                                        "the rest queued", child.returncode)
+                    return 1
         if not queue.pending():
             return 0
 

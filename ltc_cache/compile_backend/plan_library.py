@@ -71,6 +71,7 @@ __all__ = [
     "fuse_plan",
     "fuse_stored",
     "part_key",
+    "plan_part_graph",
     "plan_parts",
     "tensors_of",
     "unrepeated",
@@ -151,7 +152,7 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
     try:
         if compiler_id() == "none":
             raise NoLibrary("no C++ compiler ($CXX, else g++) on PATH")
-        traced = _partitioned(plan, part).module
+        traced = plan_part_graph(plan, part).module
         if _one_region(traced):
             raise NoLibrary(f"{ONE_REGION}: the region's library is the same")
         writes = written_inputs(traced)
@@ -161,7 +162,7 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
         if part == "backward":
             _saved_from_forward(cache, plan, inputs)
         unwrap_rng(traced, inputs)
-        per_region = bind_regions(_partitioned(plan, part), f"{plan.graph_name}.{part}", cache)
+        per_region = bind_regions(plan_part_graph(plan, part), f"{plan.graph_name}.{part}", cache)
         built = build_library(tensors_of(per_region, states), inputs, started=started,
                               versus="the per-region path",
                               traced=tensors_of(traced, states), writes=writes,
@@ -195,7 +196,7 @@ class NoLibrary(LtcCacheError):
     """Why a plan's graph gets no library, known before compiling it."""
 
 
-def _partitioned(plan: Entry, part: str) -> Partitioned:
+def plan_part_graph(plan: Entry, part: str) -> Partitioned:
     """A fresh copy of graph ``part`` of ``plan``, its nodes' values made."""
     from .plan import partitioned_from_wire
 
@@ -322,7 +323,7 @@ def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tenso
     from .joint import JointLayout
 
     try:
-        forward = _partitioned(plan, "forward").module
+        forward = plan_part_graph(plan, "forward").module
         layout = JointLayout.from_wire(plan.payload.get("joint"))
         values = example_values(cache, part_key(plan.key, "forward").digest)
         forward_inputs = _example_inputs(forward, _input_kinds(plan, "forward"), values)

@@ -278,11 +278,11 @@ def test_a_backward_is_built_on_the_tensors_its_forward_saves(tmp_path):
     plan = next(iter(stored(tmp_path, "plan").values()))
 
     def examples(part: str) -> list[torch.Tensor]:
-        graph = plan_library._partitioned(plan, part).module
+        graph = plan_library.plan_part_graph(plan, part).module
         return plan_library._example_inputs(graph, plan_library._input_kinds(plan, part), {})
 
     with torch.no_grad():
-        saved = plan_library._partitioned(plan, "forward").module(*examples("forward"))
+        saved = plan_library.plan_part_graph(plan, "forward").module(*examples("forward"))
     saved = saved[JointLayout.from_wire(plan.payload["joint"]).outputs:]
     drawn, inputs = examples("backward"), examples("backward")
     plan_library._saved_from_forward(cache, plan, inputs)

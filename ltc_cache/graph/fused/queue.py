@@ -8,7 +8,9 @@ removes a graph's file once it has stored the graph's fused entry: a
 process waiting for the library watches for that (:mod:`.pickup`). The worker
 holds a file lock, so one compiles at a time however many processes start
 one; it drains the queue, lets the lock go, and looks once more before it
-leaves, so a key queued while it was leaving is not stranded.
+leaves, so a key queued while it was leaving is not stranded. A process
+that starts the worker registers itself as its client: the worker
+compiles while its clients are idle (:mod:`.governor`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ...wire import is_entry_key
+from .governor import register_client
 
 __all__ = ["FuseQueue", "start_worker"]
 
@@ -85,6 +88,7 @@ def start_worker(cache_dir: Path) -> None:
     process's settings. Raises OSError where it cannot be started."""
     queue = FuseQueue(cache_dir)
     queue.path.mkdir(mode=0o700, exist_ok=True)
+    register_client(queue.path)  # the worker compiles while this process is idle
     env = dict(os.environ, LTC_CACHE_DIR=str(cache_dir))
     # The package as this process imported it, installed or not.
     package_root = str(Path(__file__).resolve().parents[3])

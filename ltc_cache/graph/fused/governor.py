@@ -1,0 +1,136 @@
+"""When the background compile may use the CPU: while the processes that
+queued its work are idle or gone, and only in short bursts while they run.
+
+Idle scheduling priority is not enough: on a machine whose cores torch
+keeps busy, a compile at ``SCHED_IDLE`` still made a small GPT's training
+steps 3-15x slower (it runs in every gap between torch's parallel regions,
+and takes the caches and memory bandwidth with it). So the worker's compile
+runs in a process group of its own, which the worker stops (``SIGSTOP``)
+and continues (``SIGCONT``) as its clients' CPU use says: the processes
+that queued graphs (each registers itself in the queue's ``clients``
+folder, by pid and start time, so a reused pid is no client).
+
+- A client is **busy** where its main thread ran or waited to run for at
+  least :data:`BUSY_CORES` of the last look (every :data:`LOOK_SECONDS`). While one is, the
+  compile gets one burst of :data:`BURST_SECONDS` every
+  :data:`PERIOD_SECONDS` (a tenth of a core at most), so a long training
+  run still gets its libraries, slowly, and no step loses more than a
+  burst.
+- Otherwise (clients waiting on I/O, between requests, or exited) the
+  compile runs freely: most of a short script's libraries are compiled
+  right after it exits, for its next run.
+
+Linux only (``/proc``): elsewhere the compile runs at idle priority alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["BURST_SECONDS", "BUSY_CORES", "LOOK_SECONDS", "PERIOD_SECONDS", "Clients",
+           "govern", "register_client"]
+
+CLIENTS_DIR = "clients"
+LOOK_SECONDS = 0.05
+BUSY_CORES = 0.3
+PERIOD_SECONDS = 2.0
+BURST_SECONDS = 0.2
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """``(start time, seconds of CPU wanted)`` of process ``pid``, None where
+    it is gone. Wanted: its main thread's time on a CPU and waiting for one
+    (``/proc/PID/schedstat``), so that a client starved by a loaded machine
+    still counts as busy; its CPU time where the kernel keeps no schedstat."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except (OSError, ValueError):
+        return None
+    # After the command: state is field 3; utime, stime 14, 15; starttime 22.
+    start = int(fields[19])
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            running, waiting = schedstat.read().split()[:2]
+        return start, (int(running) + int(waiting)) / 1e9
+    except (OSError, ValueError):
+        return start, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def register_client(queue_dir: Path) -> None:
+    """Record this process as a client of the worker of ``queue_dir``.
+    Raises OSError where the folder cannot be written."""
+    stat = _stat(os.getpid())
+    if stat is None:  # no /proc: nothing to govern by
+        return
+    folder = Path(queue_dir) / CLIENTS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    (folder / str(os.getpid())).write_text(str(stat[0]))
+
+
+class Clients:
+    """The live clients of a queue and the cores they wanted since the last look."""
+
+    def __init__(self, queue_dir: Path) -> None:
+        self._folder = Path(queue_dir) / CLIENTS_DIR
+        self._wanted: dict[int, float] = {}
+        self._seen = time.monotonic()
+
+    def cores_used(self) -> float:
+        """The cores the clients' main threads wanted since the last call (0
+        where none is left)."""
+        now = time.monotonic()
+        elapsed, self._seen = max(now - self._seen, 1e-3), now
+        used, wanted = 0.0, {}
+        for pid, start in self._entries():
+            stat = _stat(pid)
+            if stat is None or stat[0] != start:  # exited, or its pid taken by another
+                with contextlib.suppress(OSError):
+                    (self._folder / str(pid)).unlink()
+                continue
+            wanted[pid] = stat[1]
+            used += stat[1] - self._wanted.get(pid, stat[1])
+        self._wanted = wanted
+        return used / elapsed
+
+    def _entries(self) -> list[tuple[int, int]]:
+        try:
+            files = list(self._folder.iterdir())
+        except OSError:
+            return []
+        entries = []
+        for file in files:
+            with contextlib.suppress(OSError, ValueError):
+                entries.append((int(file.name), int(file.read_text())))
+        return entries
+
+
+def govern(group: int, done: Callable[[], bool], clients: Clients) -> None:
+    """Stop and continue process group ``group`` (the compile) by its
+    clients' CPU use, as the module says, until ``done()``; leaves it
+    running."""
+    running, burst_until, next_burst = True, 0.0, 0.0
+    try:
+        while not done():
+            time.sleep(LOOK_SECONDS)
+            now = time.monotonic()
+            if clients.cores_used() < BUSY_CORES or now < burst_until:
+                want = True
+            elif now >= next_burst:
+                burst_until, next_burst = now + BURST_SECONDS, now + PERIOD_SECONDS
+                want = True
+            else:
+                want = False
+            if want != running:
+                os.killpg(group, signal.SIGCONT if want else signal.SIGSTOP)
+                running = want
+    except ProcessLookupError:  # the group is gone
+        return
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)

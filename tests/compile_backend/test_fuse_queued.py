@@ -1,0 +1,86 @@
+"""The background worker's order (ltc_cache/compile_backend/fuse_queued.py):
+a training step's plan first, and its regions only where a part of the
+plan has no library. A real plan and real regions (WithSign: two regions a
+graph), the compile itself replaced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ltc_cache import CacheConfig, GraphCache, LtcBackend
+from ltc_cache.compile_backend import fuse_queued as worker
+from ltc_cache.compile_backend.plan_library import part_key, plan_parts
+from ltc_cache.graph.fused.entries import fused_entry, refusal_entry
+from ltc_cache.graph.fused.queue import FuseQueue
+from ltc_cache.kinds import EntryKind
+
+pytestmark = pytest.mark.usefixtures("dynamo_reset")
+
+
+class WithSign(torch.nn.Module):
+    """``aten.sign`` runs eagerly between two LTC regions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        return self.fc2(torch.sign(h) * h.exp() + h)
+
+
+@pytest.fixture
+def queued(cache_dir):
+    """A trained step's plan and regions stored, every one of them queued."""
+    cache = GraphCache(CacheConfig(directory=cache_dir, fuse="off"))
+    model = torch.compile(WithSign(), backend=LtcBackend(cache))
+    model(torch.randn(4, 8)).sum().backward()
+    queue = FuseQueue(cache_dir)
+    kinds = {}
+    for key in cache.store.keys():  # noqa: SIM118 (a store, not a dict)
+        if len(key) == 64:
+            entry = cache.lookup_entry(worker.CacheKey(key, {}), count=False)
+            kinds[key] = entry.kind
+            if entry.kind in (EntryKind.PLAN, EntryKind.GRAPH):
+                queue.put(key)
+    assert list(kinds.values()).count(EntryKind.GRAPH) >= 3
+    return cache, queue, kinds
+
+
+def _compile(cache, refuse: set[str], calls: list[str]):
+    def fuse_stored(_cache, key, *, timeout=None):
+        calls.append(key)
+        entry = cache.lookup_entry(worker.CacheKey(key, {}), count=False)
+        if entry.kind == EntryKind.PLAN:
+            for part in plan_parts(entry):
+                fused_key = part_key(key, part)
+                made = (refusal_entry(fused_key, entry, "not faster") if part in refuse else
+                        fused_entry(fused_key, entry, library=b"lib", isa="", aliases=[],
+                                    restride=[], secret=b"s" * 32, stats={}))
+                cache.store_entry(made, fused_key)
+        return None
+
+    return fuse_stored
+
+
+def test_a_plan_whose_libraries_are_kept_is_compiled_and_its_regions_are_not(
+        queued, monkeypatch):
+    cache, queue, kinds = queued
+    calls: list[str] = []
+    monkeypatch.setattr(worker, "fuse_stored", _compile(cache, set(), calls))
+    worker.fuse_queued(cache, queue)
+    assert [kinds[key] for key in calls] == [EntryKind.PLAN]
+    assert queue.pending() == []
+
+
+def test_the_regions_of_a_refused_part_are_compiled_after_the_plan(queued, monkeypatch):
+    cache, queue, kinds = queued
+    calls: list[str] = []
+    monkeypatch.setattr(worker, "fuse_stored", _compile(cache, {"backward"}, calls))
+    worker.fuse_queued(cache, queue)
+    assert kinds[calls[0]] == EntryKind.PLAN
+    regions = [cache.lookup_entry(worker.CacheKey(k, {}), count=False).graph_name
+               for k in calls[1:]]
+    assert regions and all(".backward." in name for name in regions), regions
+    assert queue.pending() == []

@@ -1,0 +1,81 @@
+"""The background compile takes the CPU only while its clients are idle:
+real processes, a busy client and a spinning stand-in for g++, governed
+as the worker governs its compile (ltc_cache/graph/fused/governor.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from ltc_cache.graph.fused import governor
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux's /proc")
+
+SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass\n"
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.slow
+def test_the_compile_gets_bursts_while_a_client_is_busy_and_all_once_it_exits(tmp_path):
+    client = subprocess.Popen([sys.executable, "-c", (
+        f"from ltc_cache.graph.fused.governor import register_client\n"
+        f"register_client({str(tmp_path)!r})\n" + SPIN.format(seconds=4))])
+    compile_ = subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=60)],
+                                start_new_session=True)
+    clients = governor.Clients(tmp_path)
+    stop = threading.Event()
+    thread = threading.Thread(target=governor.govern, args=(
+        compile_.pid, lambda: stop.is_set() or compile_.poll() is not None, clients))
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "clients" / str(client.pid)).exists():
+            assert time.monotonic() < deadline and client.poll() is None
+            time.sleep(0.01)
+        thread.start()
+        time.sleep(0.5)
+        before, started = _cpu_seconds(compile_.pid), time.monotonic()
+        time.sleep(2.5)  # the client spins throughout
+        busy_share = (_cpu_seconds(compile_.pid) - before) / (time.monotonic() - started)
+        assert client.poll() is None, "the client ended early: the window measured nothing"
+        client.wait(timeout=30)
+        time.sleep(0.5)
+        before, started = _cpu_seconds(compile_.pid), time.monotonic()
+        time.sleep(1.5)
+        idle_share = (_cpu_seconds(compile_.pid) - before) / (time.monotonic() - started)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        compile_.kill()
+        client.kill()
+    # A burst of BURST_SECONDS a PERIOD_SECONDS while busy; the whole of a
+    # core (less what the machine's other work takes: tests run beside it) once
+    # the client left.
+    assert busy_share <= 2 * governor.BURST_SECONDS / governor.PERIOD_SECONDS + 0.05, busy_share
+    assert idle_share >= 0.35, idle_share
+    assert not (tmp_path / "clients" / str(client.pid)).exists()  # a gone client is forgotten
+
+
+def test_a_client_whose_pid_was_reused_is_no_client(tmp_path):
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    (folder / str(os.getpid())).write_text("1")  # this pid, another start time
+    clients = governor.Clients(tmp_path)
+    clients.cores_used()
+    assert clients.cores_used() == 0 and not (folder / str(os.getpid())).exists()
+    governor.register_client(tmp_path)
+    assert (folder / str(os.getpid())).exists()
+    clients.cores_used()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:  # this process, busy
+        pass
+    assert clients.cores_used() > governor.BUSY_CORES
