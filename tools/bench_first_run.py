@@ -29,6 +29,24 @@ import time
 from pathlib import Path
 
 from tools.harness import with_import_roots
+from tools.results import Recorder, add_arguments
+
+COLUMNS = [
+    {"key": "model", "label": "model"}, {"key": "run", "label": "run"},
+    {"key": "first_s", "label": "first iteration", "format": ".2f", "suffix": " s"},
+    {"key": "median_ms", "label": "later: median", "format": ".1f", "suffix": " ms"},
+    {"key": "worst_ms", "label": "later: worst", "format": ".1f", "suffix": " ms"},
+    {"key": "vs_off", "label": "median / fused tier off", "format": ".2f", "suffix": "x"},
+    {"key": "libraries", "label": "libraries ready (from the start)"},
+]
+DESCRIBE = {
+    "title": "A user's first and second run",
+    "question": "Does a first run with the defaults step as fast as one without the fused "
+                "tier, and when are its libraries ready against Inductor's compile?",
+    "method": "`tools/first_run_child.py` (a train.py: the small GPT, or GPT-2 small's shape, "
+              "AdamW) in fresh processes at torch's default thread count; times from each "
+              "process's start; later iterations are those after the first.",
+}
 
 CHILD = [sys.executable, "-m", "tools.first_run_child"]
 
@@ -122,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--variants", default="eager,inductor,ltc-off,ltc")
     parser.add_argument("--plot", type=Path, default=None)
+    add_arguments(parser, "first_run")
     args = parser.parse_args(argv)
+    recorder = Recorder.from_args("tools.bench_first_run", args, argv)
     variants = args.variants.split(",")
     runs: dict[str, dict] = {}
     ready = counts = None
@@ -163,6 +183,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ready / Inductor's cold first iteration: {ready / inductor['steps'][0]:.2f}x")
     if args.plot:
         plot(runs, args.plot, ready)
+    if recorder:
+        rows = []
+        for name, out in runs.items():
+            row = {"model": args.model, "run": name, **summary(out), "vs_off": None,
+                   "libraries": None}
+            if off and name.startswith("ltc_cache cold"):
+                row["vs_off"] = row["median_ms"] / summary(off)["median_ms"]
+            if name == "ltc_cache cold" and counts is not None:
+                row["libraries"] = (f"{ready:.0f} s ({counts['library']} libraries, "
+                                    f"{counts['refusal']} refusals)" if ready else "not ready")
+            rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+        recorder.write("first_run", [{"id": "runs", "columns": COLUMNS, "rows": rows}],
+                       threads="default", merge_on={"runs": ("model", "run")},
+                       describe=DESCRIBE)
     return 0
 
 

@@ -2,11 +2,13 @@
 
 Started by a process that queued graphs or plans
 (:mod:`ltc_cache.graph.fused.queue`). The worker holds the queue's lock and
-governs (:mod:`ltc_cache.graph.fused.governor`): it runs the compile in a
-child process of its own group and session (``--compile``: drains the
-queue, one library at a time, at the lowest CPU priority the system has),
-which it stops while the processes that queued the work are busy and
-continues while they are idle or gone. Its log is
+governs (:mod:`ltc_cache.graph.fused.governor`): it runs the compile in
+child processes of one group and session of their own, one a core
+(``--compile``: each drains the queue, a library at a time, plans first,
+at the lowest CPU priority the system has:
+:mod:`ltc_cache.compile_backend.fuse_queued`), which it stops while the
+processes that queued the work are busy and continues while they are idle
+or gone. Its log is
 ``fuse-queue/worker.log`` in the cache directory.
 """
 
@@ -62,6 +64,25 @@ def compile_queue() -> int:
     return 0
 
 
+def _compiles() -> int:
+    """How many compile processes side by side: one a core, at most four
+    (a compile holds about a gigabyte); they run together only while the
+    clients are idle (the governor stops them all while one is busy)."""
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1, 4))
+
+
+def _start_compiles(count: int) -> list[subprocess.Popen]:
+    """``count`` compile processes, in one process group of their own (the
+    first's), which the governor stops and continues as one. (The worker's
+    session is its own already: start_worker starts it so.)"""
+    command = [sys.executable, "-m", "ltc_cache.cli.fuse_worker", "--compile"]
+    first = subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
+    rest = [subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, first.pid))
+            for _ in range(count - 1)]
+    return [first, *rest]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fuse worker %(process)d: "
@@ -79,12 +100,13 @@ def main(argv: list[str] | None = None) -> int:
             if not held:
                 return 0  # another worker drains the queue
             while queue.pending():
-                child = subprocess.Popen([sys.executable, "-m", "ltc_cache.cli.fuse_worker",
-                                          "--compile"], start_new_session=True)
-                govern(child.pid, lambda child=child: child.poll() is not None, clients)
-                if child.wait() != 0:
-                    logging.getLogger(__name__).warning("the compile exited with %s; leaving "
-                                                        "the rest queued", child.returncode)
+                children = _start_compiles(_compiles())
+                govern(children[0].pid, lambda children=children: all(
+                    c.poll() is not None for c in children), clients)
+                if any(c.wait() != 0 for c in children):
+                    logging.getLogger(__name__).warning("a compile exited with %s; leaving "
+                                                        "the rest queued",
+                                                        [c.returncode for c in children])
                     return 1
         if not queue.pending():
             return 0

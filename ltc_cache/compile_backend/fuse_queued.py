@@ -1,5 +1,4 @@
-"""What the background worker compiles, and in what order: plans first,
-then only the regions their libraries do not cover.
+"""What the background worker compiles, in what order, and side by side.
 
 A training step's plan is queued beside each of its regions, and a plan's
 whole-graph library, kept with its verdict, runs in place of all of them:
@@ -8,18 +7,26 @@ compiles the queued plans first, and takes a region off the queue
 uncompiled where a library of the plan part it belongs to is stored: a
 small GPT's step is then two compiles (its forward and its backward)
 rather than a dozen, whatever its layer count. A region whose plan part
-was refused is compiled as before; a process that runs a skipped region
-anyway (its plan library refused on first use) queues it again.
+was refused is compiled after; a process that runs a skipped region anyway
+(its plan library refused on first use) queues it again.
+
+Several compile processes may drain one queue side by side (the worker
+starts one a core while its clients are idle): each job (a plan's part, a
+graph) is claimed by a lock file that the kernel lets go with its process,
+so no job is compiled twice and none is stranded by a compile that died.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..graph.keys import CacheKey
 from ..kinds import EntryKind
-from .plan_library import fuse_stored, part_key, plan_part_graph, plan_parts
+from .plan_library import fuse_plan_part, fuse_stored, part_key, plan_part_graph, plan_parts
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache
@@ -30,34 +37,78 @@ __all__ = ["fuse_queued"]
 
 logger = logging.getLogger(__name__)
 
+# How long a compile process waits before it looks again for a job that
+# another one holds (or one whose plan another is compiling).
+_WAIT_SECONDS = 0.5
+
 
 def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = None) -> None:
     """Compile what ``queue`` holds until it is empty, plans first; each
-    key taken off once its fused entry is stored (or it is skipped)."""
+    key taken off once its fused entries are stored (or it is skipped)."""
     while keys := queue.pending():
         entries = {key: cache.lookup_entry(CacheKey(key, {}), count=False) for key in keys}
-        plans = [k for k in keys if entries[k] is not None and entries[k].kind == EntryKind.PLAN]
-        covered: set[str] = set()
-        for key in plans:
-            fuse_stored(cache, key, timeout=timeout)
-            covered |= _covered_regions(cache, entries[key])
-            queue.done(key)
+        plans = [entries[k] for k in keys
+                 if entries[k] is not None and entries[k].kind == EntryKind.PLAN]
+        did = False
+        for plan in plans:
+            tried = set()  # parts this process compiled: stored, or failing to store
+            for part in plan_parts(plan):
+                with _claimed(queue, f"{plan.key}.{part}") as mine:
+                    if mine and not _stored(cache, part_key(plan.key, part)):
+                        fuse_plan_part(cache, plan, part, timeout=timeout)
+                        tried.add(part)
+                        did = True
+            if all(part in tried or _stored(cache, part_key(plan.key, part))
+                   for part in plan_parts(plan)):
+                queue.done(plan.key)
+        if any(plan.key in queue.pending() for plan in plans):
+            if not did:  # another process compiles them: the regions wait for its verdict
+                time.sleep(_WAIT_SECONDS)
+            continue
+        covered = set().union(*(_covered_regions(cache, plan) for plan in plans))
         for key in keys:
             entry = entries[key]
-            if key in plans:
+            if entry is not None and entry.kind == EntryKind.PLAN:
                 continue
-            if entry is not None and _region_digest(entry) in covered:
-                logger.info("%s (%s): its plan's library runs it; not compiled",
-                            entry.graph_name, key[:12])
-            else:
-                fuse_stored(cache, key, timeout=timeout)
-            queue.done(key)
+            with _claimed(queue, key) as mine:
+                if not mine:
+                    continue
+                if entry is not None and _region_digest(entry) in covered:
+                    logger.info("%s (%s): its plan's library runs it; not compiled",
+                                entry.graph_name, key[:12])
+                else:
+                    fuse_stored(cache, key, timeout=timeout)
+                    did = True
+                queue.done(key)
+        if not did:
+            time.sleep(_WAIT_SECONDS)
 
 
-def _covered_regions(cache: GraphCache, plan: Entry | None) -> set[str]:
+@contextlib.contextmanager
+def _claimed(queue: FuseQueue, job: str) -> Iterator[bool]:
+    """Whether this process holds ``job`` (taken without waiting)."""
+    import filelock
+
+    claims = queue.path / ".claims"
+    claims.mkdir(mode=0o700, exist_ok=True)
+    lock = filelock.FileLock(str(claims / job))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
+def _stored(cache: GraphCache, key: CacheKey) -> bool:
+    return cache.lookup_entry(key, count=False) is not None
+
+
+def _covered_regions(cache: GraphCache, plan: Entry) -> set[str]:
     """The digests of the regions of ``plan``'s parts whose library is stored."""
-    if plan is None:
-        return set()
     digests: set[str] = set()
     for part in plan_parts(plan):
         stored = cache.lookup_entry(part_key(plan.key, part), count=False)

@@ -69,6 +69,7 @@ __all__ = [
     "WRITES_A_VIEW",
     "NoLibrary",
     "fuse_plan",
+    "fuse_plan_part",
     "fuse_stored",
     "part_key",
     "plan_part_graph",
@@ -124,20 +125,27 @@ def fuse_plan(cache: GraphCache, plan: Entry, *, retry: bool = False,
     stored yet (``retry``: refused ones again); the backward first, so that
     the entry returned, its first graph's (under the plan's fused key),
     says the plan is done."""
-    from ..graph.fused.tier import built_within
-
-    secret = program_secret(cache.config.secret, cache.config.directory)
     entry: Entry | None = None
     for part in reversed(plan_parts(plan)):
-        key = part_key(plan.key, part)
-        stored = cache.lookup_entry(key, count=False)
-        if stored is not None and (not retry or "library" in stored.payload):
-            entry = stored
-            continue
-        entry = built_within(timeout, functools.partial(build_part, cache, plan, part, key, secret),
-                             key, plan)
-        cache.store_entry(entry, key)
+        entry = fuse_plan_part(cache, plan, part, retry=retry, timeout=timeout)
     assert entry is not None
+    return entry
+
+
+def fuse_plan_part(cache: GraphCache, plan: Entry, part: str, *, retry: bool = False,
+                   timeout: float | None = None) -> Entry:
+    """The fused entry of graph ``part`` of ``plan``: the stored one, else
+    (or, with ``retry``, for a refusal) compiled and stored."""
+    from ..graph.fused.tier import built_within
+
+    key = part_key(plan.key, part)
+    stored = cache.lookup_entry(key, count=False)
+    if stored is not None and (not retry or "library" in stored.payload):
+        return stored
+    secret = program_secret(cache.config.secret, cache.config.directory)
+    entry = built_within(timeout, functools.partial(build_part, cache, plan, part, key, secret),
+                         key, plan)
+    cache.store_entry(entry, key)
     return entry
 
 

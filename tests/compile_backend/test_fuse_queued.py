@@ -10,7 +10,7 @@ import torch
 
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.compile_backend import fuse_queued as worker
-from ltc_cache.compile_backend.plan_library import part_key, plan_parts
+from ltc_cache.compile_backend.plan_library import part_key
 from ltc_cache.graph.fused.entries import fused_entry, refusal_entry
 from ltc_cache.graph.fused.queue import FuseQueue
 from ltc_cache.kinds import EntryKind
@@ -48,39 +48,40 @@ def queued(cache_dir):
     return cache, queue, kinds
 
 
-def _compile(cache, refuse: set[str], calls: list[str]):
-    def fuse_stored(_cache, key, *, timeout=None):
-        calls.append(key)
-        entry = cache.lookup_entry(worker.CacheKey(key, {}), count=False)
-        if entry.kind == EntryKind.PLAN:
-            for part in plan_parts(entry):
-                fused_key = part_key(key, part)
-                made = (refusal_entry(fused_key, entry, "not faster") if part in refuse else
-                        fused_entry(fused_key, entry, library=b"lib", isa="", aliases=[],
-                                    restride=[], secret=b"s" * 32, stats={}))
-                cache.store_entry(made, fused_key)
-        return None
+def _compile(monkeypatch, cache, refuse: set[str]) -> list[str]:
+    """The compile replaced: a plan's part gets a library (a refusal where
+    ``refuse`` names it); each key compiled, in order (a plan's once a part)."""
+    calls: list[str] = []
 
-    return fuse_stored
+    def fuse_plan_part(_cache, plan, part, *, timeout=None):
+        calls.append(plan.key)
+        key = part_key(plan.key, part)
+        made = (refusal_entry(key, plan, "not faster") if part in refuse else
+                fused_entry(key, plan, library=b"lib", isa="", aliases=[], restride=[],
+                            secret=b"s" * 32, stats={}))
+        cache.store_entry(made, key)
+        return made
+
+    monkeypatch.setattr(worker, "fuse_plan_part", fuse_plan_part)
+    monkeypatch.setattr(worker, "fuse_stored", lambda _cache, key, **kw: calls.append(key))
+    return calls
 
 
 def test_a_plan_whose_libraries_are_kept_is_compiled_and_its_regions_are_not(
         queued, monkeypatch):
     cache, queue, kinds = queued
-    calls: list[str] = []
-    monkeypatch.setattr(worker, "fuse_stored", _compile(cache, set(), calls))
+    calls = _compile(monkeypatch, cache, set())
     worker.fuse_queued(cache, queue)
-    assert [kinds[key] for key in calls] == [EntryKind.PLAN]
+    assert [kinds[key] for key in calls] == [EntryKind.PLAN, EntryKind.PLAN]  # two parts
     assert queue.pending() == []
 
 
 def test_the_regions_of_a_refused_part_are_compiled_after_the_plan(queued, monkeypatch):
     cache, queue, kinds = queued
-    calls: list[str] = []
-    monkeypatch.setattr(worker, "fuse_stored", _compile(cache, {"backward"}, calls))
+    calls = _compile(monkeypatch, cache, {"backward"})
     worker.fuse_queued(cache, queue)
-    assert kinds[calls[0]] == EntryKind.PLAN
+    assert [kinds[key] for key in calls[:2]] == [EntryKind.PLAN, EntryKind.PLAN]
     regions = [cache.lookup_entry(worker.CacheKey(k, {}), count=False).graph_name
-               for k in calls[1:]]
+               for k in calls[2:]]
     assert regions and all(".backward." in name for name in regions), regions
     assert queue.pending() == []
