@@ -10,51 +10,24 @@ as :mod:`zoo.suite_models`' builders do (timm's forward takes ``x``).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from zoo import torchvision_ops
 
 BATCH = 2
 
 
 def import_timm() -> types.ModuleType:
-    """``import timm``, which imports torchvision, whose compiled ops
-    (``_C.so``) link the CUDA libraries of the torch they were built for:
-    beside torch's CPU build they do not load, and torchvision's modules
-    that register fake and autograd kernels for those ops then raise at
-    import (``operator torchvision::nms does not exist``). Where the ops do
-    not load, those two modules are skipped: they register kernels for ops
-    that do not exist in the process, and timm's models use none of them."""
-    if "timm" in sys.modules:
-        return sys.modules["timm"]
-    if "torchvision" not in sys.modules and not _torchvision_ops_load():
-        for name in ("_meta_registrations", "_autograd_registrations"):
-            sys.modules.setdefault(f"torchvision.{name}",
-                                   types.ModuleType(f"torchvision.{name}"))
+    """``import timm``, with torchvision imported as
+    :mod:`zoo.torchvision_ops` allows beside torch's CPU build."""
+    torchvision_ops.install()
     import timm
 
     return timm
-
-
-def _torchvision_ops_load() -> bool:
-    """Whether torchvision's compiled ops load beside this torch (True where
-    torchvision is not installed: ``import timm`` then fails as it would)."""
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or not spec.submodule_search_locations:
-        return True
-    for location in spec.submodule_search_locations:
-        for library in Path(location).glob("_C*.so"):
-            try:
-                torch.ops.load_library(str(library))
-                return True
-            except (ImportError, OSError):
-                return False
-    return True
 
 
 def _timm(name: str, size: int, **settings: Any) -> Callable[[], tuple[torch.nn.Module, dict]]:

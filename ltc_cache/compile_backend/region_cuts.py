@@ -129,7 +129,7 @@ def _best_cut(nodes: list[fx.Node], order: dict[fx.Node, int]) -> int | None:
     # and no tuple: an op of several outputs (convolution_backward,
     # native_batch_norm_backward) stays with the getitems that take them
     # apart, since a region returns tensors only (LTC refuses a region that
-    # returns a tuple, and the region runs eagerly: fact 89 in docs/design.md).
+    # returns a tuple, and the region runs eagerly: fact 90 in docs/design.md).
     computing = [node.op == "call_function" and not is_view[i] for i, node in enumerate(nodes)]
     first_computing = computing.index(True) if any(computing) else n
     last_computing = n - 1 - computing[::-1].index(True) if any(computing) else -1
