@@ -13,6 +13,7 @@ import pytest
 from helpers import RedisServer
 
 from tools.harness import import_path
+from zoo import torchvision_ops
 
 # One thread in each test process and child: pytest-xdist already runs a
 # worker per core, and the models here are too small to gain from more.
@@ -24,6 +25,9 @@ os.environ.setdefault("LTC_CACHE_FUSE", "off")
 # do: the repository root and tests/ on their PYTHONPATH (pytest's
 # ``pythonpath`` reaches this process only).
 os.environ["PYTHONPATH"] = import_path(os.environ.get("PYTHONPATH"))
+# torchvision (timm's, from the test extra) importable beside torch's CPU
+# build, in this process as tests/sitecustomize.py makes it in the children.
+torchvision_ops.install()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

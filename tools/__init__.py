@@ -2,3 +2,9 @@
 from the repository root as ``python -m tools.<name> --help``. What they
 share (measured child processes, cold then warm runs, medians, tables) is
 in ``tools/harness.py``; the models they build come from ``zoo``."""
+
+from zoo import torchvision_ops
+
+# torchvision (timm's, from the test extra) importable beside torch's CPU
+# build in a tool's own process too (its children: tests/sitecustomize.py).
+torchvision_ops.install()

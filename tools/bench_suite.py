@@ -1,7 +1,7 @@
 """The models of PyTorch's Dynamo benchmark suites (zoo/suite_models.py)
 through ``ltc_cache.compile``, cold then warm in fresh processes.
 
-    python -m tools.bench_suite [--models ResNet,ViT] [--family hf|vision]
+    python -m tools.bench_suite [--models ResNet,ViT] [--family hf|vision|timm]
                                 [--modes train,infer,ckpt,lengths] [--markdown] [--json FILE]
                                 [--inductor MODELS] [--repeat N] [--results]
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3,
                         help="warm processes of each backend for --inductor")
     parser.add_argument("--models", default="")
-    parser.add_argument("--family", choices=["hf", "vision"], default=None)
+    parser.add_argument("--family", choices=["hf", "vision", "timm"], default=None)
     parser.add_argument("--modes", default="infer,train")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", default=None, help="write every result to this file")

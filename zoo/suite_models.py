@@ -7,7 +7,8 @@ caller's seed, its dropouts set to 0 (training compared with eager must
 draw no masks), and keyword inputs for one forward. No downloads.
 
 ``build(name)`` builds one; ``SUITE`` maps every name to its builder;
-``names(family)`` lists them by family ("hf", "vision").
+``names(family)`` lists them by family ("hf", "vision"; "timm": timm's own
+models, zoo/timm_models.py, built only where asked for by name or family).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from zoo.timm_models import TIMM
 
 VOCAB = 128
 BATCH, SEQ = 2, 8
@@ -308,12 +311,14 @@ def names(family: str | None = None) -> list[str]:
         return list(HF)
     if family == "vision":
         return list(VISION)
+    if family == "timm":
+        return list(TIMM)
     return list(SUITE)
 
 
 def build(name: str) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model called ``name`` (random weights from torch's seed) and its inputs."""
-    return (SUITE.get(name) or EXTRA[name])()
+    return (SUITE.get(name) or EXTRA.get(name) or TIMM[name])()
 
 
 def at_length(model: torch.nn.Module, inputs: dict[str, Any], length: int,

@@ -318,14 +318,17 @@ def _reaches(nodes: Mapping[fx.Node, Any], targets: set[fx.Node]) -> bool:
     return False
 
 
-def partition(gm: fx.GraphModule, support: OpSupport, *, boxed: bool = False) -> Partitioned:
+def partition(gm: fx.GraphModule, support: OpSupport, *, boxed: bool = False,
+              recomputes: bool = False) -> Partitioned:
     """Fuse the LTC-lowerable parts of ``gm`` into submodules, in place.
 
     Ops that were never probed are probed first. ``boxed``: the graph is
-    called boxed, freeing its inputs after their last use (a backward),
-    and its regions are cut where their inputs die (fact 88 in
-    docs/design.md). (The plan key hashes this function's code: what it
-    decides is what a plan stores.)
+    called boxed, freeing its inputs after their last use (a backward);
+    with ``recomputes`` too (it recomputes checkpointed blocks) its regions
+    are cut where their inputs die (fact 88 in docs/design.md). Elsewhere
+    the cuts made 5-15 times the regions for a measured peak 4-6% lower
+    (GPT-2, Llama) or 1-4 MiB higher (timm's CNNs: fact 90). (The plan key
+    hashes this function's code: what it decides is what a plan stores.)
     """
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
@@ -346,7 +349,7 @@ def partition(gm: fx.GraphModule, support: OpSupport, *, boxed: bool = False) ->
 
     proposed = [p for p in partitioner.propose_partitions() if computes(p)]
     proposed = _tails_to_their_producers(proposed)
-    if boxed:
+    if boxed and recomputes:
         proposed = [p for p in split_where_inputs_die(proposed, _graph_order(gm))
                     if computes(p)]
     for part in proposed:

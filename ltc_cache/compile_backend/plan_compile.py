@@ -152,7 +152,8 @@ class PlannedCompile:
                 counters.bump(AOT_GRAPHS)
                 if kind != "backward":  # one AOTAutograd trace made it (and its backward)
                     cache.record(AOT_TRACES)
-                parted = made = self._partition(graph, boxed=kind == "backward")
+                parted = made = self._partition(graph, boxed=kind == "backward",
+                                                recomputes=recomputes)
                 if plan is not None:
                     parted = self._store_plan(made, kind, example_inputs, f"{name}.{kind}",
                                               plan, making, recomputes=recomputes)
@@ -252,10 +253,11 @@ class PlannedCompile:
         making.joint_made(forward.rebuilt.module, rebuilt.module, layout)
         return rebuilt
 
-    def _partition(self, gm: fx.GraphModule, *, boxed: bool = False) -> Partitioned:
+    def _partition(self, gm: fx.GraphModule, *, boxed: bool = False,
+                   recomputes: bool = False) -> Partitioned:
         from .partition import partition
 
-        return partition(gm, self._support(), boxed=boxed)
+        return partition(gm, self._support(), boxed=boxed, recomputes=recomputes)
 
     def with_regions(self, parted: Partitioned, name: str,
                      plan: tuple[CacheKey, str] | None = None) -> fx.GraphModule:

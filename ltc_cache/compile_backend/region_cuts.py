@@ -39,6 +39,11 @@ def _bytes(node: Any) -> int:
     return total
 
 
+def _several(node: fx.Node) -> bool:
+    """Whether ``node`` makes several values (a tuple its getitems read)."""
+    return isinstance(node_value(node), (tuple, list))
+
+
 def split_where_inputs_die(proposed: list[Any], order: dict[fx.Node, int]) -> list[Any]:
     """Cut each proposed region in two where that frees most of its inputs,
     recursively; returns the regions, in no particular order.
@@ -120,18 +125,23 @@ def _best_cut(nodes: list[fx.Node], order: dict[fx.Node, int]) -> int | None:
     for i in range(1, n):
         before[i] = max(before[i - 1], live[i - 1])
     # A cut leaves computing ops on both sides and hands the second part no
-    # view (a region returns a view as a copy laid out otherwise than traced).
+    # view (a region returns a view as a copy laid out otherwise than traced)
+    # and no tuple: an op of several outputs (convolution_backward,
+    # native_batch_norm_backward) stays with the getitems that take them
+    # apart, since a region returns tensors only (LTC refuses a region that
+    # returns a tuple, and the region runs eagerly: fact 90 in docs/design.md).
     computing = [node.op == "call_function" and not is_view[i] for i, node in enumerate(nodes)]
     first_computing = computing.index(True) if any(computing) else n
     last_computing = n - 1 - computing[::-1].index(True) if any(computing) else -1
-    view_read_until = 0  # the latest reader of a view before the cut
+    whole_only = [is_view[i] or _several(node) for i, node in enumerate(nodes)]
+    whole_read_until = 0  # the latest reader of a view or a tuple before the cut
     best, best_gain, freed = None, 0, 0
     for c in range(1, n):
         freed += frees_at[c - 1]
-        if is_view[c - 1]:
-            view_read_until = max(view_read_until, max(
+        if whole_only[c - 1]:
+            whole_read_until = max(whole_read_until, max(
                 (position[u] for u in nodes[c - 1].users if u in position), default=0))
-        if not frees_at[c - 1] or view_read_until >= c \
+        if not frees_at[c - 1] or whole_read_until >= c \
                 or not first_computing < c <= last_computing:
             continue
         # After the cut, a value of the first part the second reads is held

@@ -209,10 +209,34 @@ def test_a_backwards_region_is_cut_where_its_inputs_die():
     args = [torch.randn(512, 512), torch.randn(512, 512), torch.randn(512, 8),
             torch.randn(8, 512)]
     assert len(partition(make_fx(done_early)(*args), OpSupport()).regions) == 1
-    parted = partition(make_fx(done_early)(*args), OpSupport(), boxed=True)
+    # A backward that recomputes nothing is not cut (fact 90 in docs/design.md).
+    assert len(partition(make_fx(done_early)(*args), OpSupport(), boxed=True).regions) == 1
+    parted = partition(make_fx(done_early)(*args), OpSupport(), boxed=True, recomputes=True)
     large = list(parted.module.graph.find_nodes(op="placeholder"))[:2]
     readers = [[r for r in parted.regions if any(user.target == r for user in node.users)]
                for node in large]
     # The first region reads them; the region that makes h and tanh(h) does not.
     assert readers == [[parted.regions[0]]] * 2 and len(parted.regions) >= 2, parted
     torch.testing.assert_close(parted.module(*args), done_early(*args), atol=0, rtol=0)
+
+
+def done_early_in_a_tuple(g, x, w):
+    """``done_early`` whose large input dies in an op of two outputs."""
+    s = torch.max(g, 0, keepdim=True).values
+    h = torch.relu(torch.mm(x, w))
+    return ((torch.tanh(h) * h) + s).sum(1)
+
+
+def test_no_cut_parts_an_op_of_several_outputs_from_its_getitems():
+    """A cut right after ``max.dim`` would free its 4 MiB input, but the
+    first region would return the op's tuple, which LTC refuses (the region
+    ran eagerly: fact 90 in docs/design.md): every region returns tensors."""
+    args = [torch.randn(2048, 512), torch.randn(512, 8), torch.randn(8, 512)]
+    parted = partition(make_fx(done_early_in_a_tuple)(*args), OpSupport(), boxed=True,
+                       recomputes=True)
+    for name in parted.regions:
+        output = next(iter(parted.module.get_submodule(name).graph.find_nodes(op="output")))
+        for value in output.args[0]:
+            assert isinstance(value.meta.get("val"), torch.Tensor), (name, value)
+    torch.testing.assert_close(parted.module(*args), done_early_in_a_tuple(*args),
+                               atol=0, rtol=0)
