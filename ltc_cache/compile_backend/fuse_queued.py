@@ -18,10 +18,8 @@ so no job is compiled twice and none is stranded by a compile that died.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..graph.keys import CacheKey
@@ -53,7 +51,7 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
         for plan in plans:
             tried = set()  # parts this process compiled: stored, or failing to store
             for part in plan_parts(plan):
-                with _claimed(queue, f"{plan.key}.{part}") as mine:
+                with queue.claimed(f"{plan.key}.{part}") as mine:
                     if mine and not _stored(cache, part_key(plan.key, part)):
                         fuse_plan_part(cache, plan, part, timeout=timeout)
                         tried.add(part)
@@ -70,7 +68,7 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
             entry = entries[key]
             if entry is not None and entry.kind == EntryKind.PLAN:
                 continue
-            with _claimed(queue, key) as mine:
+            with queue.claimed(key) as mine:
                 if not mine:
                     continue
                 if entry is not None and _region_digest(entry) in covered:
@@ -82,25 +80,6 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
                 queue.done(key)
         if not did:
             time.sleep(_WAIT_SECONDS)
-
-
-@contextlib.contextmanager
-def _claimed(queue: FuseQueue, job: str) -> Iterator[bool]:
-    """Whether this process holds ``job`` (taken without waiting)."""
-    import filelock
-
-    claims = queue.path / ".claims"
-    claims.mkdir(mode=0o700, exist_ok=True)
-    lock = filelock.FileLock(str(claims / job))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        lock.release()
 
 
 def _stored(cache: GraphCache, key: CacheKey) -> bool:

@@ -32,6 +32,7 @@ logger = logging.getLogger("ltc_cache.fused")
 
 QUEUE_DIR = "fuse-queue"
 _WORKER_LOCK = ".worker.lock"
+_CLAIMS = ".claims"
 WORKER_LOG = "worker.log"
 
 
@@ -67,10 +68,26 @@ class FuseQueue:
     @contextlib.contextmanager
     def worker_lock(self) -> Iterator[bool]:
         """Whether this process is the worker (the lock is taken without waiting)."""
+        with self.held(_WORKER_LOCK) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def claimed(self, job: str) -> Iterator[bool]:
+        """Whether this process holds the compile of ``job`` (a graph's or
+        plan part's name), taken without waiting: compiles that drain the
+        queue side by side never take the same job."""
+        (self.path / _CLAIMS).mkdir(mode=0o700, exist_ok=True)
+        with self.held(f"{_CLAIMS}/{job}") as held:
+            yield held
+
+    @contextlib.contextmanager
+    def held(self, name: str) -> Iterator[bool]:
+        """Whether this process holds the lock file ``name`` of the queue,
+        taken without waiting; the kernel lets it go with the process."""
         import filelock  # the worker's alone: a warm process never imports it
 
         self.path.mkdir(mode=0o700, exist_ok=True)
-        lock = filelock.FileLock(str(self.path / _WORKER_LOCK))
+        lock = filelock.FileLock(str(self.path / name))
         try:
             lock.acquire(timeout=0)
         except filelock.Timeout:
