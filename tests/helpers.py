@@ -135,6 +135,22 @@ def json_child(script: str, *args: str, env: dict[str, str] | None = None,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def suite_cold_then_warm(tmp_path_factory: pytest.TempPathFactory, name: str,
+                         models: list[str], cold_timeout: float = 900) -> dict:
+    """Once for the whole run: tests/children/suite.py over ``models`` in a
+    cold process over a new cache directory (the fused tier off), then in a
+    warm one; their reports as ``{"cold": ..., "warm": ...}``."""
+
+    def cold_then_warm(directory: Path) -> dict:
+        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
+        env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off",
+                   XDG_CONFIG_HOME=str(directory / "config"))
+        cold = json_child("suite.py", *models, env=env, timeout=cold_timeout)
+        return {"cold": cold, "warm": json_child("suite.py", *models, env=env, timeout=900)}
+
+    return once_per_run(tmp_path_factory, name, cold_then_warm)[1]
+
+
 def run_child(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> dict:
     """Run tests/children/extract.py and return its JSON report."""
     return json_child("extract.py", *args, env=env, timeout=timeout)

@@ -78,21 +78,15 @@ def run(compile_with: str, model: str, steps: int, env: dict[str, str]) -> dict:
 def libraries_ready(cache_dir: Path, since: float, limit: float = 3600) -> float | None:
     """Seconds from ``since`` until the fused worker of ``cache_dir`` has
     drained its queue and left; None past ``limit``."""
-    import filelock
+    from ltc_cache.graph.fused.queue import FuseQueue
 
-    queue = cache_dir / "fuse-queue"
+    queue = FuseQueue(cache_dir)
     deadline = time.time() + limit
     while time.time() < deadline:
-        pending = [p for p in queue.glob("*") if len(p.name) == 64] if queue.exists() else []
-        if not pending:
-            lock = filelock.FileLock(str(queue / ".worker.lock"))
-            try:
-                lock.acquire(timeout=0)
-            except filelock.Timeout:
-                pass
-            else:
-                lock.release()
-                return time.time() - since
+        if not queue.pending():
+            with queue.worker_lock() as free:  # held while a worker runs
+                if free:
+                    return time.time() - since
         time.sleep(0.25)
     return None
 

@@ -43,8 +43,11 @@ _WAIT_SECONDS = 0.5
 def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = None) -> None:
     """Compile what ``queue`` holds until it is empty, plans first; each
     key taken off once its fused entries are stored (or it is skipped)."""
+    entries: dict[str, Entry | None] = {}  # each queued entry read once, however many passes
     while keys := queue.pending():
-        entries = {key: cache.lookup_entry(CacheKey(key, {}), count=False) for key in keys}
+        for key in keys:
+            if key not in entries:
+                entries[key] = cache.lookup_entry(CacheKey(key, {}), count=False)
         plans = [entries[k] for k in keys
                  if entries[k] is not None and entries[k].kind == EntryKind.PLAN]
         did = False

@@ -10,10 +10,8 @@ checked against eager in its own process: loss and every gradient within
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers import child_env, json_child, once_per_run
+from helpers import suite_cold_then_warm
 
 # Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
 # vision transformer, CNN with BatchNorm (its running statistics as eager's, in few regions).
@@ -24,16 +22,7 @@ FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2", "T5Small", "ViT", "ResNet"]
 def starts(tmp_path_factory) -> dict:
     """Once for the whole run: a cold process over a new cache directory,
     then a warm one, each starting every model of FAMILIES."""
-
-    def cold_then_warm(directory: Path) -> dict:
-        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
-        env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off",
-                   XDG_CONFIG_HOME=str(directory / "config"))
-        cold = json_child("suite.py", *FAMILIES, env=env, timeout=900)
-        return {"cold": cold, "warm": json_child("suite.py", *FAMILIES, env=env,
-                                                 timeout=900)}
-
-    return once_per_run(tmp_path_factory, "test_suite_warm", cold_then_warm)[1]
+    return suite_cold_then_warm(tmp_path_factory, "test_suite_warm", FAMILIES)
 
 
 @pytest.mark.slow

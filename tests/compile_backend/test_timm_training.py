@@ -10,10 +10,8 @@ regions, fails here by model.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from helpers import child_env, json_child, once_per_run
+from helpers import suite_cold_then_warm
 
 from zoo.timm_models import TIMM, import_timm
 
@@ -45,16 +43,9 @@ def _timm_or_skip() -> None:
 def starts(tmp_path_factory) -> dict:
     """Once for the whole run: a cold process over a new cache directory,
     then a warm one, each training every timm model once."""
-
-    def cold_then_warm(directory: Path) -> dict:
-        env = {k: v for k, v in child_env().items() if not k.startswith("LTC_CACHE_")}
-        env.update(LTC_CACHE_DIR=str(directory / "ltc"), LTC_CACHE_FUSE="off",
-                   XDG_CONFIG_HOME=str(directory / "config"))
-        cold = json_child("suite.py", *FLOORS, env=env, timeout=1500)
-        return {"cold": cold, "warm": json_child("suite.py", *FLOORS, env=env, timeout=900)}
-
     _timm_or_skip()
-    return once_per_run(tmp_path_factory, "test_timm_training", cold_then_warm)[1]
+    return suite_cold_then_warm(tmp_path_factory, "test_timm_training", list(FLOORS),
+                                cold_timeout=1500)
 
 
 def test_every_timm_model_has_a_floor():

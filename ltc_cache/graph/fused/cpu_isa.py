@@ -51,7 +51,7 @@ _NO_VECTORS = frozenset({"", "default", "invalid_vec_isa"})
 # other value ignored).
 _CAPPED = {"default": frozenset(), "avx2": frozenset({"avx2"})}
 
-# The kernel's flag for each feature (/proc/cpuinfo), and torch's probe.
+# The kernel's flags (/proc/cpuinfo) that make each feature.
 _KERNEL_FLAGS = {
     "avx2": ("avx2",),
     "avx512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),

@@ -11,8 +11,8 @@ that queued graphs (each registers itself in the queue's ``clients``
 folder, by pid and start time, so a reused pid is no client).
 
 - A client is **busy** where its main thread ran or waited to run for at
-  least :data:`BUSY_CORES` of the last look (every :data:`LOOK_SECONDS`). While one is, the
-  compile gets one burst of :data:`BURST_SECONDS` every
+  least :data:`BUSY_CORES` of the last look (every :data:`LOOK_SECONDS`).
+  While one is, the compile gets one burst of :data:`BURST_SECONDS` every
   :data:`PERIOD_SECONDS` (a tenth of a core at most), so a long training
   run still gets its libraries, slowly, and no step loses more than a
   burst.
