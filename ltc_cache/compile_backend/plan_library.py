@@ -321,31 +321,41 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
 
 
 def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tensor]) -> None:
-    """Give a backward's saved tensors (its first inputs) the values its
-    forward computes from the forward's own example inputs. Random saved
-    tensors break what a backward relies on (BatchNorm's inverse standard
-    deviation comes from the batch's variance, a softmax's rows sum to
-    one), and a library and the regions compared on them can part by far
-    more than on a real step. Left random where the forward cannot run
-    here."""
+    """Make a backward's saved tensors (its first inputs) what a run's
+    forward hands it: the forward's per-region path run on the forward's
+    own example inputs, values and layouts. Random saved tensors break what
+    a backward relies on (BatchNorm's inverse standard deviation comes from
+    the batch's variance, a softmax's rows sum to one), and a library and
+    the regions compared on them can part by far more than on a real step.
+    The layouts are the run's, not those AOTAutograd's graph records: a
+    region returns its outputs contiguous where the graph says a transposed
+    view, and a backward region bound on the graph's layout is another
+    entry, traced again here (minutes, on GPT-2 small's shape) and never
+    the one a run binds. Left random where the forward cannot run here."""
+    from .first_call import bind_regions
     from .joint import JointLayout
 
     try:
-        forward = plan_part_graph(plan, "forward").module
+        forward = plan_part_graph(plan, "forward")
         layout = JointLayout.from_wire(plan.payload.get("joint"))
         values = example_values(cache, part_key(plan.key, "forward").digest)
-        forward_inputs = _example_inputs(forward, _input_kinds(plan, "forward"), values)
+        forward_inputs = _example_inputs(forward.module, _input_kinds(plan, "forward"), values)
+        per_region = bind_regions(forward, f"{plan.graph_name}.forward", cache)
         with torch.no_grad():
-            saved = list(forward(*forward_inputs))[layout.outputs:]
+            saved = list(per_region(*forward_inputs))[layout.outputs:]
     except Exception as exc:  # a forward that needs a real input's values
         logger.info("the backward of plan %s is built on random saved tensors: %s",
                     plan.key[:12], exc)
         return
-    with torch.no_grad():
-        for tensor, value in zip(inputs, saved, strict=False):
-            if isinstance(value, torch.Tensor) and value.shape == tensor.shape \
-                    and value.dtype == tensor.dtype:
+    for index, (tensor, value) in enumerate(zip(inputs, saved, strict=False)):
+        if not isinstance(value, torch.Tensor) or value.shape != tensor.shape \
+                or value.dtype != tensor.dtype:
+            continue
+        if tensor.requires_grad:  # a parameter saved as itself: laid out as the run's
+            with torch.no_grad():
                 _copy_into(tensor, value)
+        else:
+            inputs[index] = value.detach()  # as AOTAutograd saves it
 
 
 def unrepeated(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:

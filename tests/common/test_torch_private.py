@@ -24,6 +24,7 @@ import pickle
 import shutil
 import threading
 
+import pytest
 import torch
 
 # -- LTC: ltc_cache/graph/lazy_bindings.py ------------------------------------------------------
@@ -206,6 +207,24 @@ def test_inductor_picks_the_isa_cpu_isa_predicts(monkeypatch):
             if capability is not None:
                 monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
             assert cpu_isa.inductor_isa() == cpu_isa.isa_words(str(vec.pick_vec_isa()))
+
+
+def test_inductor_compiles_for_the_target_the_settings_name():
+    """A library is compiled for the baseline of its ISA's CPUs, not
+    Inductor's ``-march=native`` (platform.inductor_settings): Inductor
+    reads ``cpp.march`` for the wrapper's and the kernels' g++ lines, and
+    adds the ISA's own flags beside it."""
+    from torch._inductor import config, cpp_builder
+
+    from ltc_cache.graph.fused import cpu_isa, platform
+
+    if not cpu_isa.x86_machine():
+        pytest.skip("the fused tier builds on x86-64 only")
+    march = platform.inductor_settings()["cpp.march"]
+    assert march.startswith("x86-64")
+    with config.patch({"cpp.march": march}):
+        assert cpp_builder._get_cpu_arch_cflags("g++") == [f"march={march}"]
+    assert cpp_builder._get_cpu_arch_cflags("g++") != [f"march={march}"]  # native, by default
 
 
 # --- Dynamo's precompile and package: ltc_cache/dynamo_package.py -------------

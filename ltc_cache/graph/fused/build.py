@@ -37,7 +37,7 @@ from .aten_graph import as_tuple, aten_graph, exported_program
 from .cpu_isa import library_needs
 from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .exact import no_further_from_exact
-from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
+from .platform import compiler_id, compiler_version, inductor_settings
 from .runner import FusedFunction, load_runner, mismatch, put_back, saved_writes
 
 __all__ = ["Built", "FuseFailed", "build_entry", "build_library", "example_inputs",
@@ -124,7 +124,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     traced on fake tensors (it computes the same). ``writes``: the inputs
     it writes in place, put back before each run that is compared, and
     compared too. ``settings``: Inductor settings over ltc_cache's
-    (:data:`~.platform.INDUCTOR_OPTIONS`). Raises FuseFailed where the
+    (:func:`~.platform.inductor_settings`). Raises FuseFailed where the
     library's outputs differ, and whatever the compile raises."""
     before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
@@ -135,7 +135,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     graph = aten_graph(traced or reference, inputs)
     try:
         library, inductor_isa = compile_library(exported_program(graph, inputs),
-                                                {**INDUCTOR_OPTIONS, **(settings or {})})
+                                                {**inductor_settings(), **(settings or {})})
     except UnexpectedPackage as exc:
         raise FuseFailed(str(exc)) from None
     isa = library_needs(inductor_isa)

@@ -1,7 +1,9 @@
 """The fused tier in front of a graph's TorchScript function.
 
 For each graph entry a process binds, :meth:`FusedTier.function` looks the
-library up under :func:`~.platform.fused_key` of the entry's key and hands
+library up under :func:`~.platform.fused_key` of the entry's
+:func:`~.platform.source_key` (its content: identical layers share one
+library, its verdict and its compile) and hands
 back a :class:`~.runner.FusedFunction` where one is stored, verified and
 loadable on this CPU, else the TorchScript function itself. Where none is
 stored, what happens is ``LTC_CACHE_FUSE``'s:
@@ -58,7 +60,7 @@ from .entries import (
     warn_not_for_this_cpu,
 )
 from .pickup import PendingFunction
-from .platform import fusable_here, fused_key
+from .platform import fusable_here, fused_key, source_key
 from .queue import FuseQueue, start_worker
 from .runner import FusedFunction, load_runner, mismatch
 from .verdicts import RTOL, keep_verdict, verdict_held
@@ -106,7 +108,7 @@ class FusedTier:
         config = self._cache.config
         if not fusable_here() or "input_specs" not in entry.meta:
             return script  # nothing to compile it for: an older entry, or not on the CPU
-        key = fused_key(entry.key)
+        key = fused_key(source_key(entry))
         stored = self._cache.lookup_entry(key, count=False)
         if stored is None and config.fuse == "sync" and not self._cache.readonly:
             stored = in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
@@ -142,8 +144,9 @@ class FusedTier:
         """The library of the fused entry ``stored``, loaded, or ``script``
         where it has none to be used."""
         secret = program_secret(self._cache.config.secret, self._cache.config.directory)
+        source = source_key(entry)
         try:
-            library = usable_library(stored, secret, entry.key)
+            library = usable_library(stored, secret, source)
         except NotForThisCpu as exc:  # a miss here, never replaced: no rebuild loop
             warn_not_for_this_cpu(entry.graph_name, exc)
             return script
@@ -159,7 +162,7 @@ class FusedTier:
             return script
         # Verified by usable_library, and covering the bytes: what a verdict is given for.
         signature = bytes(stored.payload["hmac"])
-        checked = verdict_held(self._cache, key.digest, entry.key, signature)
+        checked = verdict_held(self._cache, key.digest, source, signature)
         runner = load_runner(library.data)
         count_event(FUSED_LOADS)
         return FusedFunction(runner, script, aliases=library.aliases, restride=library.restride,
@@ -175,7 +178,7 @@ class FusedTier:
         count_event(FUSED_CHECKS)
         problem = mismatch(expected, got, rtol=RTOL, error=error)
         if problem is None:
-            keep_verdict(self._cache, key.digest, entry.key, signature)
+            keep_verdict(self._cache, key.digest, source_key(entry), signature)
             return True
         count_event(FUSED_REFUSED)
         warn_once(f"fused:{key.digest}", f"the fused library of {entry.graph_name} "
@@ -213,14 +216,14 @@ def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
     them it is refused."""
     from .build import build_entry
 
-    key = fused_key(graph_key)
-    stored = cache.lookup_entry(key, count=False)
-    if stored is not None and (not retry or "library" in stored.payload):
-        return stored
     if graph is None:
         graph = cache.lookup_entry(CacheKey(graph_key, {}), count=False)
         if graph is None or graph.kind != EntryKind.GRAPH:
             return None
+    key = fused_key(source_key(graph))
+    stored = cache.lookup_entry(key, count=False)
+    if stored is not None and (not retry or "library" in stored.payload):
+        return stored  # this graph's, or an identical one's (another layer's)
     secret = program_secret(cache.config.secret, cache.config.directory)
     entry = built_within(timeout, lambda: build_entry(graph, key, secret), key, graph)
     cache.store_entry(entry, key)
