@@ -125,7 +125,8 @@ class Region(FirstCall):
         stored = not isinstance(module, fx.GraphModule)
         try:
             # AOTAutograd may run the compiled function under a dispatch mode;
-            # lazy tracing inside one fails (fact 7 in docs/design.md).
+            # lazy tracing inside one fails
+            # (docs/torch/aot-autograd.md#lazy-tracing-fails-under-a-dispatch-mode).
             with real_tensors(), torch.no_grad():
                 compiled = self._cache.extract_compiled_graph(
                     self._graph if stored else module, args, name=self._name,
