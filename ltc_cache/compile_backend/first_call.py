@@ -150,7 +150,7 @@ def eager_region(module: fx.GraphModule) -> Callable[..., Any]:
     a contiguous tensor where eager's was a transposed view (and CPU flash
     attention between them returns its output in its query's layout), so a
     region that falls back to eager, run on the LTC layout, fails on its
-    first ``view``."""
+    first ``view`` (docs/torch/ltc.md#flash-attention-output-follows-query-layout)."""
     strides = []
     for node in module.graph.find_nodes(op="placeholder"):
         value = node.meta.get("val")
