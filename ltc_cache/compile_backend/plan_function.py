@@ -277,8 +277,9 @@ class _LaidOutRunner:
     for: the plan's recorded one. A backward's saved tensors come from the
     forward's regions, contiguous where eager's (and the recorded
     layout) were transposed views, and a library reads its inputs by the
-    strides it was compiled with (fact 66 in docs/design.md). What the
-    library wrote into such a copy is copied back into the input."""
+    strides it was compiled with
+    (docs/torch/aot-inductor.md#saved-tensors-arrive-in-another-layout). What the library wrote into
+    such a copy is copied back into the input."""
 
     __slots__ = ("_runner", "_strides", "_writes")
 

@@ -190,8 +190,8 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
 # blocks: its schedule as AOTAutograd ordered it. Inductor's reorderings
 # keep the recomputed blocks alive together: a checkpointed Llama's backward
 # library peaked at 102 MB over its start, 51 MB with both off, eager's
-# whole step at 54 MB (fact 85 in docs/design.md). A user who checkpoints
-# chose memory over speed; the library must still beat the regions' time.
+# whole step at 54 MB (docs/torch/aot-inductor.md#export-and-recomputing-backward). A user who
+# checkpoints chose memory over speed; the library must still beat the regions' time.
 _RECOMPUTING_BACKWARD = {"reorder_for_locality": False, "reorder_for_peak_memory": False}
 
 

@@ -102,7 +102,8 @@ class GraphCache:
         """See :func:`ltc_cache.extract_compiled_graph`; ``digest`` and
         ``tensors``: see :func:`~ltc_cache.graph.keys.graph_parts`. Given
         both, ``model`` may be what builds the graph, called only where it
-        is traced (a stored plan's region, fact 49 in docs/design.md)."""
+        is traced (a stored plan's region,
+        docs/torch/aot-autograd.md#stored-regions-built-only-when-needed)."""
         store = self.store
         # Resolved once for the key, the entry check and the binding.
         tensors = module_tensors(_built(model)) if tensors is None else tensors
@@ -224,7 +225,8 @@ class GraphCache:
             self._built[key.digest] = built
         return built
 
-    @holding_off()  # a warm start's decode and parse (fact 46 in docs/design.md)
+    # A warm start's decode and parse (docs/torch/dynamo.md#cyclic-gc-during-warm-loads).
+    @holding_off()
     def _lookup(self, store: Store, key: str, tensors: Mapping[str, torch.Tensor],
                 num_args: int) -> Built | None:
         if key in self._built:

@@ -101,7 +101,8 @@ def test_aotautograd_has_what_aot_autograd_py_calls():
 
 def test_aotautograd_can_compile_a_backward_with_its_forward():
     """The private switch backend training plans rely on for graphs whose
-    backward never runs in the cold process (fact 43 in docs/design.md)."""
+    backward never runs in the cold process
+    (docs/torch/aot-autograd.md#backward-compiled-on-first-backward)."""
     from torch._functorch import config
 
     assert hasattr(config, "force_non_lazy_backward_lowering")
@@ -111,8 +112,8 @@ def test_aotautograd_internals_plans_rely_on():
     """Pins: what plan.runs_bare and joint.trainable read of AOTAutograd's
     metadata, and the one thing its autograd wrapper does that
     JointFunction repeats (``_unsafe_view`` over views of intermediates,
-    fact 17 in docs/design.md). A torch that changes these fails here by
-    name, not as a wrong gradient."""
+    docs/torch/aot-autograd.md#views-of-intermediates-hidden-from-autograd). A torch that changes
+    these fails here by name, not as a wrong gradient."""
     from torch._functorch._aot_autograd import runtime_wrappers, schemas
 
     names = {t.name for t in schemas.OutputType}
@@ -330,11 +331,11 @@ def test_what_the_stand_in_relies_on():
 
 
 def test_what_torch_does_that_threads_rely_on():
-    """Facts 55 and 57 in docs/design.md: Dynamo's compile lock is a
-    reentrant lock ltc_cache can share (ltc_cache/threads.py takes it from
-    ``convert_frame`` itself: a layer below program/); FX's "tracing" mark
-    is process-wide and a compile session hides it from Dynamo; Dynamo's
-    settings are per thread (so patching one around a call needs no care
+    """docs/torch/dynamo.md#fx-tracing-flag-is-process-wide and
+    docs/torch/dynamo.md#dynamo-captures-once-per-missing-thread: Dynamo's compile lock is a
+    reentrant lock ltc_cache can share (ltc_cache/threads.py takes it from ``convert_frame`` itself:
+    a layer below program/); FX's "tracing" mark is process-wide and a compile session hides it from
+    Dynamo; Dynamo's settings are per thread (so patching one around a call needs no care
     for other threads)."""
     import torch.fx._symbolic_trace as fx_trace
     from torch._dynamo import convert_frame
@@ -395,10 +396,10 @@ def test_what_the_capture_patches_in_the_guard_state_pickler():
 
 def test_a_guard_states_tensors_unpickle_with_one_fake_mode():
     """Pins torch's private GuardsStatePickler._unpickle_tensor, which
-    load_costs.one_fake_mode replaces while a program loads (fact 48 in
-    docs/design.md): Dynamo pickles each guarded tensor as a call of it,
-    which made a fake mode (and walked the stack) per tensor. Under
-    one_fake_mode the tensors come back as before, sharing one mode."""
+    load_costs.one_fake_mode replaces while a program loads
+    (docs/torch/dynamo.md#three-load-costs-paid-elsewhere): Dynamo pickles each guarded tensor as a
+    call of it, which made a fake mode (and walked the stack) per tensor. Under one_fake_mode the
+    tensors come back as before, sharing one mode."""
     from torch._dynamo.guards import GuardsStatePickler
     from torch._subclasses.fake_tensor import FakeTensor
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 from helpers import suite_cold_then_warm
 
-# Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
-# vision transformer, CNN with BatchNorm (its running statistics as eager's, in few regions).
+# Encoder (at hidden 128: saved views, docs/torch/aot-autograd.md#saved-views-are-detached),
+# decoder, encoder-decoder, vision transformer, CNN with BatchNorm (its running statistics as
+# eager's, in few regions).
 FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2", "T5Small", "ViT", "ResNet"]
 
 

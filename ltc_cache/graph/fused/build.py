@@ -60,9 +60,10 @@ _KEEP = 0.97
 # model's initialisation, so activations grow by the square root of each
 # layer's width and reordered sums differ far more than on real data: a
 # hidden-256 BERT's pooled output by 2.2e-5 of its largest value, a small
-# GPT's training forward by 1.4e-4 (fact 83 in docs/design.md). Past this
-# rule, a library is still kept where it is no further than the reference
-# from the graph run in float64 (:mod:`.exact`).
+# GPT's training forward by 1.4e-4
+# (docs/torch/aot-inductor.md#random-weights-make-build-check-stricter). Past this rule, a library
+# is still kept where it is no further than the reference from the graph run in float64
+# (:mod:`.exact`).
 _BUILD_RTOL = 1e-3
 _REASON_CHARS = 600
 

@@ -145,8 +145,8 @@ def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
     :func:`stored_library` refuses, unsigned, tampered with."""
     # The signature covers the bytes: their sha256 is hashed only to say
     # what a signature that fails to hold was failed by (a library's
-    # bytes are hashed three times on a warm load already, fact 70 in
-    # docs/design.md).
+    # bytes are hashed three times on a warm load already,
+    # docs/torch/aot-inductor.md#loading-a-library-reads-its-bytes-five-times).
     library = stored_library(entry, graph_key, check_sha256=False)
     if library is None:
         return None

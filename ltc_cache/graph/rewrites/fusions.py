@@ -77,8 +77,8 @@ def silu_backwards(graph: torch._C.Graph, inputs: list[Source]) -> int:
 
     SiLU is Llama's activation, and each op of the chain is a pass over the
     activation (the ones too) where eager's backward runs one fused
-    kernel, the one put back here: its values are eager's (fact 15 in
-    docs/design.md).
+    kernel, the one put back here: its values are eager's
+    (docs/torch/ltc.md#fused-kernels-written-out-as-chains).
     """
     match = _Matcher(graph, inputs)
 

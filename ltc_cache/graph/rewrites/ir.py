@@ -143,8 +143,8 @@ def parse_traced(ir: str) -> torch._C.Graph:
     one-element tensor constants), each holding the number the text gives.
 
     ``parse_ir`` drops the sign of a tensor constant: ``{-1}`` reads back as
-    ``tensor(1)`` (fact 22 in docs/design.md). Folded, ``x[:, -1:]`` (a
-    language model's last position, as ``generate`` asks for it) sliced
+    ``tensor(1)`` (docs/torch/torchscript-ir.md#parse-ir-drops-constant-signs). Folded,
+    ``x[:, -1:]`` (a language model's last position, as ``generate`` asks for it) sliced
     from the second row instead, and the graph failed on its first call.
     The constants are read again from the text, in order, and every one
     the parser got wrong is replaced."""
