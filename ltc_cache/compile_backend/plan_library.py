@@ -167,11 +167,11 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
         states = rng_state_outputs(traced)
         inputs = _example_inputs(traced, _input_kinds(plan, part),
                                  example_values(cache, key.digest))
-        if part == "backward":
-            _saved_from_forward(cache, plan, inputs)
+        run_strides = _saved_from_forward(cache, plan, inputs) if part == "backward" else {}
         unwrap_rng(traced, inputs)
         per_region = bind_regions(plan_part_graph(plan, part), f"{plan.graph_name}.{part}", cache)
-        built = build_library(tensors_of(per_region, states), inputs, started=started,
+        built = build_library(_laid_out_as_run(tensors_of(per_region, states), run_strides),
+                              inputs, started=started,
                               versus="the per-region path",
                               traced=tensors_of(traced, states), writes=writes,
                               settings=_settings(plan, part))
@@ -320,18 +320,20 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
     return inputs
 
 
-def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tensor]) -> None:
-    """Make a backward's saved tensors (its first inputs) what a run's
-    forward hands it: the forward's per-region path run on the forward's
-    own example inputs, values and layouts. Random saved tensors break what
-    a backward relies on (BatchNorm's inverse standard deviation comes from
-    the batch's variance, a softmax's rows sum to one), and a library and
-    the regions compared on them can part by far more than on a real step.
-    The layouts are the run's, not those AOTAutograd's graph records: a
-    region returns its outputs contiguous where the graph says a transposed
-    view, and a backward region bound on the graph's layout is another
-    entry, traced again here (minutes, on GPT-2 small's shape) and never
-    the one a run binds. Left random where the forward cannot run here."""
+def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tensor]
+                        ) -> dict[int, tuple[int, ...]]:
+    """Give a backward's saved tensors (its first inputs) the values its
+    forward computes, run as a run runs it (its per-region path) on the
+    forward's own example inputs; and return, by input index, the strides
+    in which a run's forward hands over those it lays out otherwise than
+    the plan recorded. Random saved tensors break what a backward relies on
+    (docs/torch/aot-inductor.md#backward-built-on-its-forwards-values).
+    The inputs keep the plan's layouts, which a library is compiled for and
+    called with (docs/torch/aot-inductor.md#saved-tensors-arrive-in-another-layout);
+    the per-region path is handed the run's (:func:`_laid_out_as_run`), so
+    that it binds the regions a run stored rather than tracing each again
+    (docs/torch/aot-inductor.md#region-key-holds-parameter-kinds). Left
+    random where the forward cannot run here."""
     from .first_call import bind_regions
     from .joint import JointLayout
 
@@ -346,16 +348,33 @@ def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tenso
     except Exception as exc:  # a forward that needs a real input's values
         logger.info("the backward of plan %s is built on random saved tensors: %s",
                     plan.key[:12], exc)
-        return
-    for index, (tensor, value) in enumerate(zip(inputs, saved, strict=False)):
-        if not isinstance(value, torch.Tensor) or value.shape != tensor.shape \
-                or value.dtype != tensor.dtype:
-            continue
-        if tensor.requires_grad:  # a parameter saved as itself: laid out as the run's
-            with torch.no_grad():
+        return {}
+    run_strides = {}
+    with torch.no_grad():
+        for index, (tensor, value) in enumerate(zip(inputs, saved, strict=False)):
+            if isinstance(value, torch.Tensor) and value.shape == tensor.shape \
+                    and value.dtype == tensor.dtype:
                 _copy_into(tensor, value)
-        else:
-            inputs[index] = value.detach()  # as AOTAutograd saves it
+                if value.stride() != tensor.stride() and not tensor.requires_grad:
+                    run_strides[index] = value.stride()
+    return run_strides
+
+
+def _laid_out_as_run(fn: Callable[..., Any], strides: dict[int, tuple[int, ...]]
+                     ) -> Callable[..., Any]:
+    """``fn`` called with the inputs ``strides`` names copied into those
+    strides: the layouts a run's per-region path is handed."""
+    if not strides:
+        return fn
+
+    def call(*args: Any) -> Any:
+        args = list(args)
+        for index, stride in strides.items():
+            value = args[index]
+            args[index] = torch.empty_strided(value.shape, stride,
+                                              dtype=value.dtype).copy_(value)
+        return fn(*args)
+    return call
 
 
 def unrepeated(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:

@@ -61,9 +61,10 @@ def inductor_settings() -> dict[str, object]:
     flags (``-mavx2 -mfma -mf16c``, or AVX-512's); with ``-march=native``
     g++ would also use whatever else this CPU has (AVX-512 on a machine
     capped to AVX2 by ``ATEN_CPU_CAPABILITY``), and a library keyed for
-    AVX2 would die of SIGILL on an AVX2 CPU. x86-64-v2 (SSE4.2, POPCNT) is
-    in every CPU with AVX2; a machine without a vector ISA gets plain
-    x86-64."""
+    AVX2 would die of SIGILL on an AVX2 CPU
+    (docs/torch/aot-inductor.md#inductor-compiles-for-this-machine-by-default).
+    x86-64-v2 (SSE4.2, POPCNT) is in every CPU with AVX2; a machine
+    without a vector ISA gets plain x86-64."""
     march = "x86-64-v2" if machine_isa() not in ("", "DEFAULT") else "x86-64"
     return {**INDUCTOR_OPTIONS, "cpp.march": march}
 
