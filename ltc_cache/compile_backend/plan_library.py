@@ -195,9 +195,17 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
 _RECOMPUTING_BACKWARD = {"reorder_for_locality": False, "reorder_for_peak_memory": False}
 
 
+# A plan's library is a whole forward or backward: its C++ wrapper (one call
+# an op) is most of its compile, and at -O0 a small GPT's backward wrapper
+# compiled in 8 s against 12 s at AOTInductor's -O1, while what the
+# wrapper adds to a call of tens of milliseconds stays in the noise; the
+# kernels keep -O3 (docs/torch/aot-inductor.md#a-library-build-is-mostly-the-wrapper-compile).
+_PLAN = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+
+
 def _settings(plan: Entry, part: str) -> dict[str, Any]:
-    return _RECOMPUTING_BACKWARD if part == "backward" \
-        and plan.payload.get("recomputes") is True else {}
+    recomputing = part == "backward" and plan.payload.get("recomputes") is True
+    return {**_PLAN, **(_RECOMPUTING_BACKWARD if recomputing else {})}
 
 
 class NoLibrary(LtcCacheError):
