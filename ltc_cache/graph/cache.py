@@ -21,7 +21,7 @@ from ..collector import holding_off
 from ..config import CacheConfig
 from ..counter_names import ERRORS, HITS, MISSES, NEGATIVE_HITS, STORES, TRACES
 from ..diagnostics import count_event, counters, warn_once
-from ..errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
+from ..errors import EntryError, LockTimeout, RememberedFailure, UncacheableGraph, is_graph_failure
 from ..kinds import EntryKind
 from ..store import Store, TieredStore, open_tiers
 from ..threads import trace_lock
@@ -329,8 +329,8 @@ class GraphCache:
         entry = built.entry
         if entry.kind == EntryKind.NEGATIVE:
             self.record(NEGATIVE_HITS)
-            raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
-                               f"(remembered in entry {entry.key[:12]})")
+            reason = entry.payload.get("reason", "LTC cannot extract this graph")
+            raise RememberedFailure(f"{reason} (remembered in entry {entry.key[:12]})")
         return CompiledGraph(entry, self.fused.function(entry, built.function), None,
                              tensors=tensors)
 
