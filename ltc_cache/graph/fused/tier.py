@@ -33,7 +33,7 @@ import logging
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...counter_names import (
@@ -46,24 +46,17 @@ from ...counter_names import (
     FUSED_REFUSED,
 )
 from ...diagnostics import count_event, warn_once
-from ...errors import EntryError, NotForThisCpu
 from ...kinds import EntryKind
 from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
-from .entries import (
-    DATA_DEPENDENT,
-    NOT_FASTER,
-    refusal_entry,
-    usable_library,
-    warn_not_for_this_cpu,
-)
+from .entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry
 from .pickup import PendingFunction
 from .platform import fusable_here, fused_key, source_key
 from .queue import FuseQueue, start_worker
-from .runner import FusedFunction, load_runner, mismatch
-from .verdicts import RTOL, keep_verdict, verdict_held
+from .runner import load_runner
+from .slot import LibrarySlot, SlotCounters
 
 if TYPE_CHECKING:
     from ..cache import GraphCache
@@ -73,6 +66,8 @@ __all__ = ["FusedTier", "built_within", "fuse_graph", "in_a_clean_thread"]
 logger = logging.getLogger("ltc_cache.fused")
 
 _T = TypeVar("_T")
+
+_COUNTERS = SlotCounters(loads=FUSED_LOADS, checks=FUSED_CHECKS, refused=FUSED_REFUSED)
 
 class FusedTier:
     """The fused libraries of one :class:`~ltc_cache.graph.cache.GraphCache`."""
@@ -143,48 +138,13 @@ class FusedTier:
                 script: GraphFunction) -> GraphFunction:
         """The library of the fused entry ``stored``, loaded, or ``script``
         where it has none to be used."""
-        secret = program_secret(self._cache.config.secret, self._cache.config.directory)
-        source = source_key(entry)
-        try:
-            library = usable_library(stored, secret, source)
-        except NotForThisCpu as exc:  # a miss here, never replaced: no rebuild loop
-            warn_not_for_this_cpu(entry.graph_name, exc)
+        slot = LibrarySlot(self._cache, key, entry, entry.graph_name, _COUNTERS,
+                           instead="replaying with TorchScript",
+                           quiet=(NOT_FASTER, DATA_DEPENDENT), refused_warning="fused-refused")
+        library = slot.library(stored)
+        if library is None:
             return script
-        except EntryError as exc:
-            self._cache.drop_entry(key, str(exc), remade="compiled")
-            return script
-        if library is None:  # refused: not faster, data-dependent (silently), or a failure
-            reason = str(stored.payload.get("reason", ""))
-            if not reason.startswith((NOT_FASTER, DATA_DEPENDENT)):
-                warn_once("fused-refused", f"no fused library for {entry.graph_name} "
-                          f"({entry.key[:12]}): {reason[:300]}; replaying with TorchScript "
-                          "(`ltc-cache show` and `ltc-cache fuse --retry`)")
-            return script
-        # Verified by usable_library, and covering the bytes: what a verdict is given for.
-        signature = bytes(stored.payload["hmac"])
-        checked = verdict_held(self._cache, key.digest, source, signature)
-        runner = load_runner(library.data)
-        count_event(FUSED_LOADS)
-        return FusedFunction(runner, script, aliases=library.aliases, restride=library.restride,
-                             checked=checked,
-                             check=lambda expected, got, error: self._checked(
-                                 entry, key, signature, expected, got, error))
-
-    def _checked(self, entry: Entry, key: CacheKey, signature: bytes, expected: Sequence[Any],
-                 got: Sequence[Any] | None, error: Exception | None) -> bool:
-        """The verdict on a library's first call (or a call where it
-        raised): kept where its outputs match TorchScript's, refused for
-        good where they differ or it raised."""
-        count_event(FUSED_CHECKS)
-        problem = mismatch(expected, got, rtol=RTOL, error=error)
-        if problem is None:
-            keep_verdict(self._cache, key.digest, source_key(entry), signature)
-            return True
-        count_event(FUSED_REFUSED)
-        warn_once(f"fused:{key.digest}", f"the fused library of {entry.graph_name} "
-                  f"({entry.key[:12]}) is not used: {problem}; replaying with TorchScript")
-        self._cache.store_entry(refusal_entry(key, entry, f"on first use: {problem}"), key)
-        return False
+        return slot.function(stored, library, load_runner(library.data), script)
 
     def queue(self, key: str, counter: str = FUSED_QUEUED) -> str | None:
         """Queue the graph or plan stored under ``key`` for the background
