@@ -163,7 +163,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     matrix it cost Llama 1.39x eager and GPT-2 1.18x at hidden 256, sequence
     128 (1.00x and 1.03x fused), and it was no faster at the tests' tiny
     sizes; the fused kernel skips the masked half of causal attention
-    (``tools/bench_steady.py``, BENCHMARKS.md). Not causal either: a ViT
+    (``tools/bench/steady.py``, BENCHMARKS.md). Not causal either: a ViT
     training step at 197 tokens was 11-24% slower decomposed
     (docs/torch/ltc.md#flash-attention-stays-eager)."""
     from torch._decomp import get_decompositions

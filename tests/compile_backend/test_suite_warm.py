@@ -1,7 +1,7 @@
 """The first warm process of a training start captures nothing, runs no
 AOTAutograd and traces nothing, for one model of each family of PyTorch's
 benchmark suites (built by zoo/suite_models.py from tiny configs), cold
-then warm in child processes (tools/suite_child.py's child, one model after
+then warm in child processes (tools/bench/suite_child.py's child, one model after
 the other in each process, counted on its own: tests/children/suite.py), each
 checked against eager in its own process: loss and every gradient within
 1e-4 of the largest gradient. The whole suite is the benchmark's

@@ -1,4 +1,4 @@
-"""How ``python -m tools.bench_replay`` times its variants: interleaved
+"""How ``python -m tools.bench.replay`` times its variants: interleaved
 rounds, best and median per call, and the units of its tables."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The measured side of ``python -m tools.bench_compile``: what each fresh
+"""The measured side of ``python -m tools.bench.compile``: what each fresh
 child process runs (``--child MODEL BACKEND``), printing its report as one
-JSON line for the driver in tools/bench_compile.py."""
+JSON line for the driver in tools/bench/compile.py."""
 
 from __future__ import annotations
 

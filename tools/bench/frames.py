@@ -2,7 +2,7 @@
 ``ltc_cache.compile`` (a stored program of frames) against Inductor's warm
 start and ``torch.compile(backend="ltc_cache")``, side by side.
 
-    python -m tools.bench_frames [--repeats 1] [--skip-ddp] [--ranks 2] [--only ddp] [--markdown]
+    python -m tools.bench.frames [--repeats 1] [--skip-ddp] [--ranks 2] [--only ddp] [--markdown]
                                  [--results]   # its rows into benchmarks/results/frames.json
 
 Scenarios, each one training step (forward, backward, AdamW) timed from the
@@ -106,7 +106,7 @@ def child(scenario: str, mode: str) -> None:
 
 
 def run_scenario(scenario: str, mode: str, directory: Path) -> dict:
-    return run_child(tool_argv("bench_frames", "--child", scenario, mode), child_env(directory))
+    return run_child(tool_argv("bench.frames", "--child", scenario, mode), child_env(directory))
 
 
 def run_ddp(mode: str, directory: Path, port: int, ranks: int) -> dict:
@@ -195,7 +195,7 @@ def results_rows(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_frames",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.frames",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("SCENARIO", "MODE"))
     parser.add_argument("--repeats", type=int, default=1)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(*args.child)
         return 0
-    recorder = Recorder.from_args("tools.bench_frames", args, argv)
+    recorder = Recorder.from_args("tools.bench.frames", args, argv)
     scenarios = ["gpt2", "branchy", f"ddp{args.ranks}"]
     if args.skip_ddp:
         scenarios.pop()

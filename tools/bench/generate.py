@@ -3,10 +3,10 @@ processes, side by side: serving ``generate()`` (by default), one forward
 call per sequence length (``--forward``), and training on batches of
 varying length (``--train``).
 
-    python -m tools.bench_generate [--models gpt2,llama] [--requests 32] [--new 32] [--json]
-    python -m tools.bench_generate --forward [--models gpt2,llama]
+    python -m tools.bench.generate [--models gpt2,llama] [--requests 32] [--new 32] [--json]
+    python -m tools.bench.generate --forward [--models gpt2,llama]
                                    [--compile program,torch,inductor] [--lengths 5,8,11]
-    python -m tools.bench_generate --train [--models gpt2,llama]
+    python -m tools.bench.generate --train [--models gpt2,llama]
 
 ``--results`` writes the serving rows into benchmarks/results/generate.json
 (a table per model) and, with ``--forward``, the first requests into
@@ -92,7 +92,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.generate_lengths import (
+from tools.bench.generate_lengths import (
     COMPILERS,
     LENGTHS,
     forward_results,
@@ -126,7 +126,7 @@ def prompt_lengths(requests: int, new_tokens: int) -> tuple[list[int], list[int]
 
 
 def _env(directory: Path) -> dict[str, str]:
-    """bench_compile's measured environment, with the default thread count
+    """tools.bench.compile's measured environment, with the default thread count
     (the workers set their own)."""
     env = child_env(directory)
     env.pop("OMP_NUM_THREADS", None)
@@ -214,7 +214,7 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
 def run_worker(model: str, route: str, lengths: list[int], new_tokens: int,
                env: dict[str, str]) -> dict[str, Any]:
     started = time.time()
-    return run_child(tool_argv("bench_generate", "--worker", model, route,
+    return run_child(tool_argv("bench.generate", "--worker", model, route,
                                ",".join(map(str, lengths)), str(new_tokens), repr(started)),
                      env, timeout=3600)
 
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         model, compiler, lengths = argv[1:4]
         print(json.dumps(forward_worker(model, compiler, [int(n) for n in lengths.split(",")])))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_generate",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.generate",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2",
                         help="comma-separated, from zoo/generate_models.py's MODELS (--forward: "
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser, "generate", "lengths")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    recorder = Recorder.from_args("tools.bench_generate", args, argv)
+    recorder = Recorder.from_args("tools.bench.generate", args, argv)
     if recorder and (args.train or (args.forward and len(models) != 1)):
         parser.error("--results: serving (generate.json) or --forward of one model "
                      "(lengths.json)")

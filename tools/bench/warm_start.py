@@ -1,8 +1,8 @@
 """Warm start against cold start and against its floor, in fresh processes.
 
-    python -m tools.bench_warm_start                  # every section
-    python -m tools.bench_warm_start --sections extract --repeats 7
-    python -m tools.bench_warm_start --sections compile --model mlp32
+    python -m tools.bench.warm_start                  # every section
+    python -m tools.bench.warm_start --sections extract --repeats 7
+    python -m tools.bench.warm_start --sections compile --model mlp32
 
 Sections (each process imports torch and ltc_cache and builds the model
 before the clock starts; the time is from the call to the first result):
@@ -259,7 +259,7 @@ def compile_section(model: str, width: int, repeats: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_warm_start",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.warm_start",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["extract", "compile"])
     parser.add_argument("--model", default="mlp128")

@@ -1,11 +1,11 @@
-"""A user's ``train.py``, as ``tools.bench_first_run`` runs it in fresh
+"""A user's ``train.py``, as ``tools.bench.first_run`` runs it in fresh
 processes: the small GPT of zoo/small_gpt.py (or GPT-2 small's shape)
 trained with AdamW for ``--steps`` iterations, eagerly, through Inductor
 (``torch.compile``) or through ``ltc_cache.compile``, at torch's default
 thread count. Prints one JSON line: when each iteration ended, as seconds
 since the process started (its start time from /proc), and the losses.
 
-    python -m tools.first_run_child --compile ltc --steps 40 [--model gpt2-small]
+    python -m tools.bench.first_run_child --compile ltc --steps 40 [--model gpt2-small]
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Steady-state replay, side by side in one run, as ratios.
 
-    python -m tools.bench_replay                       # every section
-    python -m tools.bench_replay --sections steady --models mlp32
-    python -m tools.bench_replay --sections wrapper lookup memory
-    python -m tools.bench_replay --sections steady --clock cpu  # busy machine
+    python -m tools.bench.replay                       # every section
+    python -m tools.bench.replay --sections steady --models mlp32
+    python -m tools.bench.replay --sections wrapper lookup memory
+    python -m tools.bench.replay --sections steady --clock cpu  # busy machine
 
 Sections:
 
@@ -45,15 +45,15 @@ from collections.abc import Callable
 
 import torch
 
-from tools.replay_memory import memory
-from tools.replay_overheads import executor, lookup, wrapper
-from tools.replay_steady import steady
+from tools.bench.replay.memory import memory
+from tools.bench.replay.overheads import executor, lookup, wrapper
+from tools.bench.replay.steady import steady
 
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_replay",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.replay",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sections", nargs="+", default=["steady", "executor", "wrapper",
                                                           "lookup", "memory"])

@@ -1,8 +1,8 @@
 """How long `ltc-cache ls` and `stats` take on a large cache, side by side.
 
-    python -m tools.bench_cli                 # 10,000 entries
-    python -m tools.bench_cli --entries 2000 --runs 9
-    python -m tools.bench_cli --runs 9 --results   # into benchmarks/results/cli.json
+    python -m tools.bench.cli                 # 10,000 entries
+    python -m tools.bench.cli --entries 2000 --runs 9
+    python -m tools.bench.cli --runs 9 --results   # into benchmarks/results/cli.json
 
 Fills a fresh directory with real-shaped entries (one real extraction of an
 MLP, re-encoded under distinct keys and names through DiskStore.put, so the
@@ -133,13 +133,13 @@ def decode_everything(directory: Path) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_cli",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.cli",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5, help="runs per measurement (median)")
     add_arguments(parser, "cli")
     args = parser.parse_args()
-    recorder = Recorder.from_args("tools.bench_cli", args)
+    recorder = Recorder.from_args("tools.bench.cli", args)
 
     from ltc_cache.report import scan
     from ltc_cache.store import DiskStore, ReadOnlyDiskStore

@@ -2,8 +2,8 @@
 process, per model: backend="ltc_cache" beside backend="inductor" with its
 own caches on (FX graph cache and AOTAutograd cache), in one run.
 
-    python -m tools.bench_compile [--models gpt2,cnn] [--repeats 3] [--markdown] [--train]
-    python -m tools.bench_compile --program [--models gpt2,mlp128] [--repeats 1] [--train]
+    python -m tools.bench.compile [--models gpt2,cnn] [--repeats 3] [--markdown] [--train]
+    python -m tools.bench.compile --program [--models gpt2,mlp128] [--repeats 1] [--train]
         [--results]   # its rows into benchmarks/results/program.json
 
 Every measurement is a fresh Python process. "cold" starts with empty cache
@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.compile_child import child, program_child
+from tools.bench.compile_child import child, program_child
 from tools.harness import (
     add_runs,
     child_env,
@@ -68,7 +68,7 @@ def cold_and_warm(model: str, backend: str, scratch: Path, train: bool = False,
     """A cold process then a warm one of ``model`` through ``backend`` (with
     ``program``: a mode of --program), over new directories in ``scratch``."""
     env = child_env(Path(tempfile.mkdtemp(prefix=f"{backend}-", dir=scratch)))
-    argv = tool_argv("bench_compile", "--child", model, backend,
+    argv = tool_argv("bench.compile", "--child", model, backend,
                      *(["--train"] if train else []), *(["--program"] if program else []))
     return cold_then_warm(argv, env)
 
@@ -211,7 +211,7 @@ def results_rows(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_compile",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.compile",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help="comma-separated (default: "
                         + ",".join(MODELS) + "; with --train: " + ",".join(TRAIN_MODELS)
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             child(*options.child, train=options.train)
         return 0
     started = time.time()
-    recorder = Recorder.from_args("tools.bench_compile", options, argv)
+    recorder = Recorder.from_args("tools.bench.compile", options, argv)
     default = PROGRAM_MODELS if options.program else TRAIN_MODELS if options.train else MODELS
     models = [m for m in (options.models or ",".join(default)).split(",") if m]
     if options.program:

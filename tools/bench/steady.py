@@ -2,7 +2,7 @@
 ltc_cache beside eager (and Inductor), per-call times measured in one
 process, interleaved, and a profile of where each spends its time.
 
-    python -m tools.bench_steady [--models gpt2,bert,llama,t5] [--size mid]
+    python -m tools.bench.steady [--models gpt2,bert,llama,t5] [--size mid]
                                  [--threads 1] [--rounds 15] [--inductor] [--profile]
                                  [--train] [--clock cpu] [--ab CHANGE] [--warm]
 
@@ -294,7 +294,7 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_steady",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.steady",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,bert,llama,t5")
     parser.add_argument("--size", choices=sorted(SIZES), default="mid")

@@ -24,7 +24,7 @@ COLUMNS = [{"key": "model", "label": "model"},
 
 
 def recorder(directory: Path, *args: str) -> results.Recorder:
-    return results.Recorder("tools.bench_made_up", ["--fast", *args], directory)
+    return results.Recorder("tools.bench.made_up", ["--fast", *args], directory)
 
 
 def test_a_new_file_follows_the_schema_and_names_its_run(tmp_path):
@@ -34,7 +34,7 @@ def test_a_new_file_follows_the_schema_and_names_its_run(tmp_path):
         threads=1, describe=DESCRIBE)
     doc = json.loads(path.read_text())
     assert render.validate(doc, "made_up") == []
-    assert doc["command"] == "python -m tools.bench_made_up --fast"
+    assert doc["command"] == "python -m tools.bench.made_up --fast"
     assert doc["commit_basis"] == "stated" and render.COMMIT.match(doc["commit"])
     assert render.DATE.match(doc["date"]) and doc["machine"]["threads"] == 1
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["cpu"]
@@ -51,7 +51,7 @@ def test_writing_a_table_replaces_it_and_keeps_the_others(tmp_path):
     # An earlier run's provenance, as a committed file has it.
     path = tmp_path / "made_up.json"
     doc = json.loads(path.read_text())
-    doc.update(commit="abc1234", date="2026-01-02", command="python -m tools.bench_made_up")
+    doc.update(commit="abc1234", date="2026-01-02", command="python -m tools.bench.made_up")
     doc["tables"][1]["notes"] = ["a note"]
     path.write_text(results.dumps(doc))
 
@@ -63,7 +63,7 @@ def test_writing_a_table_replaces_it_and_keeps_the_others(tmp_path):
     assert a["id"] == "a" and a["rows"] == [{"model": "gpt2", "warm_s": 0.5}]
     # The kept table names the run that measured it; the file names this one.
     assert a["commit"] == "abc1234" and a["date"] == "2026-01-02"
-    assert doc["command"] == "python -m tools.bench_made_up --fast --only-b"
+    assert doc["command"] == "python -m tools.bench.made_up --fast --only-b"
     assert doc["commit"] != "abc1234"
     assert b["columns"] == COLUMNS and b["notes"] == ["a note"]
     assert b["rows"] == [{"model": "bert", "warm_s": 0.25}] and "commit" not in b
@@ -101,11 +101,11 @@ def test_the_render_script_renders_what_was_written(tmp_path):
         "<!-- table: cli/commands -->\n<!-- end -->\n", written)
     assert seen == {"cli/commands"}
     assert "| `ls` | 9.87 | 1.00 | 0.50 |" in page
-    assert "python -m tools.bench_made_up --fast" in page and "at `" in page
+    assert "python -m tools.bench.made_up --fast" in page and "at `" in page
 
 
 def test_the_command_line_leaves_out_where_the_rows_went():
-    line = results.command_line("tools.bench_x", ["--results", "--results-dir", "/tmp/x",
+    line = results.command_line("tools.bench.x", ["--results", "--results-dir", "/tmp/x",
                                                   "--rows", "a/*,b", "--results-dir=/y"],
                                 prefix="MALLOC_MMAP_THRESHOLD_=65536")
-    assert line == "MALLOC_MMAP_THRESHOLD_=65536 python -m tools.bench_x --rows 'a/*,b'"
+    assert line == "MALLOC_MMAP_THRESHOLD_=65536 python -m tools.bench.x --rows 'a/*,b'"

@@ -3,10 +3,10 @@ transformers' ``Trainer`` (``examples/trainer.py``) and a hand-written
 loop whose first iteration is an evaluation plus the first step; or
 (``--example``) the README's training command, ``examples/train.py``.
 
-    python -m tools.bench_trainer [--models gpt2,bert] [--steps 6] [--pairs 1]
+    python -m tools.bench.trainer [--models gpt2,bert] [--steps 6] [--pairs 1]
         [--modes ltc_cache,inductor,eager] [--script-modes ltc_cache,torch,inductor,eager]
-    python -m tools.bench_trainer --steps 6 --results   # into benchmarks/results/trainer.json
-    python -m tools.bench_trainer --example [--pairs 3] [--steps 3] [--compile ltc_cache|torch]
+    python -m tools.bench.trainer --steps 6 --results   # into benchmarks/results/trainer.json
+    python -m tools.bench.trainer --example [--pairs 3] [--steps 3] [--compile ltc_cache|torch]
 
 Each (loop, model, mode) gets new scratch directories (ltc_cache's cache,
 the program signing key, Inductor's caches with its FX graph and
@@ -118,7 +118,7 @@ def train_example(pairs: int, steps: int, compiler: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_trainer",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.trainer",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,bert")
     parser.add_argument("--modes", default="ltc_cache,inductor,eager")
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --example: what compiles the model")
     add_arguments(parser, "trainer")
     args = parser.parse_args(argv)
-    recorder = Recorder.from_args("tools.bench_trainer", args, argv)
+    recorder = Recorder.from_args("tools.bench.trainer", args, argv)
     if recorder and args.example:
         parser.error("--results writes the loops table; --example has none")
     steps, pairs = (3, 3) if args.example else (6, 1)

@@ -1,4 +1,4 @@
-"""``python -m tools.bench_generate --forward`` and ``--train``: first calls
+"""``python -m tools.bench.generate --forward`` and ``--train``: first calls
 over sequence lengths a cold process met and a warm one did not, forward
 (the ``--forward-worker`` child here) and training (tests/children/lengths.py
 in fresh processes); their tables and lengths.json's rows."""
@@ -66,7 +66,7 @@ def forward_worker(model_name: str, compiler: str, lengths: list[int]) -> dict[s
 
 
 def forward_argv(model: str, compiler: str, lengths: list[int]) -> list[str]:
-    return tool_argv("bench_generate", "--forward-worker", model, compiler,
+    return tool_argv("bench.generate", "--forward-worker", model, compiler,
                      ",".join(map(str, lengths)))
 
 

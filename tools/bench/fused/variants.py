@@ -1,4 +1,4 @@
-"""The rows of ``python -m tools.bench_fused`` and, in its child processes,
+"""The rows of ``python -m tools.bench.fused`` and, in its child processes,
 each row's model and variants (eager, the TorchScript tier, the fused tier,
 Inductor): a unit of work per variant (a call, a training step, a
 ``generate()`` request), set up warm, timed in interleaved rounds."""
@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from tools.bench_compile import MODELS as TINY_MODELS
-from tools.bench_compile import TRAIN_MODELS as TINY_TRAIN_MODELS
+from tools.bench.compile import MODELS as TINY_MODELS
+from tools.bench.compile import TRAIN_MODELS as TINY_TRAIN_MODELS
 
-STEADY_MODELS = ("gpt2", "bert", "llama", "t5")  # bench_steady's default --models
+STEADY_MODELS = ("gpt2", "bert", "llama", "t5")  # tools.bench.steady's default --models
 GENERATE_MODELS = ("gpt2", "llama")
 PROMPT_LENGTH = 8
 LABELS = ("eager", "ts", "fused", "inductor")

@@ -5,7 +5,7 @@ TorchScript (``LTC_CACHE_FUSE=off``), ltc_cache with its fused libraries,
 and Inductor, side by side in one process, interleaved (A B C D, B C D A,
 ...), all warm.
 
-    python -m tools.bench_fused [--rows PATTERNS] [--models NAMES] [--modes infer,train]
+    python -m tools.bench.fused [--rows PATTERNS] [--models NAMES] [--modes infer,train]
                                 [--threads 1|default|both] [--rounds 15] [--round-ms 50]
                                 [--cache DIR] [--reprepare] [--no-first-call]
                                 [--prepare off|sync] [--clock auto|wall|cpu] [--new 32]
@@ -17,19 +17,19 @@ refreshing the rows it measured.
 
 Rows (``--rows``: comma-separated ``fnmatch`` patterns over their names):
 
-- ``steady/{gpt2,bert,llama,t5}/infer``: tools/bench_steady.py's models at
+- ``steady/{gpt2,bert,llama,t5}/infer``: tools/bench/steady.py's models at
   ``--size mid`` (zoo/sized_models.py: hidden 256, 4 layers, sequence 128,
   batch 2);
 - ``smallgpt/smallgpt/train``: the small GPT (zoo/small_gpt.py), one
   forward, backward and AdamW step;
-- ``tiny/MODEL/infer`` and ``tiny/MODEL/train``: tools/bench_compile.py's
+- ``tiny/MODEL/infer`` and ``tiny/MODEL/train``: tools/bench/compile.py's
   tiny models (zoo/compile_models.py), inference for all, a training
   step for its training models;
-- ``suite/MODEL/{infer,train}``: the suite's models at bench_suite's tiny
+- ``suite/MODEL/{infer,train}``: the suite's models at tools.bench.suite's tiny
   sizes (zoo/suite_models.py); ``--models`` and ``--modes`` filter them;
 - ``generate/{gpt2,llama}/decode``: ``generate()`` with transformers' static
   cache (zoo/generate_models.py, ``model.forward`` compiled as
-  tools/bench_generate.py does), ms per decoded token, tokens per second.
+  tools/bench/generate.py does), ms per decoded token, tokens per second.
 
 Inference runs in ``eval()`` under ``no_grad``; a training step is the
 mean square of the main output, backward, AdamW (each variant on a copy of
@@ -88,9 +88,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.fused_child import child
-from tools.fused_report import clock_of, report, write_results
-from tools.fused_variants import Row, all_rows
+from tools.bench.fused.child import child
+from tools.bench.fused.report import clock_of, report, write_results
+from tools.bench.fused.variants import Row, all_rows
 from tools.harness import child_env, tool_argv
 from tools.results import Recorder, add_arguments
 
@@ -101,7 +101,7 @@ CHILD_TIMEOUT = 3600
 
 
 def row_env(directory: Path, threads: str, cache: Path) -> dict[str, str]:
-    """bench_compile's measured environment over ``directory`` (ltc_cache,
+    """tools.bench.compile's measured environment over ``directory`` (ltc_cache,
     Inductor, the program key), the bytecode cached once for all rows, at
     ``threads``. Every process of a row gets the same TORCHINDUCTOR_*
     variables: they are part of a library's key."""
@@ -117,7 +117,7 @@ def run_child(spec: dict[str, Any], env: dict[str, str], log: Path | None = None
               ) -> tuple[dict[str, Any], float]:
     """A child's JSON report (or its failure, the end of its stderr) and its seconds."""
     started = time.perf_counter()
-    proc = subprocess.run(tool_argv("bench_fused", "--child", json.dumps(spec)),
+    proc = subprocess.run(tool_argv("bench.fused", "--child", json.dumps(spec)),
                           capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT)
     seconds = time.perf_counter() - started
     if log is not None:
@@ -186,7 +186,7 @@ def selected_rows(args: argparse.Namespace) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_fused",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.fused",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="*", help="comma-separated fnmatch patterns over "
                         "row names, e.g. 'smallgpt/*,tiny/cnn/infer' (default: all)")
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
-    recorder = Recorder.from_args("tools.bench_fused", args, argv)
+    recorder = Recorder.from_args("tools.bench.fused", args, argv)
     if recorder and args.threads == "default":
         parser.error("--results writes the one-thread rows: --threads 1 or both")
     rows = selected_rows(args)

@@ -1,7 +1,7 @@
 """DistributedDataParallel's steady step, ltc_cache against eager DDP, side
 by side in the same ranks.
 
-    python -m tools.bench_ddp [--ranks 2,4] [--rounds 8] [--steps 4] [--bucket-mb MB] [--markdown]
+    python -m tools.bench.ddp [--ranks 2,4] [--rounds 8] [--steps 4] [--bucket-mb MB] [--markdown]
                               [--results]   # its rows into benchmarks/results/ddp.json
 
 For each world size, ``torchrun`` starts that many gloo ranks (CPU, one
@@ -130,7 +130,7 @@ def run_ranks(ranks: int, directory: Path, port: int, argv: list[str]) -> list[d
     out = Path(tempfile.mkdtemp(dir=directory))
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     proc = subprocess.run([torchrun, f"--nproc_per_node={ranks}", f"--master_port={port}",
-                           "-m", "tools.bench_ddp", "--rank-out", str(out), *argv],
+                           "-m", "tools.bench.ddp", "--rank-out", str(out), *argv],
                           capture_output=True, text=True, env=child_env(directory), timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-4000:])
@@ -199,7 +199,7 @@ def results_rows(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_ddp",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.ddp",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--rounds", type=int, default=8)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank-out", type=Path, help=argparse.SUPPRESS)
     add_arguments(parser, "ddp")
     args = parser.parse_args(argv)
-    recorder = None if args.rank_out else Recorder.from_args("tools.bench_ddp", args, argv)
+    recorder = None if args.rank_out else Recorder.from_args("tools.bench.ddp", args, argv)
     if args.rank_out:
         rank_main(args.rank_out, args.rounds, args.steps, args.bucket_mb)
     passed = ["--rounds", str(args.rounds), "--steps", str(args.steps)]

@@ -1,6 +1,6 @@
 """FSDP2 training through ltc_cache against eager FSDP2 and Inductor.
 
-    python -m tools.bench_fsdp [--ranks 2,4] [--steps 6] [--layers 2] [--no-inductor]
+    python -m tools.bench.fsdp [--ranks 2,4] [--steps 6] [--layers 2] [--no-inductor]
                                [--results]   # its rows into benchmarks/results/fsdp.json
 
 For each number of ranks, torchrun launches of ``tests/children/fsdp.py``
@@ -125,7 +125,7 @@ def results_rows(rows: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_fsdp",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.fsdp",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--steps", type=int, default=6)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     add_arguments(parser, "fsdp")
     args = parser.parse_args(argv)
-    recorder = Recorder.from_args("tools.bench_fsdp", args, argv)
+    recorder = Recorder.from_args("tools.bench.fsdp", args, argv)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for ranks in (int(r) for r in args.ranks.split(",")):

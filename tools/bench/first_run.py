@@ -1,10 +1,10 @@
-"""A user's first and second run: a ``train.py`` (tools/first_run_child.py,
+"""A user's first and second run: a ``train.py`` (tools/bench/first_run_child.py,
 the small GPT or GPT-2 small's shape) run as a user runs it, in fresh
 processes at torch's default thread count, eager, through Inductor cold
 then warm, and through ``ltc_cache.compile`` cold with the fused tier off,
 cold with the defaults, then warm. Times are from each process's start.
 
-    python -m tools.bench_first_run [--model small-gpt|gpt2-small] [--steps 40]
+    python -m tools.bench.first_run [--model small-gpt|gpt2-small] [--steps 40]
         [--variants eager,inductor,ltc-off,ltc] [--plot benchmarks/first_run.png] [--results]
 
 Per run: the first iteration's end, the median and the worst of the later
@@ -43,12 +43,12 @@ DESCRIBE = {
     "title": "A user's first and second run",
     "question": "Does a first run with the defaults step as fast as one without the fused "
                 "tier, and when are its libraries ready against Inductor's compile?",
-    "method": "`tools/first_run_child.py` (a train.py: the small GPT, or GPT-2 small's shape, "
-              "AdamW) in fresh processes at torch's default thread count; times from each "
+    "method": "`tools/bench/first_run_child.py` (a train.py: the small GPT, or GPT-2 small's "
+              "shape, AdamW) in fresh processes at torch's default thread count; times from each "
               "process's start; later iterations are those after the first.",
 }
 
-CHILD = [sys.executable, "-m", "tools.first_run_child"]
+CHILD = [sys.executable, "-m", "tools.bench.first_run_child"]
 
 
 def _env(directory: Path, **extra: str) -> dict[str, str]:
@@ -128,7 +128,7 @@ def plot(runs: dict[str, dict], path: Path, ready: float | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_first_run",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.first_run",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["small-gpt", "gpt2-small"], default="small-gpt")
     parser.add_argument("--steps", type=int, default=40)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None)
     add_arguments(parser, "first_run")
     args = parser.parse_args(argv)
-    recorder = Recorder.from_args("tools.bench_first_run", args, argv)
+    recorder = Recorder.from_args("tools.bench.first_run", args, argv)
     variants = args.variants.split(",")
     runs: dict[str, dict] = {}
     ready = counts = None

@@ -1,4 +1,4 @@
-"""``python -m tools.bench_replay --sections memory``: the peak RSS of a warm
+"""``python -m tools.bench.replay --sections memory``: the peak RSS of a warm
 process against an eager one, each a fresh subprocess."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m tools.bench_replay``'s sections on replay's own costs:
+"""``python -m tools.bench.replay``'s sections on replay's own costs:
 ``wrapper`` (the wrapper around a graph function), ``executor`` (the
 TorchScript executor's optimisation settings) and ``lookup`` (a hit
 against the number of entries in the disk store)."""
@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from tools.bench.replay.timing import interleaved, ms, us, without_optimize
 from tools.harness import table
-from tools.replay_timing import interleaved, ms, us, without_optimize
 from zoo.fx_models import TenInTenOut, build
 
 # ---------------------------------------------------------------- wrapper

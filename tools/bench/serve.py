@@ -1,8 +1,8 @@
 """Start-up of a serving fleet (examples/serve.py), cold against warm, side by side.
 
-    python -m tools.bench_serve                  # 1, 4 and 8 workers, GPT-2
-    python -m tools.bench_serve --workers 1 4 --model mlp
-    python -m tools.bench_serve --model gpt2 --results   # into benchmarks/results/fleet.json
+    python -m tools.bench.serve                  # 1, 4 and 8 workers, GPT-2
+    python -m tools.bench.serve --workers 1 4 --model mlp
+    python -m tools.bench.serve --model gpt2 --results   # into benchmarks/results/fleet.json
 
 For each fleet size, in one run: a cold start on an empty cache directory,
 a warm start on the directory the cold one filled and, where redis-server
@@ -87,13 +87,13 @@ def results_rows(model: str, rows: list[tuple[int, str, dict, float]]) -> list[d
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_serve",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.serve",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--model", default="gpt2")
     add_arguments(parser, "fleet")
     args = parser.parse_args()
-    recorder = Recorder.from_args("tools.bench_serve", args)
+    recorder = Recorder.from_args("tools.bench.serve", args)
     base = {k: v for k, v in os.environ.items() if not k.startswith("LTC_CACHE_")}
     base["LTC_CACHE_FUSE"] = "off"  # start-up of the replay tier, no background compiles
     rows = []

@@ -1,7 +1,7 @@
 """The models of PyTorch's Dynamo benchmark suites (zoo/suite_models.py)
 through ``ltc_cache.compile``, cold then warm in fresh processes.
 
-    python -m tools.bench_suite [--models ResNet,ViT] [--family hf|vision|timm]
+    python -m tools.bench.suite [--models ResNet,ViT] [--family hf|vision|timm]
                                 [--modes train,infer,ckpt,lengths] [--markdown] [--json FILE]
                                 [--inductor MODELS] [--repeat N] [--results]
 
@@ -53,16 +53,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.bench.suite_child import child
 from tools.harness import bytecode_as_installed, table, tool_argv, with_import_roots
 from tools.results import Recorder, add_arguments, numbers, two_figures
-from tools.suite_child import child
 
 
 def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache",
               lengths_seed: int = 1) -> dict:
     # LTC_CACHE_FUSE=off: the suite measures starts and what was traced; a
     # background fuse worker would compile beside the next child and write
-    # into the temporary directory as it is removed (bench_fused.py measures
+    # into the temporary directory as it is removed (tools.bench.fused measures
     # the fused tier).
     env = with_import_roots(bytecode_as_installed(
         {**os.environ, "LTC_CACHE_DIR": directory, "OMP_NUM_THREADS": "1",
@@ -70,7 +70,7 @@ def run_child(name: str, mode: str, directory: str, backend: str = "ltc_cache",
     if backend == "inductor":
         env.update(TORCHINDUCTOR_CACHE_DIR=directory, TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                    TORCHINDUCTOR_AUTOGRAD_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
-    proc = subprocess.run(tool_argv("bench_suite", "--child", name, mode, "--backend", backend,
+    proc = subprocess.run(tool_argv("bench.suite", "--child", name, mode, "--backend", backend,
                                     "--lengths-seed", str(lengths_seed)),
                           capture_output=True, text=True, env=env, timeout=1200)
     if proc.returncode != 0:
@@ -235,7 +235,7 @@ def write_suite(recorder: Recorder, results: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_suite",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.suite",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "MODE"))
     parser.add_argument("--backend", choices=["ltc_cache", "inductor"], default="ltc_cache",
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="write every result to this file")
     add_arguments(parser, "suite", "warm_start")
     options = parser.parse_args(argv)
-    recorder = None if options.child else Recorder.from_args("tools.bench_suite", options, argv)
+    recorder = None if options.child else Recorder.from_args("tools.bench.suite", options, argv)
     if options.child:
         print(json.dumps(child(*options.child, backend=options.backend,
                                lengths_seed=options.lengths_seed)))

@@ -1,4 +1,4 @@
-"""What ``python -m tools.bench_fused --child SPEC`` runs in a fresh process:
+"""What ``python -m tools.bench.fused --child SPEC`` runs in a fresh process:
 the cold preparing run, the fusing run, the measuring run and a warm first
 call, each reporting one JSON object (with the cache directory's
 inventory of regions and fused libraries) to the driver."""
@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from tools.fused_variants import (
+from tools.bench.fused.variants import (
     FUSE_MODES,
     LABELS,
     Row,

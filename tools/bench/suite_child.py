@@ -1,6 +1,6 @@
-"""The measured side of ``python -m tools.bench_suite``: one model and mode
+"""The measured side of ``python -m tools.bench.suite``: one model and mode
 in a fresh child process (``--child MODEL MODE``), its report one JSON line
-for the driver in tools/bench_suite.py (tests/children/suite.py runs it too)."""
+for the driver in tools/bench/suite.py (tests/children/suite.py runs it too)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Peak memory of one gradient-checkpointed training step, ltc_cache
 against eager, in a warm process.
 
-    MALLOC_MMAP_THRESHOLD_=65536 python -m tools.bench_ckpt_memory [--fused] [gpt2|llama ...]
+    MALLOC_MMAP_THRESHOLD_=65536 python -m tools.bench.ckpt_memory [--fused] [gpt2|llama ...]
 
 For each model (4 layers, hidden 256, batch 8 x 256 tokens, non-reentrant
 checkpointing), a cold process stores the program, then a warm one runs
@@ -91,7 +91,7 @@ def child(name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.bench_ckpt_memory",
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.ckpt_memory",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=["gpt2", "llama"], metavar="MODEL",
                         help="gpt2 and/or llama (default: both)")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         child(args.child)
         return 0
     threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_")
-    recorder = Recorder.from_args("tools.bench_ckpt_memory", args, argv,
+    recorder = Recorder.from_args("tools.bench.ckpt_memory", args, argv,
                                   prefix=f"MALLOC_MMAP_THRESHOLD_={threshold}" if threshold
                                   else "")
     fused = args.fused
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             env = child_env(Path(scratch))
             for process, fuse in (("cold", "sync"), ("warm", "background")):
                 env["LTC_CACHE_FUSE"] = fuse if fused else "off"
-                proc = subprocess.run(tool_argv("bench_ckpt_memory", "--child", name),
+                proc = subprocess.run(tool_argv("bench.ckpt_memory", "--child", name),
                                       capture_output=True, text=True, env=env, check=True)
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 ratio = result["ltc_cache"] / result["eager"]

@@ -1,4 +1,4 @@
-"""``python -m tools.bench_replay --sections steady``: one call of a cached
+"""``python -m tools.bench.replay --sections steady``: one call of a cached
 graph against eager, the original LTC replay and Inductor, what each
 rewrite of the stored IR bought, and the compute kernels' floor."""
 
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from tools.bench.replay.timing import interleaved, ms, ratio, without_optimize
 from tools.harness import table
-from tools.replay_timing import interleaved, ms, ratio, without_optimize
 from zoo.fx_models import build
 
 

@@ -1,4 +1,4 @@
-"""The tables of ``python -m tools.bench_fused`` (steady state; preparation
+"""The tables of ``python -m tools.bench.fused`` (steady state; preparation
 and warm first calls; the notes under them) and its ``--results`` rows
 (steady_state.json, suite_fused.json)."""
 
@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from tools.fused_variants import LABELS, TITLES, Row
+from tools.bench.fused.variants import LABELS, TITLES, Row
 from tools.harness import ratio, table
 from tools.results import Recorder, two_figures
 
