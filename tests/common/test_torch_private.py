@@ -228,6 +228,50 @@ def test_inductor_compiles_for_the_target_the_settings_name():
     assert cpp_builder._get_cpu_arch_cflags("g++") != [f"march={march}"]  # native, by default
 
 
+# -- TorchScript IR: ltc_cache/graph/torchscript_ir.py -------------------------------------------
+
+
+def test_torchscript_ir_reads_runs_and_prunes_what_entries_store():
+    """Pinned: stored IR parses back (tensor constants too, where asked),
+    becomes a function that runs, loses its dead nodes and pools its
+    constants; schemas parse; the executor's optimisation toggles."""
+    from ltc_cache.graph import torchscript_ir as ir
+
+    text = ("graph(%p0 : Tensor, %p1 : Tensor):\n"
+            "  %two : int = prim::Constant[value=2]()\n"
+            "  %also_two : int = prim::Constant[value=2]()\n"
+            "  %unused : Tensor = aten::mul(%p0, %two)\n"
+            "  %one : int = prim::Constant[value=1]()\n"
+            "  %sum : Tensor = aten::add(%p0, %p1, %one)\n"
+            "  return (%sum)\n")
+    graph = ir.parse_ir(text)
+    assert isinstance(graph, ir.Graph) and all(isinstance(n, ir.Node) for n in graph.nodes())
+    assert all(isinstance(v, ir.Value) for v in graph.inputs())
+    assert isinstance(next(graph.inputs()).type(), ir.TensorType)
+    ir.remove_dead_code(graph)
+    assert [n.kind() for n in graph.nodes()] == ["prim::Constant", "aten::add"]
+    fn = ir.function_from_graph("pinned", ir.parse_ir(text))
+    a, b = torch.ones(2), torch.full((2,), 2.0)
+    assert torch.equal(fn(a, b), a + b)
+    constant = ("graph(%p0 : Tensor):\n"
+                "  %c : Long(requires_grad=0, device=cpu) = prim::Constant[value={2}]()\n"
+                "  %one : int = prim::Constant[value=1]()\n"
+                "  %r : Tensor = aten::add(%p0, %c, %one)\n  return (%r)\n")
+    (node, *_) = ir.parse_ir(constant, tensor_constants=True).nodes()
+    assert node.output().toIValue().item() == 2
+    schema = ir.parse_schema("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) "
+                             "-> Tensor")
+    assert [a.name for a in schema.arguments] == ["self", "other", "alpha"]
+    assert isinstance(ir.ListType.ofInts(), ir.JitType)
+    assert isinstance(ir.ListType(ir.BoolType.get()).getElementType(), ir.BoolType)
+    before = ir.executor_optimize()
+    try:
+        ir.set_executor_optimize(not before)
+        assert ir.executor_optimize() is (not before)
+    finally:
+        ir.set_executor_optimize(before)
+
+
 # --- Dynamo's precompile and package: ltc_cache/dynamo_package.py -------------
 
 
