@@ -51,8 +51,8 @@ __all__ = ["HANDLED_BY", "KINDS", "EntryKind", "KindHandlers", "KindView", "Show
 class EntryKind(str, Enum):
     """A replayable graph (IR and layout), a negative entry (why LTC could
     not extract the graph, or why a program is not kept), a partitioning
-    plan (plan.py, joint.py), a whole program (program/entries.py), a
-    graph's fused library or why it has none (graph/fused/entries.py)."""
+    plan (plan.py, joint.py), a whole program (program/program_entries.py),
+    a graph's fused library or why it has none (graph/fused/library_entries.py)."""
 
     GRAPH = "graph"
     NEGATIVE = "negative"
@@ -75,11 +75,11 @@ KINDS = tuple(EntryKind)
 # Each kind's registration: "module:NAME", the module relative to this
 # package, NAME a KindHandlers in it.
 HANDLED_BY: Mapping[EntryKind, str] = MappingProxyType({
-    EntryKind.GRAPH: "graph.entry_kind:GRAPH",
-    EntryKind.NEGATIVE: "graph.entry_kind:NEGATIVE",
-    EntryKind.PLAN: "compile_backend.entry_kind:PLAN",
-    EntryKind.PROGRAM: "program.entry_kind:PROGRAM",
-    EntryKind.FUSED: "graph.fused.entry_kind:FUSED",
+    EntryKind.GRAPH: "graph.graph_kind:GRAPH",
+    EntryKind.NEGATIVE: "graph.graph_kind:NEGATIVE",
+    EntryKind.PLAN: "compile_backend.plan_kind:PLAN",
+    EntryKind.PROGRAM: "program.program_kind:PROGRAM",
+    EntryKind.FUSED: "graph.fused.fused_kind:FUSED",
 })
 
 

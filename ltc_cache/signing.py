@@ -3,7 +3,7 @@ libraries): the fleet's ``LTC_CACHE_SECRET``, or
 a per-user key kept outside the cache directory (mode 0600), created on
 first use. A program's artifact (a pickle) and a fused library (machine
 code) are loaded only once their HMAC-SHA256 signature under this key
-holds (:mod:`ltc_cache.program.entries`, :mod:`ltc_cache.graph.fused.entries`)."""
+holds (:mod:`ltc_cache.program.program_entries`, :mod:`ltc_cache.graph.fused.library_entries`)."""
 
 from __future__ import annotations
 

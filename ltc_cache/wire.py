@@ -65,7 +65,7 @@ MAX_ENTRY_BYTES = 1 << 30
 
 # Internal records: store keys under RECORD_PREFIX are never entry keys.
 RECORD_PREFIX = "ltc_cache:"
-NAMES_PREFIX = RECORD_PREFIX + "names:"  # + graph name: names.py
+NAMES_PREFIX = RECORD_PREFIX + "names:"  # + graph name: graph/miss_reasons.py
 NAMES_FORMAT = "ltc_cache.names"
 # The op-support record (support.py).
 SUPPORT_RECORD_FORMAT = "ltc_cache.op-support"

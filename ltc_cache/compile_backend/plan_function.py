@@ -26,7 +26,7 @@ from ..counter_names import (
 )
 from ..diagnostics import warn_once
 from ..graph.entry import Entry
-from ..graph.fused.entries import DATA_DEPENDENT, NOT_FASTER
+from ..graph.fused.library_entries import DATA_DEPENDENT, NOT_FASTER
 from ..graph.fused.platform import fusable_here
 from ..graph.fused.runner import FusedFunction, load_runner
 from ..graph.fused.slot import LibrarySlot, SlotCounters

@@ -16,7 +16,7 @@ A plan has one library per graph: ``inference``, or ``forward`` and
 :func:`~.platform.fused_key` of the plan's key (what ``ltc-cache fuse``
 and the worker's queue know the plan by), the backward's under a key
 derived from it; each is signed, verified and refused as a graph's
-library is (:mod:`.entries`). A library is kept only where it is faster
+library is (:mod:`ltc_cache.graph.fused.library_entries`). A library is kept only where it is faster
 than the per-region path of the same plan on inputs laid out as the
 plan's; :mod:`.plan_function` runs it, its first call in a process
 compared with that path.
@@ -50,7 +50,7 @@ import torch
 
 from ..errors import LtcCacheError
 from ..graph.entry import Entry
-from ..graph.fused.entries import fused_entry, refusal_entry
+from ..graph.fused.library_entries import fused_entry, refusal_entry
 from ..graph.fused.platform import compiler_id, fused_key
 from ..graph.keys import CacheKey, derived_key
 from ..kinds import EntryKind

@@ -130,7 +130,7 @@ class GraphCache:
                     self.record(MISSES, key.digest)
                     model = _built(model)
                     graph_name = name or type(model).__name__
-                    from .names import explain_miss
+                    from .miss_reasons import explain_miss
 
                     logger.info("miss %s (%s): %s", key.digest[:12], graph_name,
                                 explain_miss(store, key, graph_name))
@@ -306,7 +306,7 @@ class GraphCache:
 
     def _remember_name(self, store: Store, key: CacheKey, graph_name: str) -> None:
         if not self._readonly:
-            from .names import remember_name
+            from .miss_reasons import remember_name
 
             remember_name(store, key, graph_name)
 

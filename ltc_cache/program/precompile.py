@@ -2,7 +2,7 @@
 warm start skips Dynamo too.
 
 The first call with a new input layout looks up a **program** for it
-(:mod:`ltc_cache.program.entries`): what Dynamo's AOT precompile
+(:mod:`ltc_cache.program.program_entries`): what Dynamo's AOT precompile
 (``torch.compile(fn, fullgraph=True).aot_compile``) made of the function, its
 transformed bytecode, its guards, and the FX graph the ltc_cache backend
 compiles. A hit loads it with no capture and no trace: the graph goes

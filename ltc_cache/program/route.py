@@ -15,8 +15,8 @@ import torch
 from ..errors import UncacheableGraph
 from ..graph.cache import GraphCache, default_cache
 from ..graph.keys import CacheKey
-from .entries import program_key
 from .fallback import TorchCompileFallback
+from .program_entries import program_key
 
 __all__ = ["Call", "Program", "Route", "Target"]
 

@@ -33,11 +33,11 @@ from .capture import (
     source_records,
 )
 from .describe import changed_source, code_record
-from .entries import negative_program_entry, program_entry, program_parts
 from .frames import FramesRoute, breaks_the_graph
 from .guards import Checks, GuardFilter
 from .load_costs import loading
 from .loaded import LoadedProgram
+from .program_entries import negative_program_entry, program_entry, program_parts
 from .program_graph import LtcProgramGraph, program_backend
 from .route import Call, Program, Target
 

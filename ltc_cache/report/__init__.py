@@ -21,18 +21,9 @@ calls that decode entries, compile or need torch's version, so ``ls`` and
 ``stats`` never do.
 """
 
-from ..graph.fused.entry_kind import FusedInfo, check_fused, fused_info, signature_str
+from ..graph.fused.fused_kind import FusedInfo, check_fused, fused_info, signature_str
 from .bundles import ImportReport, export_bundle, import_bundle
 from .deletion import DeletePlan, plan_clear, plan_prune, remove_free_lock_files
-from .entries import (
-    EntryProblem,
-    Progress,
-    VerifyReport,
-    describe_source,
-    kind_view,
-    load_entry,
-    verify,
-)
 from .fused import FuseOutcome, FuseTarget, fuse_one, plan_fuse
 from .listing import CacheReport, EntryInfo, scan
 from .selection import (
@@ -42,6 +33,15 @@ from .selection import (
     parse_filter,
     resolve_key,
     sort_entries,
+)
+from .show_and_verify import (
+    EntryProblem,
+    Progress,
+    VerifyReport,
+    describe_source,
+    kind_view,
+    load_entry,
+    verify,
 )
 from .stats import STAT_LABELS, STAT_NAMES, KindTotal, StatsReport, collect_stats
 

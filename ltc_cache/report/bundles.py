@@ -11,7 +11,7 @@ from ..errors import EntryError
 from ..store.bundle import BundleError, read_bundle, write_bundle
 from ..store.disk import DiskStore
 from ..wire import is_entry_key
-from .entries import EntryProblem, Progress, decode_entry
+from .show_and_verify import EntryProblem, Progress, decode_entry
 
 __all__ = ["ImportReport", "export_bundle", "import_bundle"]
 

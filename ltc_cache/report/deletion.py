@@ -11,8 +11,8 @@ from pathlib import Path
 from ..graph.fused.cpu_isa import missing_features
 from ..store.disk import DiskStore
 from ..units import format_size
-from .entries import Progress
 from .listing import CacheReport, EntryInfo
+from .show_and_verify import Progress
 
 __all__ = ["DeletePlan", "plan_clear", "plan_prune", "remove_free_lock_files"]
 

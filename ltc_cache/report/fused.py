@@ -1,6 +1,6 @@
 """``ltc-cache fuse``: compile the fused libraries of stored graphs ahead.
 What ``show`` and ``verify`` say of a fused entry is its kind's
-(ltc_cache/graph/fused/entry_kind.py).
+(ltc_cache/graph/fused/fused_kind.py).
 
 torch is imported inside the calls that compile, key or decode, never at
 import: ``ls`` and ``stats`` import this package.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import EntryError
-from ..graph.fused.entry_kind import FusedInfo, fused_info
+from ..graph.fused.fused_kind import FusedInfo, fused_info
 from ..kinds import EntryKind, handlers_of
 from ..signing import program_secret
 from ..store.disk import DiskStore
@@ -151,7 +151,7 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
 def _unusable(cache: GraphCache, stored: Entry, source: str) -> str | None:
     """Why a stored fused entry would never be used here (another graph's,
     malformed, signed with another key, for another CPU), or None."""
-    from ..graph.fused.entries import usable_library
+    from ..graph.fused.library_entries import usable_library
 
     try:
         usable_library(stored, program_secret(cache.config.secret, cache.config.directory),

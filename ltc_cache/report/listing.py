@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..graph.fused.cpu_isa import isa_runs_here
-from ..graph.fused.entry_kind import REFUSAL
+from ..graph.fused.fused_kind import REFUSAL
 from ..kinds import EntryKind, handlers_of
 from ..store.disk import DiskStore
 from ..store.ledger import EntryRecord

@@ -34,7 +34,7 @@ from ltc_cache.cli import main
 from ltc_cache.config import CacheConfig
 from ltc_cache.graph.cache import GraphCache, default_cache
 from ltc_cache.graph.entry import Entry, decode, encode
-from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
+from ltc_cache.graph.fused.library_entries import fused_entry, library_of, refusal_entry
 from ltc_cache.graph.fused.platform import fused_key, machine_isa, source_key
 from ltc_cache.graph.keys import CacheKey
 from ltc_cache.signing import key_path, program_secret

@@ -19,7 +19,7 @@ import torch
 
 from ltc_cache.errors import EntryError
 from ltc_cache.graph.entry import Entry, encode
-from ltc_cache.graph.fused.entries import FUSED_FORMAT
+from ltc_cache.graph.fused.library_entries import FUSED_FORMAT
 from ltc_cache.graph.fused.platform import FUSED_VERSION
 from ltc_cache.graph.layout import Source, Update
 from ltc_cache.kinds import (

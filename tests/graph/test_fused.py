@@ -21,7 +21,7 @@ from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.diagnostics import counters
 from ltc_cache.errors import EntryError
 from ltc_cache.graph.fused import cpu_isa, pickup, platform, tier, verdicts
-from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
+from ltc_cache.graph.fused.library_entries import fused_entry, library_of, refusal_entry
 from ltc_cache.graph.fused.pickup import PendingFunction
 from ltc_cache.graph.fused.platform import fused_key, source_key
 from ltc_cache.graph.fused.runner import FusedFunction, mismatch

@@ -22,7 +22,7 @@ import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.graph.fused import pickup, tier
 from ltc_cache.graph.fused.cpu_isa import inductor_isa
-from ltc_cache.graph.fused.entries import fused_entry, library_of
+from ltc_cache.graph.fused.library_entries import fused_entry, library_of
 from ltc_cache.graph.fused.platform import fused_key, source_key
 from ltc_cache.graph.fused.runner import FusedFunction
 

@@ -18,7 +18,7 @@ from helpers import child_env, json_child, once_per_run
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.compile_backend import plan_library, plan_rng
 from ltc_cache.graph.entry import decode, encode
-from ltc_cache.graph.fused.entries import usable_library
+from ltc_cache.graph.fused.library_entries import usable_library
 from ltc_cache.signing import program_secret
 from ltc_cache.wire import is_entry_key
 

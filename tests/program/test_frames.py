@@ -315,7 +315,7 @@ def test_a_poisoned_frame_never_runs(stored, cache_dir, tmp_path):
 def test_frames_entries_are_signed_with_their_frames(tmp_path):
     from ltc_cache.errors import EntryError
     from ltc_cache.graph.keys import CacheKey
-    from ltc_cache.program.entries import program_entry, program_parts
+    from ltc_cache.program.program_entries import program_entry, program_parts
 
     key = CacheKey("ab" * 32, {"inputs": "x"})
     secret = b"k" * 32
@@ -338,7 +338,7 @@ def test_names_after_a_load_do_not_collide(dynamo_reset):
     """A recompile after a load picks names past the installed ones."""
     from torch._dynamo.bytecode_transformation import unique_id
 
-    from ltc_cache.program.frames.names import advance_unique_ids
+    from ltc_cache.program.frames.code_lookup import advance_unique_ids
 
     scope = {"__resume_at_60_4000": None, "__builtins_dict___4001": {}}
     advance_unique_ids(scope)

@@ -470,7 +470,7 @@ def _poison(cache_dir: Path, how: str, marker: Path) -> None:
         if how == "unsigned":
             del program["hmac"]
         elif how == "other key":
-            from ltc_cache.program.entries import sign
+            from ltc_cache.program.program_entries import sign
 
             program["hmac"] = sign(b"x" * 64, key, program["sources"], program["checks"],
                                    program["globals"], program["artifact"])
@@ -586,7 +586,7 @@ def test_program_entries_are_plain_msgpack_entries(stored, cache_dir):
     assert any(record[4] == "act" for record in program["sources"])
 
 
-# -- in-process: the parts of ltc_cache.program.entries -------------------------------------
+# -- in-process: the parts of ltc_cache.program.program_entries ------------------------------
 
 
 def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch):
@@ -612,7 +612,7 @@ def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch
 def test_program_signatures_bind_every_part_and_the_key(tmp_path):
     from ltc_cache.errors import EntryError
     from ltc_cache.graph.keys import key_from_parts
-    from ltc_cache.program.entries import program_entry, program_parts
+    from ltc_cache.program.program_entries import program_entry, program_parts
 
     key = key_from_parts({"a": "1" * 64})
     code = [["0" * 64, marshal.dumps(compile("x = 1", "<checks>", "exec"))]]
@@ -676,7 +676,7 @@ def test_a_source_file_with_its_recorded_stat_is_not_read_again(tmp_path, monkey
     from ltc_cache.graph.keys import key_from_parts
     from ltc_cache.program import describe
     from ltc_cache.program.describe import changed_source, code_record, source_stats
-    from ltc_cache.program.entries import program_entry, program_parts
+    from ltc_cache.program.program_entries import program_entry, program_parts
 
     path = tmp_path / "mod_stat.py"
     path.write_text("def f(x):\n    return torch.tanh(x)\n")

@@ -35,8 +35,8 @@ from ..replay import build_function
 from .aoti import UnexpectedPackage, compile_library
 from .aten_graph import as_tuple, aten_graph, exported_program
 from .cpu_isa import library_needs
-from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .exact import no_further_from_exact
+from .library_entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .platform import compiler_id, compiler_version, inductor_settings
 from .runner import FusedFunction, load_runner, mismatch, put_back, saved_writes
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ...diagnostics import count_event, warn_once
 from ...errors import EntryError, NotForThisCpu
 from ...signing import program_secret
-from .entries import Library, refusal_entry, usable_library, warn_not_for_this_cpu
+from .library_entries import Library, refusal_entry, usable_library, warn_not_for_this_cpu
 from .platform import source_key
 from .runner import FusedFunction, mismatch
 from .verdicts import RTOL, keep_verdict, verdict_held

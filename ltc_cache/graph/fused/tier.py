@@ -3,10 +3,10 @@
 For each graph entry a process binds, :meth:`FusedTier.function` looks the
 library up under :func:`~.platform.fused_key` of the entry's
 :func:`~.platform.source_key` (its content: identical layers share one
-library, its verdict and its compile) and hands
-back a :class:`~.runner.FusedFunction` where one is stored, verified and
-loadable on this CPU, else the TorchScript function itself. Where none is
-stored, what happens is ``LTC_CACHE_FUSE``'s:
+library, its verdict and its compile) and hands back a
+:class:`~.runner.FusedFunction` where one is stored, verified and loadable
+on this CPU (:mod:`.slot`), else the TorchScript function itself. Where
+none is stored, what happens is ``LTC_CACHE_FUSE``'s:
 
 - ``background`` (the default): the graph is queued and a worker compiles
   it out of band (:mod:`.queue`, :mod:`ltc_cache.cli.fuse_worker`); the graph replays with
@@ -51,7 +51,7 @@ from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
-from .entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry
+from .library_entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry
 from .pickup import PendingFunction
 from .platform import fusable_here, fused_key, source_key
 from .queue import FuseQueue, start_worker
@@ -68,6 +68,7 @@ logger = logging.getLogger("ltc_cache.fused")
 _T = TypeVar("_T")
 
 _COUNTERS = SlotCounters(loads=FUSED_LOADS, checks=FUSED_CHECKS, refused=FUSED_REFUSED)
+
 
 class FusedTier:
     """The fused libraries of one :class:`~ltc_cache.graph.cache.GraphCache`."""

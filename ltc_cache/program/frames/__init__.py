@@ -33,11 +33,11 @@ This package keeps what ``ltc_cache.compile`` promises of a program:
   one and fail (``Name '__builtins_dict___0' already exists in scope``).
 
 :mod:`.recording` records what Dynamo does during each call through the
-frames, :mod:`.program` holds one function's frames, and :mod:`.route` is
+frames, :mod:`.program` holds one function's frames, and :mod:`.frames_route` is
 the route that runs a function through them. Every private piece of torch
 used here goes through :mod:`ltc_cache.dynamo_package`.
 """
 
-from .route import FramesRoute, breaks_the_graph
+from .frames_route import FramesRoute, breaks_the_graph
 
 __all__ = ["FramesRoute", "breaks_the_graph"]

@@ -17,7 +17,7 @@ from typing import Any
 from ...dynamo_package import CompilePackage, bypassed_entry
 from ...errors import Unportable
 from ..describe import code_record
-from .names import property_source
+from .code_lookup import property_source
 
 __all__ = ["FramePackage"]
 

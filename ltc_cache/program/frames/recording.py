@@ -15,7 +15,7 @@ from typing import Any
 
 from ...dynamo_package import ConvertFrame, OutputGraph, skipped_recursively
 from ...threads import SharedPatch
-from .names import skip_record
+from .code_lookup import skip_record
 
 __all__ = ["CallRecord", "graph_break_reasons", "recording"]
 

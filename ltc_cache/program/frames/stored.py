@@ -15,10 +15,10 @@ from ...dynamo_package import guard_managers_built_by
 from ...errors import Unportable, first_line
 from ...graph.keys import CacheKey
 from ...signing import program_secret
-from ..entries import ProgramParts, program_entry
 from ..load_costs import loading
+from ..program_entries import ProgramParts, program_entry
 from ..program_graph import LtcProgramGraph
-from .names import advance_unique_ids, apply_skips
+from .code_lookup import advance_unique_ids, apply_skips
 from .package import FramePackage
 from .portable_checks import add_checks
 from .program import FramesProgram

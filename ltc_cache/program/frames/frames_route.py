@@ -14,8 +14,8 @@ from ...diagnostics import warn_once
 from ...errors import first_line
 from ...graph.keys import CacheKey
 from ...threads import compile_lock
-from ..entries import ProgramParts
 from ..guards import GuardFilter
+from ..program_entries import ProgramParts
 from ..program_graph import program_backend
 from ..route import Call, Program, Target
 from .program import FramesProgram

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..graph.entry_kind import no_fields
+from ..graph.graph_kind import no_fields
 from ..kinds import EntryKind, KindHandlers, KindView, ShowContext
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The fused entry kind as ``ltc-cache`` handles it (its registration:
 kinds.py): what ``show`` and ``verify`` say of a fused entry
-(:mod:`~ltc_cache.graph.fused.entries`), and how ``ls`` and ``stats`` tell
+(:mod:`~ltc_cache.graph.fused.library_entries`), and how ``ls`` and ``stats`` tell
 its libraries from its refusals.
 
 No torch at import: ``ls`` and ``stats`` resolve this. Nothing here loads
@@ -159,7 +159,7 @@ def check_fused(entry: Entry, shared: bytes | None) -> bool:
     was checked: False where there is no key to check it with (a
     well-formed entry then passes, as a program does). Never creates the
     key, never loads the library."""
-    from .entries import library_of, stored_library
+    from .library_entries import library_of, stored_library
 
     graph_key = entry.payload.get("graph_key")
     if not is_entry_key(graph_key):

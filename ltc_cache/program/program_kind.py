@@ -3,7 +3,7 @@ kinds.py).
 
 A program entry holds what Dynamo captured of a function: the records of
 the sources it inlined, its portable checks and a signed pickle
-(:func:`~ltc_cache.program.entries.program_entry`). ``verify`` checks the
+(:func:`~ltc_cache.program.program_entries.program_entry`). ``verify`` checks the
 signature without unpickling anything; ``show`` gives the pickle's size,
 never its bytes.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..graph.entry_kind import no_fields
+from ..graph.graph_kind import no_fields
 from ..kinds import EntryKind, KindHandlers, KindView, ShowContext
 from ..units import format_size
 
@@ -26,7 +26,7 @@ __all__ = ["PROGRAM"]
 
 
 def _verify(entry: Entry, secret: bytes | None, directory: str | Path) -> None:
-    from .entries import check_program
+    from .program_entries import check_program
 
     check_program(entry, secret, Path(directory))
 

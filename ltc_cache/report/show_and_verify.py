@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import EntryError
-from ..graph.entry_kind import describe_source
+from ..graph.graph_kind import describe_source
 from ..kinds import KindView, ShowContext, handlers
 from ..store.disk import DiskStore
 from .listing import EntryInfo
