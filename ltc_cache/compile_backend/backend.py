@@ -89,6 +89,7 @@ class LtcBackend:
         # on its first call (a program's, a shape of a symbolic one) takes
         # it here: AOTAutograd and the rest are not thread-safe.
         with compile_lock():
+            _capture_frames_once()
             return self._compile(gm, example_inputs, mode=mode, options=options, **kwargs)
 
     def _compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -241,6 +242,23 @@ def _accepted() -> str:
 
 
 backend = LtcBackend()
+
+_captures_once = False  # whether Dynamo looks again before capturing a frame for this backend
+
+
+def _capture_frames_once() -> None:
+    """Make Dynamo capture each frame compiled for an :class:`LtcBackend`
+    once, not once per thread whose first call came at the same time
+    (:func:`ltc_cache.dynamo_package.look_again_before_capture`). Done on a
+    backend's first graph, under ``compile_lock``: the threads that missed
+    the frame meanwhile wait for that lock before they would capture it, so
+    they all look again."""
+    global _captures_once
+    if not _captures_once:
+        from ..dynamo_package import look_again_before_capture
+
+        look_again_before_capture(lambda fn: isinstance(fn, LtcBackend))
+        _captures_once = True
 
 
 def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
