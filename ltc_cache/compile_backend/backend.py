@@ -259,10 +259,13 @@ def _capture_frames_once() -> None:
     they all look again."""
     global _captures_once
     if not _captures_once:
-        from ..dynamo_package import look_again_before_capture
-
-        look_again_before_capture(lambda fn: isinstance(fn, LtcBackend))
         _captures_once = True
+        try:
+            from ..dynamo_package import look_again_before_capture
+
+            look_again_before_capture(lambda fn: isinstance(fn, LtcBackend))
+        except Exception:  # a torch without the pieces: each thread captures, as before
+            logger.debug("Dynamo does not look again before a capture", exc_info=True)
 
 
 def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

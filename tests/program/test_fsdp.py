@@ -227,3 +227,5 @@ def test_fsdp_ranks_cold_then_warm(cache_dir, tmp_path, monkeypatch):
             assert stats.get("program_captures", 0) == 0, rank["logs"]
             assert rank["captures"] == 0 and rank["aot_traces"] == 0, rank
             assert stats["traces"] == 0, rank
+            # No graph of Dynamo's: the loaded programs' were counted as such, 6 a rank.
+            assert stats.get("dynamo_graphs", 0) == 0, rank
