@@ -6,7 +6,7 @@ manager) and rebuilding a plan's FX graphs allocate tens of thousands of
 objects that live on. Each few hundred allocations start a collection, and
 the oldest generation's collections walk every object the process holds:
 about 400,000 once ``transformers`` is imported and a model built.
-Measured on BART's warm first training step (fact 46 in docs/design.md):
+Measured on BART's warm first training step (docs/torch/dynamo.md#cyclic-gc-during-warm-loads):
 0.51 s with the collector running, 0.31 s with it held off over the loads.
 Nothing is lost: what the loads leave unreachable is collected at the next
 collection after them.

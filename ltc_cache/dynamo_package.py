@@ -155,7 +155,8 @@ def look_again_before_capture(opted_in: Callable[[Any], bool]) -> None:
     The eval-frame hook looks up a frame's entries before Dynamo's
     ``CatchErrorsWrapper`` takes ``compile_lock`` and ``ConvertFrame``
     (called under it) does not look again, so threads whose first calls
-    came together each captured the frame (fact 57 in docs/design.md). The
+    came together each captured the frame
+    (docs/torch/dynamo.md#dynamo-captures-once-per-missing-thread). The
     hook runs a frame compiled only from an entry it adds itself, so the
     entry found cannot be run for this call without a second, duplicate
     entry (each counts towards Dynamo's recompile limit): the call runs as

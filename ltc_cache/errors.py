@@ -3,8 +3,9 @@ builtin it refines."""
 
 from __future__ import annotations
 
-__all__ = ["EntryError", "LockTimeout", "LtcCacheError", "LtcUnavailable", "NotForThisCpu",
-           "UncacheableGraph", "first_line", "is_graph_failure"]
+__all__ = ["EntryError", "GraphNotExtractable", "LockTimeout", "LtcCacheError", "LtcUnavailable",
+           "NotForThisCpu", "RememberedFailure", "UncacheableGraph", "first_line",
+           "is_graph_failure"]
 
 
 class LtcCacheError(Exception):
@@ -50,6 +51,18 @@ class LtcUnavailable(LtcCacheError, RuntimeError):
     a fact about the process, not the graph, so never remembered."""
 
 
+class GraphNotExtractable(LtcCacheError, RuntimeError):
+    """LTC traced the graph but it cannot become an entry: an op LTC fell
+    back on, an input or output of a kind no entry can hold. A fact about
+    the graph, the same in every process, so a negative entry remembers it."""
+
+
+class RememberedFailure(GraphNotExtractable):
+    """A negative entry's hit: the graph failed in an earlier process, for
+    the reason it remembers; the caller partitions it or runs it eagerly
+    without tracing again."""
+
+
 # Messages of RuntimeErrors that come from the process, not the graph: out
 # of memory (torch.OutOfMemoryError is a RuntimeError too), other resources,
 # and LTC's backend initialised twice (what entries stored before that was
@@ -64,8 +77,12 @@ def is_graph_failure(exc: BaseException) -> bool:
     LTC cannot lower, a fallback), so that every process would fail the same
     way and a negative entry may remember it. Environment, import, resource
     and lock failures are not: the next process may well succeed."""
+    if isinstance(exc, GraphNotExtractable):
+        return True
     if not isinstance(exc, RuntimeError) or isinstance(exc, LtcUnavailable):
         return False
+    # What LTC's lowering raises is a plain RuntimeError (torch gives it no
+    # type of its own), as are torch's resource failures: told by message.
     if type(exc).__name__ == "OutOfMemoryError":
         return False
     message = str(exc).lower()

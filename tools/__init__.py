@@ -1,7 +1,10 @@
 """Benchmarks and profiles of ltc_cache, each answering one question; run
-from the repository root as ``python -m tools.<name> --help``. What they
-share (measured child processes, cold then warm runs, medians, tables) is
-in ``tools/harness.py``; the models they build come from ``zoo``."""
+from the repository root as ``python -m tools.bench.<name> --help`` (the
+benchmarks, tools/bench/), ``python -m tools.profile_overhead`` and
+``python -m tools.render_benchmarks`` (BENCHMARKS.md from the results).
+What they share (measured child processes, cold then warm runs, medians,
+tables) is in ``tools/harness.py``, the results files in
+``tools/results.py``; the models they build come from ``zoo``."""
 
 from zoo import torchvision_ops
 

@@ -54,7 +54,7 @@ def child_env(directory: Path) -> dict[str, str]:
         # processes, whose start-up would dominate these small graphs.
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
         # Start-up figures of the TorchScript tier: no background worker
-        # compiling beside the measured process (tools/bench_fused.py
+        # compiling beside the measured process (python -m tools.bench.fused
         # measures the fused tier).
         "LTC_CACHE_FUSE": "off",
     })
@@ -74,7 +74,8 @@ def bytecode_as_installed(env: dict[str, str], directory: Path) -> dict[str, str
 
 
 def tool_argv(tool: str, *args: str) -> list[str]:
-    """The command line that runs ``tools/<tool>.py`` as a module."""
+    """The command line that runs the tool ``tools.<tool>`` as a module
+    (``tool_argv("bench.fused", ...)``: ``python -m tools.bench.fused ...``)."""
     return [sys.executable, "-m", f"tools.{tool}", *args]
 
 

@@ -1,5 +1,5 @@
 """Where a compiled training step's time goes outside the ops, region by
-region and per step, for one model of ``tools/bench_steady.py``
+region and per step, for one model of ``tools/bench/steady.py``
 (``zoo/sized_models.py``):
 
     python -m tools.profile_overhead [--model smallgpt] [--size mid] [--reps 50]
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tools.bench_steady import first
+from tools.bench.steady import first
 from tools.harness import table
 from zoo.sized_models import build
 

@@ -18,7 +18,7 @@ question, written by the tool's ``--results`` (tools/results.py) (schema 1):
     name          NAME, the file's stem
     title         the tables' heading
     question      what a user asks that the tables answer
-    tool          the tools.<module> that measures it
+    tool          the tools.<module> that measures it (tools.bench.NAME)
     command       the command line that reproduces the rows
     commit        the code measured (a hex hash; "-dirty" after it: the work
                   tree differed from that commit)

@@ -82,7 +82,7 @@ def commit() -> str:
 
 
 def command_line(tool: str, argv: Sequence[str], prefix: str = "") -> str:
-    """``python -m tools.NAME ...`` as ``argv`` (the arguments) ran it, less
+    """``python -m TOOL ...`` (``tools.bench.NAME``) as ``argv`` (the arguments) ran it, less
     the results options, which say where the rows went, not what was measured."""
     kept, skip = [], False
     for arg in argv:

@@ -38,7 +38,9 @@ class NormBlock(nn.Module):
 class Mlp(nn.Module):
     """``blocks`` residual blocks of two Linear layers: per block two addmm
     with transposed weights and three captured scalars (alpha, beta, the
-    residual add's alpha), as in facts 5, 12 and 13 of docs/design.md."""
+    residual add's alpha), as in docs/torch/ltc.md#views-are-lowered-to-copies,
+    docs/torch/ltc.md#binding-by-path-costs-more-than-replay-gains and
+    docs/torch/ltc.md#warm-start-floor-grows-with-nodes."""
 
     def __init__(self, blocks: int, width: int, block: type[nn.Module] = Block) -> None:
         super().__init__()

@@ -11,7 +11,7 @@ import torch
 
 VOCAB = 128
 # Positions the models have: room for a 200-token prompt and its answer
-# (tools/bench_generate.py).
+# (tools/bench/generate.py).
 POSITIONS = 256
 # The decoder models of the suites and one encoder-decoder.
 MODELS = ("gpt2", "llama", "mistral", "qwen2", "opt", "gptj", "phi", "gemma", "t5")

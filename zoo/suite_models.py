@@ -296,7 +296,7 @@ VISION: dict[str, Callable] = {
 
 # Not in the suite's list, for the tests: BERT at hidden 128, where its
 # transposed weights reach the partitioner's view threshold and are saved
-# for the backward as views (fact 18 in docs/design.md).
+# for the backward as views (docs/torch/aot-autograd.md#saved-transposed-weight-is-a-view).
 EXTRA: dict[str, Callable] = {
     "BertForMaskedLM-h128": _make("BertConfig", "BertForMaskedLM", _text(),
                                   **{**_TEXT, "hidden_size": 128, "intermediate_size": 256,

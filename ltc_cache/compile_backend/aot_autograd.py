@@ -83,7 +83,7 @@ def backward_compiled_with_forward(wanted: bool) -> contextlib.AbstractContextMa
     Longformer's) stored no training plan, and every warm start ran
     AOTAutograd for it. Its private switch compiles the backward with the
     forward, and so stores the plan, whatever the step's backward reaches
-    (fact 43 in docs/design.md)."""
+    (docs/torch/aot-autograd.md#backward-compiled-on-first-backward)."""
     from torch._functorch import config
 
     if not wanted or not hasattr(config, "force_non_lazy_backward_lowering"):
@@ -101,17 +101,18 @@ def compile_session() -> contextlib.AbstractContextManager[Any]:
     the backend inside one. A graph compiled on its first call (a
     program's, a shape of a symbolic one) is traced outside Dynamo, so its
     trace is made a compile session of its own; inside Dynamo's, this
-    changes nothing (fact 55 in docs/design.md)."""
+    changes nothing (docs/torch/dynamo.md#fx-tracing-flag-is-process-wide)."""
     return torch.compiler._compile_session_context()
 
 
 def real_tensors() -> contextlib.AbstractContextManager[Any]:
     """Outside AOTAutograd's fake-tensor mode (and any other dispatch mode):
-    tensors made inside are real (fact 7 in docs/design.md)."""
+    tensors made inside are real
+    (docs/torch/aot-autograd.md#lazy-tracing-fails-under-a-dispatch-mode)."""
     return _disable_current_modes()
 
 
 def is_fake(value: Any) -> bool:
     """Whether ``value`` is a fake tensor (AOTAutograd's compilers get them,
-    fact 6 in docs/design.md)."""
+    docs/torch/aot-autograd.md#aot-compilers-see-fake-tensors)."""
     return isinstance(value, torch._subclasses.FakeTensor)

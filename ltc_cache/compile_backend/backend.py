@@ -167,7 +167,7 @@ class LtcBackend:
         if any("as_strided" in str(node.target) for node in gm.graph.nodes):
             # LTC strides the elements in logical order, eager the storage;
             # the partitioner keeps each as_strided where they would differ
-            # eager (fact 45 in docs/design.md).
+            # eager (docs/torch/ltc.md#ltc-as-strided-strides-elements).
             logger.info("%s: not lowered whole (it calls as_strided); partitioning", name)
             return None
         if any(isinstance(node.target, torch._ops.HigherOrderOperator) for node in gm.graph.nodes):
@@ -196,7 +196,7 @@ class LtcBackend:
         plan without the graph itself; ``eager`` computes it should the
         plan's first call fail. None where the call needs no gradient, no
         plan is stored, or anything else goes wrong: then the graph is
-        compiled as any other (fact 47 in docs/design.md)."""
+        compiled as any other (docs/torch/dynamo.md#program-stores-graph-key-parts)."""
         from .plan import plan_key
 
         if not _needs_grad(example_inputs):

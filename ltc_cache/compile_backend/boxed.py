@@ -8,7 +8,7 @@ until the graph returns, however early the graph is done with it. FX can
 generate a graph's code in AOTAutograd's boxed convention instead: the
 function takes the list, moves its items into locals, empties it, and
 drops each local after its last use, as the graph's code always does
-(fact 80 in docs/design.md). That code generator, ``_BoxedCodeGen``, is
+(docs/torch/aot-autograd.md#boxed-backward-frees-inputs). That code generator, ``_BoxedCodeGen``, is
 private to torch.fx: ``tests/compile_backend/test_boxed.py`` pins it.
 """
 

@@ -18,15 +18,16 @@ _aten = torch.ops.aten
 
 def buffer_writes_as_one(graph: fx.Graph) -> bool:
     """Make the ``copy_`` ops that end the graph, each writing one of its
-    inputs (BatchNorm's running statistics, three a layer: fact 34 in
-    docs/design.md), one ``_foreach_copy_``, in place.
+    inputs (BatchNorm's running statistics, three a layer:
+    docs/torch/aot-autograd.md#buffer-updates-stay-in-training-graph), one ``_foreach_copy_``, in
+    place.
 
     A region writes none of its inputs, so the writes run eagerly after the
     regions whatever is done; one call makes them all, where each ``copy_``
-    is a Python call of the parent graph (51 a step for GhostNet: fact 79
-    in docs/design.md).
-    Only the run of them just before the output: nothing reads an input
-    after it is written there, so writing them together changes nothing."""
+    is a Python call of the parent graph (51 a step for GhostNet:
+    docs/torch/aot-autograd.md#running-statistics-written-in-one-call). Only the run of them just
+    before the output: nothing reads an input after it is written there, so writing them together
+    changes nothing."""
     output = next(node for node in reversed(graph.nodes) if node.op == "output")
     writes: list[fx.Node] = []
     node = output.prev

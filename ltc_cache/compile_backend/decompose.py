@@ -1,6 +1,6 @@
 """The decomposition table AOTAutograd traces with, for
 ``torch.compile(backend="ltc_cache")``: the ops the LTC TorchScript backend
-cannot lower (fact 10 in docs/design.md: ``where.self``, ``sin``, ``split``,
+cannot lower (docs/torch/ltc.md#some-ops-do-not-lower: ``where.self``, ``sin``, ``split``,
 ...) rewritten into ops it lowers.
 
 Each one is exact for every input, not only for the inputs the models at
@@ -155,7 +155,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     """The table AOTAutograd traces with: ours for the ops LTC cannot lower,
     and torch's own where its parts lower. Ops LTC lowers natively
     (``native_layer_norm``, ``gelu``, ``_softmax`` …) are left whole: fewer
-    nodes make every later cost smaller (fact 13 in docs/design.md).
+    nodes make every later cost smaller (docs/torch/ltc.md#warm-start-floor-grows-with-nodes).
 
     CPU flash attention (``_scaled_dot_product_flash_attention_for_cpu`` and
     its backward) is not decomposed: it stays one fused op that runs eagerly
@@ -163,9 +163,9 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     matrix it cost Llama 1.39x eager and GPT-2 1.18x at hidden 256, sequence
     128 (1.00x and 1.03x fused), and it was no faster at the tests' tiny
     sizes; the fused kernel skips the masked half of causal attention
-    (``tools/bench_steady.py``, BENCHMARKS.md). Not causal either: a ViT
-    training step at 197 tokens was 11-24% slower decomposed (fact 78 in
-    docs/design.md)."""
+    (``tools/bench/steady.py``, BENCHMARKS.md). Not causal either: a ViT
+    training step at 197 tokens was 11-24% slower decomposed
+    (docs/torch/ltc.md#flash-attention-stays-eager)."""
     from torch._decomp import get_decompositions
 
     table = get_decompositions([

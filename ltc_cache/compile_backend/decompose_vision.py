@@ -1,5 +1,5 @@
 """Decompositions for the ops of vision models' training graphs that the
-LTC TorchScript backend does not lower (fact 35 in docs/design.md):
+LTC TorchScript backend does not lower (docs/torch/ltc.md#cnn-backward-lowers-more-than-probed):
 MobileNetV2's ReLU6 (``hardtanh`` and its backward), LeViT's and
 MobileNetV3's ``hardswish`` and its backward, and advanced indexing
 (LeViT's attention biases, bilinear upsampling's ``_unsafe_index``) with
@@ -7,7 +7,8 @@ the ``index_put`` that accumulates its gradient. Each of them left eagerly
 split a CNN's graph into one LTC region per block. And BatchNorm in
 training, as eager computes it (:func:`_batch_norm_training`); Swin's
 ``roll`` and the functional ``copy`` of its pooler's gradient, and
-GhostNet's ``hardsigmoid_backward`` (facts 76 and 77).
+GhostNet's ``hardsigmoid_backward`` (docs/torch/ltc.md#roll-and-copy-do-not-lower and
+docs/torch/ltc.md#hardsigmoid-backward-does-not-lower).
 
 Kept apart from :mod:`ltc_cache.compile_backend.decompose` (which merges
 this table into its own), so that each can change without the other (the
@@ -172,7 +173,8 @@ def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..
     statistics), and the update of the running statistics beside it as
     plain ops. torch's own decomposition (mean, variance, normalise as
     separate ops) put LeViT's gradients 4.2e-3 of the largest from eager's
-    (fact 35 in docs/design.md). Other dtypes and evaluation keep torch's."""
+    (docs/torch/ltc.md#cnn-backward-lowers-more-than-probed). Other dtypes and evaluation keep
+    torch's."""
     def batch_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    running_mean: torch.Tensor, running_var: torch.Tensor, training: bool,
                    momentum: float, eps: float) -> Any:

@@ -1,6 +1,6 @@
 """``where`` as masked fills, exact for every input (``a * c + b * (1 - c)``
 turns -inf into NaN): what :mod:`ltc_cache.compile_backend.decompose`
-decomposes ``aten.where.self`` into (fact 10 in docs/design.md), and what
+decomposes ``aten.where.self`` into (docs/torch/ltc.md#some-ops-do-not-lower), and what
 :mod:`ltc_cache.compile_backend.decompose_vision` builds with. The plan key
 hashes this module's code too (:func:`ltc_cache.compile_backend.plan.plan_key`)."""
 

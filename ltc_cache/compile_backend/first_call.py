@@ -125,7 +125,8 @@ class Region(FirstCall):
         stored = not isinstance(module, fx.GraphModule)
         try:
             # AOTAutograd may run the compiled function under a dispatch mode;
-            # lazy tracing inside one fails (fact 7 in docs/design.md).
+            # lazy tracing inside one fails
+            # (docs/torch/aot-autograd.md#lazy-tracing-fails-under-a-dispatch-mode).
             with real_tensors(), torch.no_grad():
                 compiled = self._cache.extract_compiled_graph(
                     self._graph if stored else module, args, name=self._name,
@@ -149,7 +150,7 @@ def eager_region(module: fx.GraphModule) -> Callable[..., Any]:
     a contiguous tensor where eager's was a transposed view (and CPU flash
     attention between them returns its output in its query's layout), so a
     region that falls back to eager, run on the LTC layout, fails on its
-    first ``view``."""
+    first ``view`` (docs/torch/ltc.md#flash-attention-output-follows-query-layout)."""
     strides = []
     for node in module.graph.find_nodes(op="placeholder"):
         value = node.meta.get("val")

@@ -7,8 +7,11 @@ compiles the queued plans first, and takes a region off the queue
 uncompiled where a library of the plan part it belongs to is stored: a
 small GPT's step is then two compiles (its forward and its backward)
 rather than a dozen, whatever its layer count. A region whose plan part
-was refused is compiled after; a process that runs a skipped region anyway
-(its plan library refused on first use) queues it again.
+was refused is compiled after, once for each distinct region: identical
+layers' regions share one library (graph/fused/source.py), so a 12-layer
+model's regions are as many compiles as a 4-layer model's. A process that
+runs a skipped region anyway (its plan library refused on first use)
+queues it again.
 
 Several compile processes may drain one queue side by side (the worker
 starts one a core while its clients are idle): each job (a plan's part, a
@@ -22,6 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ..graph.fused.platform import fused_key, source_key
 from ..graph.keys import CacheKey
 from ..kinds import EntryKind
 from .plan_library import fuse_plan_part, fuse_stored, part_key, plan_part_graph, plan_parts
@@ -71,7 +75,7 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
             entry = entries[key]
             if entry is not None and entry.kind == EntryKind.PLAN:
                 continue
-            with queue.claimed(key) as mine:
+            with queue.claimed(_job(entry, key)) as mine:
                 if not mine:
                     continue
                 if entry is not None and _region_digest(entry) in covered:
@@ -83,6 +87,14 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
                 queue.done(key)
         if not did:
             time.sleep(_WAIT_SECONDS)
+
+
+def _job(entry: Entry | None, key: str) -> str:
+    """What compiling the queued ``key`` is claimed by: a graph's library
+    key, which identical layers share, so no two processes compile one
+    library side by side (the second finds it stored)."""
+    return fused_key(source_key(entry)).digest if entry is not None \
+        and entry.kind == EntryKind.GRAPH else key
 
 
 def _stored(cache: GraphCache, key: CacheKey) -> bool:

@@ -49,7 +49,8 @@ __all__ = ["PLAN_VERSION", "PlanError", "StoredRegion", "graph_from_wire", "grap
 # 3: a training plan's layout names the outputs AOTAutograd re-views;
 # 4: a training plan records whether its backward recomputes checkpointed
 # blocks (``recomputes``), which its backward's library is compiled for;
-# 5: every region holds the digest of its key's graph part (fact 44)
+# 5: every region holds the digest of its key's graph part
+# (docs/torch/aot-autograd.md#plan-stores-region-digests)
 PLAN_VERSION = 5
 _BUILTINS = {"operator.getitem": operator.getitem}
 # The higher-order ops a plan holds, by name: AOTAutograd's partitioner wraps
@@ -58,8 +59,9 @@ _BUILTINS = {"operator.getitem": operator.getitem}
 # generator's state with the op's result) and in the second in the backward
 # (it runs the op under that state), so that the recomputation draws what
 # the forward drew (``functionalize_rng_ops`` in
-# ``torch/_functorch/partitioners.py``; fact 61 in docs/design.md). Both
-# take the wrapped op's overload as an argument.
+# ``torch/_functorch/partitioners.py``;
+# docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers). Both take the wrapped op's
+# overload as an argument.
 _RNG_WRAPPERS = ("run_and_save_rng_state", "run_with_rng_state")
 _ENUMS = {
     "dtype": torch.dtype,
@@ -340,11 +342,12 @@ def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None =
 class StoredRegion(torch.nn.Module):
     """A region of a stored plan whose FX graph is built on first use. A
     warm start looks the region's LTC entry up by the digest the plan
-    stores (fact 44 in docs/design.md) and binds its constants; the graph
-    itself is needed only to trace the region (a miss) or to run it
-    eagerly, and building it was half of rebuilding a plan (fact 49). Its
-    wire form is checked here as :func:`graph_from_wire` checks it, so that
-    building it later cannot fail on what the entry holds."""
+    stores (docs/torch/aot-autograd.md#plan-stores-region-digests) and binds its constants; the
+    graph itself is needed only to trace the region (a miss) or to run it
+    eagerly, and building it was half of rebuilding a plan
+    (docs/torch/aot-autograd.md#stored-regions-built-only-when-needed). Its wire form is checked
+    here as :func:`graph_from_wire` checks it, so that building it later cannot fail on what the
+    entry holds."""
 
     def __init__(self, wire: Any, digest: str) -> None:
         super().__init__()

@@ -54,8 +54,8 @@ class JointLayout:
       of the graph's intermediates (``OutputType.unsafe_view_alias``: a
       ``linear`` on a 3-d input ends in ``_unsafe_view``, as a language
       model's head does). They are handed back through ``_unsafe_view``, as
-      AOTAutograd does (fact 17 in docs/design.md), so that autograd never
-      takes one for a view (an in-place change of it is then allowed, as in
+      AOTAutograd does (docs/torch/aot-autograd.md#views-of-intermediates-hidden-from-autograd), so
+      that autograd never takes one for a view (an in-place change of it is then allowed, as in
       eager): a region returns fresh tensors, but an eager op of the
       partitioned graph may return a view.
     - ``aliases``: the user outputs that are views of another user output
@@ -63,8 +63,9 @@ class JointLayout:
       pooled output is ``last_hidden_state[:, 0]``), each as ``[index,
       base, size, stride, storage offset, requires_grad, base stride]``
       as traced. Like AOTAutograd's wrapper, the autograd node leaves them
-      out, and each is taken again as a view of its base's output (fact 37
-      in docs/design.md), so that gradients reach the base through it.
+      out, and each is taken again as a view of its base's output
+      (docs/torch/aot-autograd.md#output-viewing-output-gets-no-tangent), so that gradients reach
+      the base through it.
     """
 
     outputs: int
@@ -130,8 +131,8 @@ def trainable(metadata: Any, example_inputs: Sequence[Any]) -> bool:
     after partitioning). Inputs the forward graph updates itself need no
     wrapper: BatchNorm's running statistics are a ``copy_`` into the buffer
     at the graph's end (``keep_inference_input_mutations`` keeps such
-    updates of inputs that need no gradient in the training graph too; fact
-    32 in docs/design.md)."""
+    updates of inputs that need no gradient in the training graph too;
+    docs/torch/aot-autograd.md#buffer-updates-stay-in-training-graph)."""
     return (
         runs_bare(metadata, example_inputs, output_types=_JOINT_OUTPUT_TYPES,
                   mutations_in_graph=True)
@@ -253,10 +254,10 @@ class _Joint(torch.autograd.Function):
         checked_end = layout.outputs + layout.saved
         # Saved views are detached, as AOTAutograd's wrapper detaches them
         # (``_AutogradSavedState.save_from_forward``): a transposed weight
-        # saved as a view (fact 18 in docs/design.md) otherwise comes back
-        # from ``ctx.saved_tensors`` requiring grad, and the backward's
+        # saved as a view (docs/torch/aot-autograd.md#saved-transposed-weight-is-a-view) otherwise
+        # comes back from ``ctx.saved_tensors`` requiring grad, and the backward's
         # regions were asked for under another key than the cold process
-        # stored (fact 24 in docs/design.md).
+        # stored (docs/torch/aot-autograd.md#saved-views-are-detached).
         ctx.save_for_backward(*_detached_views(outs[layout.outputs:checked_end]))
         ctx.unchecked = _detached_views(outs[checked_end:])
         ctx.joint = joint

@@ -112,6 +112,6 @@ def joint_once_made(aot: Callable[..., Any], made: PlanInProgress,
                     wrap: Callable[[Callable[..., Any], Callable[..., Any]], Callable[..., Any]]
                     ) -> Callable[..., Any]:
     """``aot`` until the plan is made, then its ``JointFunction`` (see the
-    module's docstring); the switch ``tools/bench_steady.py --ab
+    module's docstring); the switch ``tools/bench/steady.py --ab
     joint-cold`` turns off."""
     return JointOnceMade(aot, made, wrap)

@@ -60,7 +60,7 @@ def _leave_out_trailing_views(nodes: dict[fx.Node, Any]) -> None:
     """Drop from a proposed region the view ops that only nodes outside it
     read, then the views only those read, and so on, in place.
 
-    LTC lowers views to copies (fact 5 in docs/design.md), and a region's
+    LTC lowers views to copies (docs/torch/ltc.md#views-are-lowered-to-copies), and a region's
     outputs keep their copies: a region that ended in the transposes that
     make attention's query, key and value heads returned each as a
     contiguous copy, for the fused attention op between regions to read.
@@ -111,7 +111,8 @@ def _return_input_views_apart(graph: fx.Graph) -> None:
     input that other nodes read too, in place: a training forward reads
     ``t`` of a weight for its product and returns it for the backward. The
     region keeps the view it reads (a view there, not a copy) and the twin
-    leaves it (:func:`_leave_out_trailing_views`; fact 18 in docs/design.md)."""
+    leaves it (:func:`_leave_out_trailing_views`;
+    docs/torch/aot-autograd.md#saved-transposed-weight-is-a-view)."""
     output = next(node for node in reversed(graph.nodes) if node.op == "output")
     for node in list(graph.nodes):
         if len(node.users) > 1 and output in node.users and _large_view(node) \
@@ -125,7 +126,8 @@ def _return_input_views_apart(graph: fx.Graph) -> None:
 # Views whose twin is taken in the parent graph (:func:`_views_apart_at_edges`),
 # and the op the twin runs: ``view`` becomes ``reshape``, which takes any
 # layout (a region's input may be laid out otherwise than AOTAutograd traced
-# it, fact 23 in docs/design.md), and is a view of a contiguous tensor.
+# it, docs/torch/ltc.md#flash-attention-output-follows-query-layout), and is a view of a contiguous
+# tensor.
 _aten = torch.ops.aten
 _TWIN_OF: dict[Any, Any] = {
     _aten.view.default: _aten.reshape.default,
@@ -149,7 +151,7 @@ def _views_apart_at_edges(graph: fx.Graph, nodes: dict[fx.Node, Any]) -> None:
     it a twin of the view taken in the parent graph, in place.
 
     The region returned such a view as a copy on every call (LTC lowers
-    views to copies, fact 5 in docs/design.md): in a training backward the
+    views to copies, docs/torch/ltc.md#views-are-lowered-to-copies): in a training backward the
     ``view`` of each activation gradient a product reads, which the weight
     gradients' products in a later region read too (12 copies of 256 KB a
     step of the small GPT of BENCHMARKS.md); in its forward the view of
@@ -206,8 +208,8 @@ def _strided_views(graph: fx.Graph, eager_strided: Callable[[fx.Node], bool]) ->
     says which are), back to the tensor they view, and that tensor where
     eager's is not contiguous: eager's strides address its storage, so it
     must be laid out as eager lays it out. A region's outputs are
-    contiguous, and views taken in the parent keep eager's layout (fact 45
-    in docs/design.md)."""
+    contiguous, and views taken in the parent keep eager's layout
+    (docs/torch/ltc.md#ltc-as-strided-strides-elements)."""
     eager: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op != "call_function" or not eager_strided(node):
@@ -259,8 +261,8 @@ def _tails_to_their_producers(proposed: list[Any]) -> list[Any]:
     reads two regions, the one that recomputes its activation and the one
     that computes its gradient: it joins the later, the one none of the
     others depends on, where both were kept until the backward's end before
-    (fact 63 in docs/design.md). No cycle can form: the part reads only
-    regions and the graph's inputs, nothing but the output reads it, and
+    (docs/torch/aot-autograd.md#checkpointed-regions-kept-activations-alive). No cycle can form: the
+    part reads only regions and the graph's inputs, nothing but the output reads it, and
     the region it joins leads to none of the others it reads."""
     region_of = {node: part for part in proposed for node in part.nodes}
     order: dict[Any, int] = {}
@@ -325,10 +327,11 @@ def partition(gm: fx.GraphModule, support: OpSupport, *, boxed: bool = False,
     Ops that were never probed are probed first. ``boxed``: the graph is
     called boxed, freeing its inputs after their last use (a backward);
     with ``recomputes`` too (it recomputes checkpointed blocks) its regions
-    are cut where their inputs die (fact 88 in docs/design.md). Elsewhere
-    the cuts made 5-15 times the regions for a measured peak 4-6% lower
-    (GPT-2, Llama) or 1-4 MiB higher (timm's CNNs: fact 90). (The plan key
-    hashes this function's code: what it decides is what a plan stores.)
+    are cut where their inputs die
+    (docs/torch/aot-autograd.md#region-holds-inputs-until-it-returns). Elsewhere the cuts made 5-15
+    times the regions for a measured peak 4-6% lower (GPT-2, Llama) or 1-4 MiB higher (timm's CNNs:
+    docs/torch/aot-autograd.md#backward-cuts-pay-only-when-recomputing). (The plan key hashes this
+    function's code: what it decides is what a plan stores.)
     """
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.utils.fuser_utils import fuse_by_partitions
@@ -378,7 +381,8 @@ def partition(gm: fx.GraphModule, support: OpSupport, *, boxed: bool = False,
         # orders a checkpointed backward as autograd's engine would run it;
         # in the partitioner's own order a region made every weight gradient
         # after the whole chain of activation gradients, holding each
-        # recomputed activation until then (fact 63 in docs/design.md).
+        # recomputed activation until then
+        # (docs/torch/aot-autograd.md#checkpointed-regions-kept-activations-alive).
         fuse_by_partitions(gm, [dict.fromkeys(sorted(p.nodes, key=order.__getitem__))
                                 for p in proposed],
                            prefix=REGION_PREFIX, always_return_tuple=True)

@@ -181,7 +181,7 @@ def partitioned_to_wire(parted: Partitioned) -> dict[str, Any]:
         # A region's digest is the graph part of its key, stored so that a
         # warm start need not generate its code to look its entry up; the
         # rebuilt region has the same code (node names are kept), so the
-        # same digest (fact 44 in docs/design.md).
+        # same digest (docs/torch/aot-autograd.md#plan-stores-region-digests).
         "regions": [[name, graph_to_wire(region), parted.region_ops[name], graph_digest(region)]
                     for name, region in zip(parted.regions, regions, strict=True)],
         "total_ops": parted.total_ops,

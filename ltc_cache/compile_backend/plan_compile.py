@@ -4,8 +4,8 @@ AOTAutograd, which stores the plan it makes.
 Each graph AOTAutograd makes (forward, backward or inference) is split into
 LTC regions and an eager rest (:mod:`.partition`), and each region is
 extracted through the cache on its first real call (AOTAutograd's compilers
-get FakeTensors, fact 6 in docs/design.md). The partitioned graphs are
-stored as a plan (:mod:`.plan`; for training the forward and backward
+get FakeTensors, docs/torch/aot-autograd.md#aot-compilers-see-fake-tensors). The partitioned graphs
+are stored as a plan (:mod:`.plan`; for training the forward and backward
 graphs, :mod:`.joint`), so that a warm start partitions them without
 running AOTAutograd; what runs, cold or warm, is each graph as the plan
 rebuilds it, so that both run the same regions.
@@ -58,7 +58,8 @@ def _stored_plan(cache: GraphCache, key: CacheKey,
                  rebuild: Callable[[Entry], _Rebuilt]) -> _Rebuilt | None:
     """What ``rebuild`` makes of the plan stored under ``key``; None where
     there is none, or where it is bad (then it is dropped). Its graphs are
-    rebuilt with the cyclic collector held off (fact 46 in docs/design.md)."""
+    rebuilt with the cyclic collector held off
+    (docs/torch/dynamo.md#cyclic-gc-during-warm-loads)."""
     with holding_off():
         entry = lookup_plan(cache, key)
         if entry is None:

@@ -24,21 +24,12 @@ from ..counter_names import (
     FUSED_PLAN_QUEUED,
     FUSED_PLAN_REFUSED,
 )
-from ..diagnostics import count_event, warn_once
-from ..errors import EntryError, NotForThisCpu
-from ..graph.entry import Entry, new_meta
-from ..graph.fused.entries import (
-    DATA_DEPENDENT,
-    NOT_FASTER,
-    refusal_entry,
-    usable_library,
-    warn_not_for_this_cpu,
-)
+from ..diagnostics import warn_once
+from ..graph.entry import Entry
+from ..graph.fused.entries import DATA_DEPENDENT, NOT_FASTER
 from ..graph.fused.platform import fusable_here
-from ..graph.fused.runner import FusedFunction, load_runner, mismatch
-from ..graph.fused.verdicts import RTOL, keep_verdict, verdict_held
-from ..kinds import EntryKind
-from ..signing import program_secret
+from ..graph.fused.runner import FusedFunction, load_runner
+from ..graph.fused.slot import LibrarySlot, SlotCounters
 from .plan_examples import Example, integer_inputs, keep_example
 from .plan_library import (
     ONE_REGION,
@@ -103,6 +94,8 @@ class _Outputs(NamedTuple):
 
 # Refusals that are no failure: no warning.
 _QUIET = (NOT_FASTER, DATA_DEPENDENT, WRITES_A_VIEW, ONE_REGION, RANDOM_RECOMPUTED)
+_COUNTERS = SlotCounters(loads=FUSED_PLAN_LOADS, checks=FUSED_PLAN_CHECKS,
+                         refused=FUSED_PLAN_REFUSED)
 
 
 class PlanFunction:
@@ -192,62 +185,27 @@ class PlanFunction:
             if stored is None:
                 self._cache.fused.queue(self._plan_key.digest, FUSED_PLAN_QUEUED)
                 return self._per_region
-        secret = program_secret(config.secret, config.directory)
-        try:
-            library = usable_library(stored, secret, self._plan_key.digest)
-        except NotForThisCpu as exc:  # a miss here, never replaced: no rebuild loop
-            warn_not_for_this_cpu(self._name, exc)
-            return self._per_region
-        except EntryError as exc:
-            cache.drop_entry(key, str(exc), remade="compiled")
-            return self._per_region
-        if library is None:
-            reason = str(stored.payload.get("reason", ""))
-            logger.info("%s: plan library refused: %s", self._name, reason[:300])
-            if not reason.startswith(_QUIET):
-                warn_once("fused-plan-refused", f"no fused library for {self._name} "
-                          f"({self._plan_key.digest[:12]}): {reason[:300]}; running its regions "
-                          "(`ltc-cache show` and `ltc-cache fuse --retry`)")
-            return self._per_region
         plan = cache.lookup_entry(self._plan_key, count=False)
-        strides = _input_strides(plan, self._part) if plan is not None else None
+        if plan is None:
+            logger.info("%s: no plan library (the plan is gone)", self._name)
+            return self._per_region
+        slot = LibrarySlot(cache, key, plan, self._name, _COUNTERS,
+                           instead="running its regions", quiet=_QUIET,
+                           refused_warning="fused-plan-refused")
+        library = slot.library(stored)
+        if library is None:
+            return self._per_region
+        strides = _input_strides(plan, self._part)
         if strides is None or len(strides) != len(args):
             logger.info("%s: no plan library (no recorded input layouts)", self._name)
             return self._per_region
         runner = _LaidOutRunner(load_runner(library.data), strides, self._writes)
-        count_event(FUSED_PLAN_LOADS)
         logger.info("%s: running the plan library %s", self._name, key.digest[:12])
-        signature = bytes(stored.payload["hmac"])  # verified by usable_library
-        fused = FusedFunction(runner, tensors_of(self._per_region, outputs.states),
-                              aliases=library.aliases, restride=library.restride,
-                              writes=self._writes,
-                              checked=verdict_held(cache, key.digest, self._plan_key.digest,
-                                                   signature),
-                              check=lambda expected, got, error: self._checked(
-                                  key, signature, expected, got, error))
+        fused = slot.function(stored, library, runner,
+                              tensors_of(self._per_region, outputs.states), writes=self._writes)
         inputs_returned = [(int(o), int(i)) for o, kind, i, *_ in library.aliases
                            if kind == "in" and int(i) in outputs.inputs]
         return _WithNones(fused, outputs, inputs_returned)
-
-    def _checked(self, key: CacheKey, signature: bytes, expected: Sequence[Any],
-                 got: Sequence[Any] | None, error: Exception | None) -> bool:
-        """The verdict on the library's first call: kept where its outputs
-        match the per-region path's, refused for good where they differ
-        (or it raised)."""
-        count_event(FUSED_PLAN_CHECKS)
-        problem = mismatch(expected, got, rtol=RTOL, error=error)
-        if problem is None:
-            keep_verdict(self._cache, key.digest, self._plan_key.digest, signature)
-            return True
-        count_event(FUSED_PLAN_REFUSED)
-        warn_once(f"fused:{key.digest}", f"the fused library of {self._name} "
-                  f"({self._plan_key.digest[:12]}) is not used: {problem}; running its regions")
-        plan = Entry(self._plan_key.digest, "", (), (), (),
-                     new_meta(graph_name=self._name, node_count=0, graph_hash="",
-                              key_parts=self._plan_key.parts), kind=EntryKind.PLAN)
-        self._cache.store_entry(refusal_entry(key, plan, f"on first use: {problem}"), key)
-        return False
-
 
 
 def _input_strides(plan: Entry, part: str) -> list[tuple[int, ...] | None] | None:
@@ -277,8 +235,9 @@ class _LaidOutRunner:
     for: the plan's recorded one. A backward's saved tensors come from the
     forward's regions, contiguous where eager's (and the recorded
     layout) were transposed views, and a library reads its inputs by the
-    strides it was compiled with (fact 66 in docs/design.md). What the
-    library wrote into such a copy is copied back into the input."""
+    strides it was compiled with
+    (docs/torch/aot-inductor.md#saved-tensors-arrive-in-another-layout). What the library wrote into
+    such a copy is copied back into the input."""
 
     __slots__ = ("_runner", "_strides", "_writes")
 

@@ -167,11 +167,11 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
         states = rng_state_outputs(traced)
         inputs = _example_inputs(traced, _input_kinds(plan, part),
                                  example_values(cache, key.digest))
-        if part == "backward":
-            _saved_from_forward(cache, plan, inputs)
+        run_strides = _saved_from_forward(cache, plan, inputs) if part == "backward" else {}
         unwrap_rng(traced, inputs)
         per_region = bind_regions(plan_part_graph(plan, part), f"{plan.graph_name}.{part}", cache)
-        built = build_library(tensors_of(per_region, states), inputs, started=started,
+        built = build_library(_laid_out_as_run(tensors_of(per_region, states), run_strides),
+                              inputs, started=started,
                               versus="the per-region path",
                               traced=tensors_of(traced, states), writes=writes,
                               settings=_settings(plan, part))
@@ -190,14 +190,22 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
 # blocks: its schedule as AOTAutograd ordered it. Inductor's reorderings
 # keep the recomputed blocks alive together: a checkpointed Llama's backward
 # library peaked at 102 MB over its start, 51 MB with both off, eager's
-# whole step at 54 MB (fact 85 in docs/design.md). A user who checkpoints
-# chose memory over speed; the library must still beat the regions' time.
+# whole step at 54 MB (docs/torch/aot-inductor.md#export-and-recomputing-backward). A user who
+# checkpoints chose memory over speed; the library must still beat the regions' time.
 _RECOMPUTING_BACKWARD = {"reorder_for_locality": False, "reorder_for_peak_memory": False}
 
 
+# A plan's library is a whole forward or backward: its C++ wrapper (one call
+# an op) is most of its compile, and at -O0 a small GPT's backward wrapper
+# compiled in 8 s against 12 s at AOTInductor's -O1, while what the
+# wrapper adds to a call of tens of milliseconds stays in the noise; the
+# kernels keep -O3 (docs/torch/aot-inductor.md#a-library-build-is-mostly-the-wrapper-compile).
+_PLAN = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+
+
 def _settings(plan: Entry, part: str) -> dict[str, Any]:
-    return _RECOMPUTING_BACKWARD if part == "backward" \
-        and plan.payload.get("recomputes") is True else {}
+    recomputing = part == "backward" and plan.payload.get("recomputes") is True
+    return {**_PLAN, **(_RECOMPUTING_BACKWARD if recomputing else {})}
 
 
 class NoLibrary(LtcCacheError):
@@ -320,32 +328,61 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
     return inputs
 
 
-def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tensor]) -> None:
+def _saved_from_forward(cache: GraphCache, plan: Entry, inputs: list[torch.Tensor]
+                        ) -> dict[int, tuple[int, ...]]:
     """Give a backward's saved tensors (its first inputs) the values its
-    forward computes from the forward's own example inputs. Random saved
-    tensors break what a backward relies on (BatchNorm's inverse standard
-    deviation comes from the batch's variance, a softmax's rows sum to
-    one), and a library and the regions compared on them can part by far
-    more than on a real step. Left random where the forward cannot run
-    here."""
+    forward computes, run as a run runs it (its per-region path) on the
+    forward's own example inputs; and return, by input index, the strides
+    in which a run's forward hands over those it lays out otherwise than
+    the plan recorded. Random saved tensors break what a backward relies on
+    (docs/torch/aot-inductor.md#backward-built-on-its-forwards-values).
+    The inputs keep the plan's layouts, which a library is compiled for and
+    called with (docs/torch/aot-inductor.md#saved-tensors-arrive-in-another-layout);
+    the per-region path is handed the run's (:func:`_laid_out_as_run`), so
+    that it binds the regions a run stored rather than tracing each again
+    (docs/torch/aot-inductor.md#region-key-holds-parameter-kinds). Left
+    random where the forward cannot run here."""
+    from .first_call import bind_regions
     from .joint import JointLayout
 
     try:
-        forward = plan_part_graph(plan, "forward").module
+        forward = plan_part_graph(plan, "forward")
         layout = JointLayout.from_wire(plan.payload.get("joint"))
         values = example_values(cache, part_key(plan.key, "forward").digest)
-        forward_inputs = _example_inputs(forward, _input_kinds(plan, "forward"), values)
+        forward_inputs = _example_inputs(forward.module, _input_kinds(plan, "forward"), values)
+        per_region = bind_regions(forward, f"{plan.graph_name}.forward", cache)
         with torch.no_grad():
-            saved = list(forward(*forward_inputs))[layout.outputs:]
+            saved = list(per_region(*forward_inputs))[layout.outputs:]
     except Exception as exc:  # a forward that needs a real input's values
         logger.info("the backward of plan %s is built on random saved tensors: %s",
                     plan.key[:12], exc)
-        return
+        return {}
+    run_strides = {}
     with torch.no_grad():
-        for tensor, value in zip(inputs, saved, strict=False):
+        for index, (tensor, value) in enumerate(zip(inputs, saved, strict=False)):
             if isinstance(value, torch.Tensor) and value.shape == tensor.shape \
                     and value.dtype == tensor.dtype:
                 _copy_into(tensor, value)
+                if value.stride() != tensor.stride() and not tensor.requires_grad:
+                    run_strides[index] = value.stride()
+    return run_strides
+
+
+def _laid_out_as_run(fn: Callable[..., Any], strides: dict[int, tuple[int, ...]]
+                     ) -> Callable[..., Any]:
+    """``fn`` called with the inputs ``strides`` names copied into those
+    strides: the layouts a run's per-region path is handed."""
+    if not strides:
+        return fn
+
+    def call(*args: Any) -> Any:
+        args = list(args)
+        for index, stride in strides.items():
+            value = args[index]
+            args[index] = torch.empty_strided(value.shape, stride,
+                                              dtype=value.dtype).copy_(value)
+        return fn(*args)
+    return call
 
 
 def unrepeated(tensor: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """AOTAutograd's generator-state wrappers in a plan's graph, taken out of
-what a whole-plan library compiles (fact 85 in docs/design.md).
+what a whole-plan library compiles (docs/torch/aot-inductor.md#export-and-recomputing-backward).
 
 An activation-checkpointed op that may draw random numbers is wrapped in
 ``run_and_save_rng_state`` in the forward and ``run_with_rng_state`` in
-the backward (fact 61), and ``torch.export`` has no rule for either. Where
-the op draws nothing the library calls it directly.
+the backward (docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers), and
+``torch.export`` has no rule for either. Where the op draws nothing the library calls it directly.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ class Unrepeatable(LtcCacheError):
 
 def rng_state_outputs(graph: fx.GraphModule) -> frozenset[int]:
     """The positions of ``graph``'s outputs that are the generator states
-    ``run_and_save_rng_state`` saved for a recomputation (fact 61 in
-    docs/design.md). A library leaves them out: its caller returns the
-    generator's state at the call in their place, what the wrapper
-    returns where the op it wraps draws nothing (:func:`unwrap_rng`)."""
+    ``run_and_save_rng_state`` saved for a recomputation
+    (docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers). A library leaves them out:
+    its caller returns the generator's state at the call in their place, what the wrapper returns
+    where the op it wraps draws nothing (:func:`unwrap_rng`)."""
     out = graph.graph.find_nodes(op="output")[0].args[0]
     return frozenset(i for i, node in enumerate(out if isinstance(out, list | tuple) else ())
                      if _state_of_rng_wrapper(node))

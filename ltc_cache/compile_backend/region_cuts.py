@@ -2,8 +2,9 @@
 
 A region is one call: every input is held by its caller until it returns,
 however early the region is done with it. Cut in two where that frees most
-of its inputs, a region's peak memory falls (fact 88 in docs/design.md).
-The plan key hashes this module's code (:func:`.plan.plan_key`).
+of its inputs, a region's peak memory falls
+(docs/torch/aot-autograd.md#region-holds-inputs-until-it-returns). The plan key hashes this module's
+code (:func:`.plan.plan_key`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ __all__ = ["split_where_inputs_die"]
 
 
 # A region is split where that lowers its peak (its inputs, which its
-# caller holds until it returns, and its values) by this much (fact 88 in
-# docs/design.md).
+# caller holds until it returns, and its values) by this much
+# (docs/torch/aot-autograd.md#region-holds-inputs-until-it-returns).
 _MIN_SPLIT_BYTES = 1 << 20
 
 
@@ -54,8 +55,8 @@ def split_where_inputs_die(proposed: list[Any], order: dict[fx.Node, int]) -> li
     layer's gradient down to its input and then the previous layer's
     recomputation and gradient: the first layer's attention gradients,
     activations and residual gradient stayed alive through the second's
-    MLP, its peak (fact 88 in docs/design.md). A prefix of a region in
-    graph order is a region, and so is the rest: a path from one of its
+    MLP, its peak (docs/torch/aot-autograd.md#region-holds-inputs-until-it-returns). A prefix of a
+    region in graph order is a region, and so is the rest: a path from one of its
     nodes to another through nodes outside it would make it no region, and
     no path leads from a later node to an earlier one. The graph is a
     backward, called boxed (:mod:`.boxed`): its own inputs are freed after
@@ -129,7 +130,8 @@ def _best_cut(nodes: list[fx.Node], order: dict[fx.Node, int]) -> int | None:
     # and no tuple: an op of several outputs (convolution_backward,
     # native_batch_norm_backward) stays with the getitems that take them
     # apart, since a region returns tensors only (LTC refuses a region that
-    # returns a tuple, and the region runs eagerly: fact 90 in docs/design.md).
+    # returns a tuple, and the region runs eagerly:
+    # docs/torch/aot-autograd.md#backward-cuts-pay-only-when-recomputing).
     computing = [node.op == "call_function" and not is_view[i] for i, node in enumerate(nodes)]
     first_computing = computing.index(True) if any(computing) else n
     last_computing = n - 1 - computing[::-1].index(True) if any(computing) else -1

@@ -1,9 +1,8 @@
 """Which aten ops the LTC TorchScript backend lowers, learned by probing.
 
-The backend lowers most aten ops but not all of them (fact 10 in
-docs/design.md). Each op signature (the op and its tensor arguments'
-dtypes) is probed once on lazy zeros shaped like its inputs; what is learned
-is kept in the store as an internal record
+The backend lowers most aten ops but not all of them (docs/torch/ltc.md#some-ops-do-not-lower). Each
+op signature (the op and its tensor arguments' dtypes) is probed once on lazy zeros shaped like its
+inputs; what is learned is kept in the store as an internal record
 (``ltc_cache:op-support:<torch version>``), so a warm process never probes
 an op again.
 """
@@ -67,7 +66,7 @@ def static_rules(node: fx.Node) -> str | None:
         return "as_strided over a layout that is not its input's contiguous order"
     # A None among the results is an output the graph asked not to have
     # (``convolution_backward``'s output_mask): no node reads it, and the
-    # region returns only the tensors (fact 35 in docs/design.md).
+    # region returns only the tensors (docs/torch/ltc.md#cnn-backward-lowers-more-than-probed).
     leaves = [v for v in torch.utils._pytree.tree_leaves(node_value(node)) if v is not None]
     if not leaves or not all(isinstance(v, torch.Tensor) for v in leaves):
         return "returns a non-tensor"
@@ -96,7 +95,7 @@ def strides_its_own_order(node: fx.Node) -> bool:
     elements in logical order. They agree where the input is contiguous
     from the offset used and the strides reach no element past its end.
     Longformer's sliding-window chunks take ``as_strided`` of a transposed
-    view: in LTC that read other elements (fact 45 in docs/design.md)."""
+    view: in LTC that read other elements (docs/torch/ltc.md#ltc-as-strided-strides-elements)."""
     first = 2 if node.target is torch.ops.aten.as_strided_scatter.default else 1
     size, stride = node.args[first], node.args[first + 1]
     offset = node.args[first + 2] if len(node.args) > first + 2 \
@@ -210,11 +209,12 @@ class OpSupport(OperatorSupportBase):
         if not todo:
             return
         # Called from AOTAutograd's compilers with its FakeTensorMode active:
-        # lazy tensors must be made outside it (fact 7 in docs/design.md).
-        # And outside the Python dispatcher, whose kernel for
-        # native_batch_norm makes it an op LTC does not lower (fact 35).
-        # One probe at a time in a process: LTC's fallback counts, which
-        # give the verdict, are process-wide (ltc_cache/threads.py).
+        # lazy tensors must be made outside it
+        # (docs/torch/aot-autograd.md#lazy-tracing-fails-under-a-dispatch-mode). And outside the
+        # Python dispatcher, whose kernel for native_batch_norm makes it an op LTC does not lower
+        # (docs/torch/ltc.md#cnn-backward-lowers-more-than-probed). One probe at a time in a
+        # process: LTC's fallback counts, which give the verdict, are process-wide
+        # (ltc_cache/threads.py).
         with trace_lock, real_tensors(), torch._C._DisablePythonDispatcher():
             for signature, node in todo.items():
                 why = _probe(node)

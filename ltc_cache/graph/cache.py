@@ -21,7 +21,7 @@ from ..collector import holding_off
 from ..config import CacheConfig
 from ..counter_names import ERRORS, HITS, MISSES, NEGATIVE_HITS, STORES, TRACES
 from ..diagnostics import count_event, counters, warn_once
-from ..errors import EntryError, LockTimeout, UncacheableGraph, is_graph_failure
+from ..errors import EntryError, LockTimeout, RememberedFailure, UncacheableGraph, is_graph_failure
 from ..kinds import EntryKind
 from ..store import Store, TieredStore, open_tiers
 from ..threads import trace_lock
@@ -102,7 +102,8 @@ class GraphCache:
         """See :func:`ltc_cache.extract_compiled_graph`; ``digest`` and
         ``tensors``: see :func:`~ltc_cache.graph.keys.graph_parts`. Given
         both, ``model`` may be what builds the graph, called only where it
-        is traced (a stored plan's region, fact 49 in docs/design.md)."""
+        is traced (a stored plan's region,
+        docs/torch/aot-autograd.md#stored-regions-built-only-when-needed)."""
         store = self.store
         # Resolved once for the key, the entry check and the binding.
         tensors = module_tensors(_built(model)) if tensors is None else tensors
@@ -224,7 +225,8 @@ class GraphCache:
             self._built[key.digest] = built
         return built
 
-    @holding_off()  # a warm start's decode and parse (fact 46 in docs/design.md)
+    # A warm start's decode and parse (docs/torch/dynamo.md#cyclic-gc-during-warm-loads).
+    @holding_off()
     def _lookup(self, store: Store, key: str, tensors: Mapping[str, torch.Tensor],
                 num_args: int) -> Built | None:
         if key in self._built:
@@ -327,8 +329,8 @@ class GraphCache:
         entry = built.entry
         if entry.kind == EntryKind.NEGATIVE:
             self.record(NEGATIVE_HITS)
-            raise RuntimeError(f"{entry.payload.get('reason', 'LTC cannot extract this graph')} "
-                               f"(remembered in entry {entry.key[:12]})")
+            reason = entry.payload.get("reason", "LTC cannot extract this graph")
+            raise RememberedFailure(f"{reason} (remembered in entry {entry.key[:12]})")
         return CompiledGraph(entry, self.fused.function(entry, built.function), None,
                              tensors=tensors)
 

@@ -70,7 +70,15 @@ def _show_negative(entry: Entry, context: ShowContext) -> KindView:
         "program runs through torch.compile.\nIt holds no inputs, outputs or IR.")])
 
 
+def _summarise_graph(body: Mapping[str, Any]) -> dict[str, Any]:
+    # What its fused library is keyed by, so that `ltc-cache fuse` knows
+    # from the listing alone which graphs have one.
+    from .fused.source import source_of_body
+
+    return {"source": source_of_body(body)}
+
+
 GRAPH = KindHandlers(EntryKind.GRAPH, verify=nothing_more, show=_show_graph,
-                     summarise=no_fields, fuses=True)
+                     summarise=_summarise_graph, fuses=True)
 NEGATIVE = KindHandlers(EntryKind.NEGATIVE, verify=nothing_more, show=_show_negative,
                         summarise=no_fields)

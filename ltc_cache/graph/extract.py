@@ -21,7 +21,7 @@ import torch
 from torch import fx
 from torch.nn.utils.stateless import _reparametrize_module
 
-from ..errors import LtcUnavailable
+from ..errors import GraphNotExtractable, LtcUnavailable
 from . import lazy_bindings as ltc
 from .keys import module_tensors
 from .layout import Source, Update
@@ -77,8 +77,9 @@ def _shadow(module: torch.nn.Module, made: dict[int, torch.nn.Module]) -> torch.
 def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     """Trace ``model`` on the lazy device and sync it, as the original does.
 
-    Raises RuntimeError naming the ops that fell back to eager: a graph with
-    fallbacks has holes LTC filled with eager values and cannot be replayed.
+    Raises GraphNotExtractable naming the ops that fell back to eager: a
+    graph with fallbacks has holes LTC filled with eager values and cannot
+    be replayed.
     """
     init_lazy_backend()
     # A new GraphModule over a copy of the graph shares the weights, so
@@ -110,7 +111,7 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     fallback_ops = ltc.fallback_ops()
     ltc.reset_metrics()
     if fallback_ops:
-        raise RuntimeError(
+        raise GraphNotExtractable(
             f"Fail to extract the compiled graph because of fallback: {','.join(fallback_ops)}"
         )
     if not isinstance(lazy_out, (tuple, list)):
@@ -146,7 +147,7 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
         graph_tensors = _with_ir_values(graph_tensors)
         ir = ltc.dump_ir(graph_tensors)
         if _returns(ir) != len(graph_tensors):
-            raise RuntimeError(f"LTC's graph returns {_returns(ir)} of the "
+            raise GraphNotExtractable(f"LTC's graph returns {_returns(ir)} of the "
                                f"{len(graph_tensors)} values traced")
     ir = normalize_ir(ir)
     input_ids, input_values = ltc.ts_device_data(graph_tensors)
@@ -209,7 +210,7 @@ def _input_source(tid: int, value: Any, arg_ids: dict[int, int],
     if tid in attr_ids:
         return Source("attr", attr_ids[tid])
     if not isinstance(value, torch.Tensor):
-        raise RuntimeError(f"graph input of type {type(value).__name__} cannot be stored")
+        raise GraphNotExtractable(f"graph input of type {type(value).__name__} cannot be stored")
     # Scalars the trace captured (``x * 2.5``, ``alpha=1``) arrive as 0-dim
     # tensors; factory results baked in by LTC arrive as data.
     return Source("const", value.detach().to("cpu").clone())
@@ -228,4 +229,4 @@ def _output_source(value: Any, known: dict[int, Source], slot) -> Source:
         return Source("out", slot(value))
     if isinstance(value, _PLAIN_OUTPUTS):
         return Source("value", value)
-    raise RuntimeError(f"cannot extract a graph that returns {type(value).__name__}")
+    raise GraphNotExtractable(f"cannot extract a graph that returns {type(value).__name__}")

@@ -163,8 +163,8 @@ def graph_parts(model: fx.GraphModule, *, tensors: Mapping[str, torch.Tensor] | 
     """The parts of ``model``'s key that the graph alone decides: its code
     and leaf modules (``graph``) and the layouts of the tensors it holds
     (``module_tensors``). Stored with a program's graph, so that a warm
-    start looks the graph's plan up without rebuilding the graph (fact 47
-    in docs/design.md).
+    start looks the graph's plan up without rebuilding the graph
+    (docs/torch/dynamo.md#program-stores-graph-key-parts).
 
     ``tensors`` is ``module_tensors(model)`` where the caller has it already;
     ``digest`` is ``graph_digest(model)``, where the caller holds it from an
@@ -233,8 +233,9 @@ def constant_text(value: Any) -> str:
     """A code constant as text, the same in every process. A frozenset
     (``x in {"a", "b"}`` compiles to one) iterates, and so reprs, in the
     order of its items' hashes, which ``PYTHONHASHSEED`` changes from one
-    process to the next: its items are sorted (fact 59 in
-    docs/design.md). Other constants are their repr, as before."""
+    process to the next: its items are sorted
+    (docs/torch/dynamo.md#frozenset-repr-follows-the-hash-seed).
+    Other constants are their repr, as before."""
     if isinstance(value, frozenset):
         return f"frozenset:[{','.join(sorted(constant_text(v) for v in value))}]"
     if isinstance(value, tuple) and _holds_a_set(value):

@@ -16,6 +16,7 @@ from ..errors import EntryError
 from .entry import Entry, check_layout
 from .keys import module_tensors
 from .layout import Source
+from .torchscript_ir import executor_optimize, function_from_graph, parse_ir, set_executor_optimize
 
 __all__ = ["CompiledGraph", "GraphFunction", "build_function", "check_usable", "count_nodes"]
 
@@ -31,13 +32,13 @@ def build_function(ir: str) -> GraphFunction | None:
     IR does not parse."""
     if not ir:
         return None
-    graph = torch._C.parse_ir(ir)
+    graph = parse_ir(ir)
     graph.makeMultiOutputIntoTuple()
-    return torch._C._create_function_from_graph(f"ltc_cache_graph_{next(_names)}", graph)
+    return function_from_graph(f"ltc_cache_graph_{next(_names)}", graph)
 
 
 def count_nodes(ir: str) -> int:
-    return sum(1 for _ in torch._C.parse_ir(ir).nodes()) if ir else 0
+    return sum(1 for _ in parse_ir(ir).nodes()) if ir else 0
 
 
 def check_usable(entry: Entry, function: GraphFunction | None,
@@ -175,5 +176,5 @@ class CompiledGraph:
         return out
 
 
-_get_optimize = torch._C._get_graph_executor_optimize
-_set_optimize = torch._C._set_graph_executor_optimize
+_get_optimize = executor_optimize
+_set_optimize = set_executor_optimize

@@ -20,7 +20,7 @@ never attended to, and ``labels`` of -100 are left out of the loss. So:
 Symbolic lengths were the other way: a sequence dimension kept symbolic in
 the stored Dynamo graph. LTC traces are per concrete shape anyway, and
 Dynamo's symbolic guards over a saved graph were not sound across
-processes here (docs/design.md, fact 41), so padding it is.
+processes here (docs/torch/dynamo.md#dynamic-length-not-sound-when-reloaded), so padding it is.
 """
 
 from __future__ import annotations

@@ -130,8 +130,8 @@ def restored_attributes_allowed() -> Iterator[None]:
     holding a value equal to nothing: Dynamo's own check at the end of the
     body passes only where a later store put back the original constant,
     else it refuses the block as before. Eager's checkpoint runs the block
-    again in the backward; a restored attribute is the same after it (fact
-    62 in docs/design.md)."""
+    again in the backward; a restored attribute is the same after it
+    (docs/torch/dynamo.md#checkpointed-block-may-restore-attributes)."""
     pieces = side_effect_pieces()
     if pieces is None:
         yield

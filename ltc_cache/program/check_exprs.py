@@ -83,8 +83,8 @@ def checks_code(source: str, stored: Mapping[str, bytes] | None = None) -> types
     by the compiler. Kept a process: the programs of one function for
     several input layouts (one a prompt length) mostly have the same
     checks, so the same source. Compiling takes ~15 ms for GPT-2's 150
-    checks, 9 ms of BERT's warm first step (fact 48 in docs/design.md); the
-    values each program compares are not in the source."""
+    checks, 9 ms of BERT's warm first step (docs/torch/dynamo.md#three-load-costs-paid-elsewhere);
+    the values each program compares are not in the source."""
     digest = source_digest(source)
     code = _COMPILED.pop(digest, None)
     if code is None and stored and digest in stored:

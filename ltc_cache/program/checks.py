@@ -6,7 +6,7 @@ a constant by value), and identity guards on plain objects
 Dynamo guards an object's identity (``ID_MATCH``) wherever the traced code
 reads its ``id()``: ``copy.deepcopy`` keys its memo by ``id(x)``, and
 transformers' encoder-decoder models deep-copy their config on every
-forward (``config.get_text_config``, fact 36 in docs/design.md). The id of
+forward (``config.get_text_config``, docs/torch/dynamo.md#deepcopy-makes-identity-guards). The id of
 an object never holds in another process, and a config has no description
 that does (:func:`ltc_cache.program.describe.describe` takes classes, functions,
 constants). What the trace depended on is the object's class, its

@@ -8,8 +8,8 @@ its lazy set-up, the second rebuilds the buckets and logs it,
 ``no_sync()`` skips the reduction. Compiled through Dynamo it was a program
 of frames (DDP's forward breaks the graph at each of its calls Dynamo
 cannot trace), and a warm rank met frames the cold one had never visited
-or stored (fact 60 in docs/design.md). Here a call runs DDP's own forward
-with the module it wraps stood in for, for the length of the call, by that
+or stored (docs/torch/distributed.md#ddp-forward-has-nothing-to-compile). Here a call runs DDP's own
+forward with the module it wraps stood in for, for the length of the call, by that
 module compiled with :func:`ltc_cache.compile`, as ``DDP(ltc_cache.compile(model))``
 is written: the module's program is loaded warm, DDP's reducer hooks the
 same parameters and reduces the gradients the compiled backward produces.

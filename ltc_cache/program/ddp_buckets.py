@@ -6,13 +6,12 @@ A compiled training graph is one autograd node: its backward hands DDP's
 reducer every gradient at its end, so the all-reduces run after the
 backward, where eager DDP starts each bucket's as soon as its gradients are
 in. Dynamo's DDPOptimizer cuts the graphs it captures under DDP for this
-reason; a program is captured outside DDP's forward (fact 60 in
-docs/design.md), so its graph is cut here instead, when it is first called
-inside one. The rule is the reducer's own: walking the graph from its end
-(the backward's start), a piece closes once the parameters it uses fill a
-bucket, ``bucket_cap_mb`` (DDP's first bucket is 1 MiB where the cap is
-left at its default). Each piece is compiled on its first call as a
-program's graph is, its plan a cache entry of its own. The cut depends only
+reason; a program is captured outside DDP's forward
+(docs/torch/distributed.md#ddp-forward-has-nothing-to-compile), so its graph is cut here instead,
+when it is first called inside one. The rule is the reducer's own: walking the graph from its end
+(the backward's start), a piece closes once the parameters it uses fill a bucket, ``bucket_cap_mb``
+(DDP's first bucket is 1 MiB where the cap is left at its default). Each piece is compiled on its
+first call as a program's graph is, its plan a cache entry of its own. The cut depends only
 on the graph, the parameters' sizes and DDP's caps, so a warm rank cuts
 where the cold one did and finds each piece's plan stored.
 

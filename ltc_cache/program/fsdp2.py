@@ -1,6 +1,7 @@
 """What the stand-in and :mod:`ltc_cache.program.fully_sharded` read of
 FSDP2 (``fully_shard``): its module class, where this torch has one, and
-the stand-in's refusal to be sharded itself (fact 75 in docs/design.md)."""
+the stand-in's refusal to be sharded itself
+(docs/torch/distributed.md#sharding-the-stand-in-fails)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ def fsdp_module_class() -> type | None:
 
 def refuse_sharding_the_stand_in(cls: type) -> None:
     """``fully_shard(ltc_cache.compile(model))`` made the stand-in an FSDP
-    root whose first forward fails inside FSDP's hook (fact 75): refused
-    where ``fully_shard`` sets its class, its last step, with the order
-    that works."""
+    root whose first forward fails inside FSDP's hook
+    (docs/torch/distributed.md#sharding-the-stand-in-fails): refused where ``fully_shard`` sets its
+    class, its last step, with the order that works."""
     fsdp = fsdp_module_class()
     if fsdp is not None and isinstance(cls, type) and issubclass(cls, fsdp):
         raise TypeError(

@@ -8,8 +8,8 @@ that runs once its gradients are in) and a forward hook (reshard, hook the
 outputs to all-gather again before their backward), both
 ``torch._dynamo.disable``-d: compiled whole through Dynamo, the model broke
 its graph at every hook, and the frames between the breaks walked FSDP's
-bookkeeping (fact 72 in docs/design.md). Here a call runs the model as it
-is, hooks and all, with each **unit**'s ``forward`` its program for the
+bookkeeping (docs/torch/distributed.md#fsdp2-hooks-are-dynamo-disabled). Here a call runs the model
+as it is, hooks and all, with each **unit**'s ``forward`` its program for the
 length of the call: from the model down, the first modules with no sharded
 module below them that hold weights (each block, the embeddings, the final
 norm, the head), each compiled by :func:`ltc_cache.compile` of its bound
@@ -18,7 +18,8 @@ program runs after the pre-hook, on the unsharded parameters (plain
 tensors, never the sharded DTensors), and its backward writes their
 gradients, which FSDP's hook reduce-scatters. The code above the units
 (the model's forward looping over its blocks, the loss) runs eagerly:
-Dynamo cannot resume after a graph break inside a loop (fact 73).
+Dynamo cannot resume after a graph break inside a loop
+(docs/torch/distributed.md#no-resume-after-break-in-a-loop).
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ def _unsharded_class(module: torch.nn.Module) -> type[torch.nn.Module]:
 
 class _AsUnsharded:
     """A unit's forward: its program, called while the module is of its
-    own class, not FSDP's (fact 74: a program guards its class's MRO by
-    index, and saving such a guard failed under FSDP's class). FSDP's
+    own class, not FSDP's (docs/torch/distributed.md#sharded-program-guards-mro-by-index: a program
+    guards its class's MRO by index, and saving such a guard failed under FSDP's class). FSDP's
     hooks run around this call, so none of them sees the class changed."""
 
     def __init__(self, module: torch.nn.Module, program: Callable[..., Any]) -> None:

@@ -8,8 +8,8 @@
   own, and a fake mode records the Python stack where it is made: forty
   walks of a stack sixty frames deep for ViT's forty parameters.
 
-Both are in fact 48 of docs/design.md; the private piece the second relies
-on comes through :mod:`.guards` (:func:`~.guards.state_pickler`).
+Both are in docs/torch/dynamo.md#three-load-costs-paid-elsewhere; the private piece the second
+relies on comes through :mod:`.guards` (:func:`~.guards.state_pickler`).
 """
 
 from __future__ import annotations

@@ -121,16 +121,17 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
     if isinstance(model, CompiledModule) or hasattr(model, "_ltc_programs"):
         return model  # compiled already
     if is_data_parallel(model):
-        # DDP's forward stays eager, its module is compiled (fact 60 in
-        # docs/design.md): as DDP(ltc_cache.compile(model)).
+        # DDP's forward stays eager, its module is compiled
+        # (docs/torch/distributed.md#ddp-forward-has-nothing-to-compile): as
+        # DDP(ltc_cache.compile(model)).
         compiled = compiled_data_parallel(model, functools.partial(compile, buckets=buckets,
                                                                    **kwargs))
         if compiled is not None:
             return compiled
     if is_fully_sharded(model):
         # FSDP2's hooks and the model's loop over its blocks stay eager,
-        # each block (and other weight-holding leaf) is a program (fact 72
-        # in docs/design.md).
+        # each block (and other weight-holding leaf) is a program
+        # (docs/torch/distributed.md#fsdp2-hooks-are-dynamo-disabled).
         compiled = compiled_fully_sharded(
             model, functools.partial(compile, buckets=None, **kwargs), padding)
         if compiled is not None:

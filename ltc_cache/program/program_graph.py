@@ -30,7 +30,7 @@ class LtcProgramGraph(SerializableCallable):
     pickler), with what AOTAutograd reads beside it that the pickler drops
     (each placeholder's ``_dynamo_source``), and the graph's key parts: a
     loaded training graph finds its plan by them, and is unpickled only
-    where the plan is missing or fails (fact 47 in docs/design.md).
+    where the plan is missing or fails (docs/torch/dynamo.md#program-stores-graph-key-parts).
 
     The graph is counted as one of ``dynamo_graphs`` when Dynamo hands it
     over (:func:`program_backend`), not when it is compiled: a loaded
@@ -70,7 +70,8 @@ class LtcProgramGraph(SerializableCallable):
         gm = fn.gm
         # Not picklable, and not read by the backend; in the graphs of
         # higher-order ops too (a checkpointed block's ``wrap_body``: its
-        # values' fake mode holds weak dictionaries; fact 61 in docs/design.md).
+        # values' fake mode holds weak dictionaries;
+        # docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers).
         for module in gm.modules():
             if isinstance(module, torch.fx.GraphModule):
                 for node in module.graph.nodes:
@@ -145,7 +146,7 @@ def _piece(gm: torch.fx.GraphModule, name: str) -> LtcProgramGraph:
     return LtcProgramGraph(gm, name, whole=False)
 
 
-@holding_off()  # fact 46 in docs/design.md
+@holding_off()  # docs/torch/dynamo.md#cyclic-gc-during-warm-loads
 def _graph_from(stored: dict[str, Any]) -> torch.fx.GraphModule:
     from torch._subclasses import FakeTensorMode
     from torch.fx._graph_pickler import GraphPickler

@@ -1,5 +1,5 @@
 """The single-graph route of one function: each input layout's programs,
-one a slot under the layout's key (fact 59 in docs/design.md), loaded from
+one a slot under the layout's key (docs/torch/dynamo.md#one-layout-several-programs), loaded from
 the cache or captured whole by Dynamo's AOT precompile and stored. A
 function Dynamo cannot capture as one graph, or whose stored program is one
 of frames, is handed to the several-frames route (:mod:`.frames`)."""
@@ -56,7 +56,7 @@ def _slot_key(key: CacheKey, slot: int) -> CacheKey:
     the first, a key derived from it for the others. One layout may need
     several programs in turn (a guard on state the first call changes:
     transformers' ``config.problem_type``), and each process meets them in
-    the order its calls come (fact 59 in docs/design.md)."""
+    the order its calls come (docs/torch/dynamo.md#one-layout-several-programs)."""
     return key if slot == 0 else derived_key(key, program_slot=str(slot))
 
 
@@ -184,7 +184,7 @@ class SingleGraphRoute:
 
     # -- load --------------------------------------------------------------------
 
-    @holding_off()  # fact 46 in docs/design.md
+    @holding_off()  # docs/torch/dynamo.md#cyclic-gc-during-warm-loads
     def _load(self, entry: Any, key: CacheKey, store: _Store, layout: Any) -> Program | None:
         """The program of ``entry`` (:meth:`_fits` tells whether one of a
         single graph fits this call); None where it is stale or does not

@@ -76,7 +76,7 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
     (a plan's graphs rebuild; a program's or a fused library's signature
     holds where this user has the key that signs them; nothing is
     unpickled, no library loaded)."""
-    import torch
+    from ..graph.torchscript_ir import parse_ir
 
     checked, problems = 0, []
     for key in keys:
@@ -86,7 +86,7 @@ def verify(store: DiskStore, keys: Iterable[str], *, secret: bytes | None = None
                 continue
             entry = decode_entry(data, key, secret)
             if entry.ir:
-                torch._C.parse_ir(entry.ir)
+                parse_ir(entry.ir)
             handlers(entry.kind).verify(entry, secret, store.directory)
         except EntryError as exc:
             problems.append(EntryProblem(key, str(exc)))

@@ -60,7 +60,9 @@ def plan_fuse(selected: Sequence[EntryInfo], every: Sequence[EntryInfo]
         handled = handlers_of(graph.kind)
         if handled is None or not handled.fuses or graph.problem:
             continue
-        key = fused_key(graph.key).digest
+        # A graph's library is keyed by its content (one an identical layer
+        # compiled is this graph's too); a plan's by the plan's key.
+        key = fused_key(graph.source or graph.key).digest
         targets.append(FuseTarget(graph, key, fused.get(key)))
     return tuple(targets)
 
@@ -114,17 +116,21 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
     A stored library whose signature does not hold here is deleted and
     compiled again: no process here would ever load it."""
     from ..compile_backend.plan_library import fuse_stored
-    from ..graph.fused.platform import fused_key
+    from ..graph.fused.platform import fused_key, source_key
+    from ..graph.keys import CacheKey
 
     store = cache.store
     if not isinstance(store, DiskStore):
         raise TypeError("fuse_one needs a GraphCache over a cache directory")
     started = time.monotonic()
-    key = fused_key(graph_key)
+    graph = cache.lookup_entry(CacheKey(graph_key, {}), count=False)
+    if graph is None:
+        return FuseOutcome(graph_key, graph_name, GONE, None, time.monotonic() - started)
+    key = fused_key(source_key(graph))
     stored = cache.lookup_entry(key, count=False)
     replaced = None
     if stored is not None:
-        replaced = _unusable(cache, stored, graph_key)
+        replaced = _unusable(cache, stored, source_key(graph))
         if replaced is None and ("library" in stored.payload or not retry):
             status = ALREADY_FUSED if "library" in stored.payload else ALREADY_REFUSED
             return FuseOutcome(graph_key, graph_name, status, fused_info(stored.payload),
@@ -142,14 +148,14 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
                        replaced)
 
 
-def _unusable(cache: GraphCache, stored: Entry, graph_key: str) -> str | None:
+def _unusable(cache: GraphCache, stored: Entry, source: str) -> str | None:
     """Why a stored fused entry would never be used here (another graph's,
     malformed, signed with another key, for another CPU), or None."""
     from ..graph.fused.entries import usable_library
 
     try:
         usable_library(stored, program_secret(cache.config.secret, cache.config.directory),
-                       graph_key)
+                       source)
     except EntryError as exc:
         return str(exc)
     return None

@@ -64,6 +64,8 @@ class EntryInfo(NamedTuple):
     # a library's: every vector feature it needs (AVX2, AVX512 AVX512_VNNI, ...).
     fused: str | None = None
     isa: str | None = None
+    # A graph's: what its fused library is keyed by (graph/fused/source.py).
+    source: str | None = None
 
     @property
     def short_key(self) -> str:
@@ -172,6 +174,7 @@ def scan(store: DiskStore) -> CacheReport:
             problem=summary.get("problem"),
             fused=summary.get("fused"),
             isa=summary.get("isa") if isinstance(summary.get("isa"), str) else None,
+            source=summary.get("source") if isinstance(summary.get("source"), str) else None,
         ))
     return CacheReport(Path(store.directory), tuple(entries), len(internal), internal_size,
                        time.time(), tuple(internal))

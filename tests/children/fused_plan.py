@@ -6,8 +6,8 @@ plan: forward and backward), each against eager. ``sign``, which LTC does
 not lower, splits each graph into regions with an eager op between them,
 a running mean kept in a buffer (as BatchNorm's) makes each graph write
 one of its inputs, and a checkpointed attention puts AOTAutograd's
-generator-state wrappers into the training plan (fact 61 in
-docs/design.md).
+generator-state wrappers into the training plan
+(docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers).
 
 ``python tests/children/fused_plan.py`` prints one JSON object: this
 process's stats, and the largest relative difference from eager of the

@@ -7,7 +7,7 @@ loss through the route (``ltc_cache.compile(model)``, ``torch.compile(model)``)
 and eagerly, each step's time, the process's time to the end of its
 last step, and its counters. The models and batches are
 ``zoo/padded_models.py``'s. ``tests/program/test_buckets.py`` and
-``python -m tools.bench_generate --train`` run it in fresh processes, cold
+``python -m tools.bench.generate --train`` run it in fresh processes, cold
 then warm.
 """
 

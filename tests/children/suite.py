@@ -1,11 +1,11 @@
 """A child process for tests/compile_backend/test_suite_warm.py: the first
-training call of each model named (``python -m tools.bench_suite --child
+training call of each model named (``python -m tools.bench.suite --child
 MODEL train``: through ``ltc_cache.compile``, against eager on a copy), one model
 after the other, each counted on its own as a process of its own counts
 it: ltc_cache's counters, AOTAutograd's traces, Dynamo's frames.
 
 ``python tests/children/suite.py MODEL [MODEL ...]`` prints one JSON line:
-model -> bench_suite's report.
+model -> tools.bench.suite's report.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import sys
 
 from ltc_cache.diagnostics import counters
-from tools import suite_child
+from tools.bench import suite_child
 from tools.probes import AOT
 
 

@@ -35,7 +35,8 @@ from ltc_cache.config import CacheConfig
 from ltc_cache.graph.cache import GraphCache, default_cache
 from ltc_cache.graph.entry import Entry, decode, encode
 from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
-from ltc_cache.graph.fused.platform import fused_key, machine_isa
+from ltc_cache.graph.fused.platform import fused_key, machine_isa, source_key
+from ltc_cache.graph.keys import CacheKey
 from ltc_cache.signing import key_path, program_secret
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.units import format_size
@@ -136,9 +137,15 @@ def store_entry(directory: Path, entry: Entry, **config: object) -> None:
     cache.store.close()
 
 
+def library_key(directory: Path, graph_key: str) -> CacheKey:
+    """Where the library of the graph entry ``graph_key`` is stored: under
+    its content (graph/fused/source.py)."""
+    return fused_key(source_key(graph_entry(directory, graph_key)))
+
+
 def make_library(directory: Path, graph_key: str, *, library: bytes = LIBRARY,
                  secret: bytes | None = None, isa: str | None = None) -> Entry:
-    key = fused_key(graph_key)
+    key = library_key(directory, graph_key)
     return fused_entry(key, graph_entry(directory, graph_key), library=library,
                        isa=machine_isa() if isa is None else isa, aliases=[],
                        restride=[[0, [2, 4], [4, 1]]],
@@ -152,7 +159,8 @@ def put_library(directory: Path, graph_key: str, **kwargs: object) -> str:
 
 
 def put_refusal(directory: Path, graph_key: str, reason: str = SLOWER) -> str:
-    entry = refusal_entry(fused_key(graph_key), graph_entry(directory, graph_key), reason,
+    entry = refusal_entry(library_key(directory, graph_key), graph_entry(directory, graph_key),
+                          reason,
                           {**STATS, "fused_ms": 0.3})
     store_entry(directory, entry)
     return entry.key
@@ -349,7 +357,9 @@ def test_show_a_fused_library(cache, capsys):
     assert code == 0
     fields = dict(re.findall(r"^(\w[\w ]*?)  +(.*)$", out, re.M))
     assert fields["Kind"] == "fused"
-    assert fields["Graph"] == f"{keys['mlp']} (mlp)"
+    source = source_key(graph_entry(directory, keys["mlp"]))
+    assert fields["Graph"] == (f"{source} (the content of mlp: every graph of the same IR "
+                               "and input layouts uses this entry)")
     assert fields["Library"] == (f"{format_size(len(LIBRARY))}, sha256 "
                                  f"{hashlib.sha256(LIBRARY).hexdigest()}")
     assert fields["ISA"] == f"{machine_isa()} (this CPU runs it)"
@@ -374,7 +384,8 @@ def test_show_a_refusal_and_a_library_whose_graph_is_gone(cache, capsys):
     assert code == 0
     fields = dict(re.findall(r"^(\w[\w ]*?)  +(.*)$", out, re.M))
     assert fields["Refused"] == SLOWER
-    assert fields["Graph"] == f"{keys['scale']} (scale)"
+    assert fields["Graph"].startswith(f"{source_key(graph_entry(directory, keys['scale']))} "
+                                      "(the content of scale:")
     assert fields["Per call"] == "1.34x of TorchScript's time (0.300 ms vs 0.224 ms)"
     assert "Library" not in fields and "ISA" not in fields
     assert fields["Signature"].startswith("- (a refusal holds no code)")
@@ -384,7 +395,7 @@ def test_show_a_refusal_and_a_library_whose_graph_is_gone(cache, capsys):
     store.discard([keys["mlp"]])
     store.close()
     code, out, _ = cli(capsys, directory, "show", library)
-    assert code == 0 and f"{keys['mlp']} (not stored here)" in out
+    assert code == 0 and "(the content of mlp: every graph" in out  # named by its first graph
 
 
 # -- verify ---------------------------------------------------------------------------------
@@ -454,10 +465,11 @@ def test_fuse_compiles_each_graph_once_with_a_line_each(cache, capsys, compiler)
     assert re.search(rf"^\[\d/2\] mlp {keys['mlp'][:12]}: ", out, re.M)
     assert "Done in" in out and "1 library compiled, 1 refused, 0 skipped" in out
     stored = ReadOnlyDiskStore(directory)
-    mlp = decode(stored.get(fused_key(keys["mlp"]).digest))
-    scale = decode(stored.get(fused_key(keys["scale"]).digest))
+    mlp = decode(stored.get(library_key(directory, keys["mlp"]).digest))
+    scale = decode(stored.get(library_key(directory, keys["scale"]).digest))
     stored.close()
-    assert library_of(mlp, program_secret(None, directory), keys["mlp"]).data == LIBRARY
+    assert library_of(mlp, program_secret(None, directory),
+                      source_key(graph_entry(directory, keys["mlp"]))).data == LIBRARY
     assert scale.payload["reason"] == SLOWER and "library" not in scale.payload
 
     # Run again: nothing compiles; --retry compiles the refused graph alone.
@@ -510,8 +522,8 @@ def test_fuse_ctrl_c_stops_with_a_summary_and_a_second_run_continues(cache, caps
     assert lines_of(out) == {"mlp": LINE}
     assert "Interrupted at graph 2 of 2: 1 library compiled, 0 refused, 0 skipped" in out
     assert "run the same command again to continue" in out
-    assert fused_key(keys["mlp"]).digest in sizes(directory)
-    assert fused_key(keys["scale"]).digest not in sizes(directory)
+    assert library_key(directory, keys["mlp"]).digest in sizes(directory)
+    assert library_key(directory, keys["scale"]).digest not in sizes(directory)
 
     compiler.does["scale"] = "library"
     code, out, _ = cli(capsys, directory, "fuse")
@@ -563,7 +575,8 @@ def test_fuse_replaces_a_library_it_could_never_load(cache, capsys, compiler):
     store = ReadOnlyDiskStore(directory)
     entry = decode(store.get(foreign), expected_key=foreign)
     store.close()
-    assert library_of(entry, program_secret(None, directory), keys["mlp"]) is not None
+    assert library_of(entry, program_secret(None, directory),
+                      source_key(graph_entry(directory, keys["mlp"]))) is not None
 
 
 # -- prune, the size limit, bundles ---------------------------------------------------------
@@ -657,7 +670,7 @@ def test_fuse_compiles_a_real_library_and_ctrl_c_stops_it(tmp_path, env, capsys)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     assert "Interrupted at graph 1 of 1" in out and "run the same command again" in out
-    assert fused_key(keys["mlp"]).digest not in sizes(directory)
+    assert library_key(directory, keys["mlp"]).digest not in sizes(directory)
 
     proc = subprocess.run(argv, capture_output=True, text=True, env=environ, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -669,7 +682,7 @@ def test_fuse_compiles_a_real_library_and_ctrl_c_stops_it(tmp_path, env, capsys)
     # was still compiled and timed against it.
     assert compiled or re.search(r": refused: not faster: ", line), line
     store = ReadOnlyDiskStore(directory)
-    entry = decode(store.get(fused_key(keys["mlp"]).digest))
+    entry = decode(store.get(library_key(directory, keys["mlp"]).digest))
     store.close()
     assert entry.payload["compile_seconds"] > 0 and entry.payload["script_ms"] > 0
     if compiled:

@@ -1,5 +1,5 @@
 """The cyclic garbage collector is held off while a warm start rebuilds
-what it stored (``ltc_cache.collector``; fact 46 in docs/design.md)."""
+what it stored (``ltc_cache.collector``; docs/torch/dynamo.md#cyclic-gc-during-warm-loads)."""
 
 from __future__ import annotations
 

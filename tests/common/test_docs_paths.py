@@ -1,8 +1,10 @@
-"""What README.md and docs/*.md name exists: every repository path (files,
-folders, ``tests/...::test_name`` ids), every link and its anchor, every
-``python -m`` module of this repository, every ``ltc-cache`` subcommand and
-every ``LTC_CACHE_*`` setting. Documentation that points at something moved
-or removed fails here, not in a reader's shell.
+"""What README.md, docs/*.md and docs/torch/*.md name exists: every repository
+path (files, folders, ``tests/...::test_name`` ids), every link and its
+anchor, every ``python -m`` module of this repository, every ``ltc-cache``
+subcommand and every ``LTC_CACHE_*`` setting; and every fact the code cites
+(``docs/torch/<page>.md#<name>``) is a heading of that page. Documentation
+that points at something moved or removed fails here, not in a reader's
+shell.
 
 Read as text: no torch import (the CLI's parser imports none)."""
 
@@ -16,7 +18,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+TORCH_PAGES = sorted((ROOT / "docs" / "torch").glob("*.md"))
+DOCS = [ROOT / "README.md", *PAGES, *TORCH_PAGES]
+# Where comments, docstrings and pages cite a fact about torch: its page and name.
+_CITING = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *PAGES, *TORCH_PAGES,
+           *(path for top in ("ltc_cache", "tests", "tools", "zoo", "examples")
+             for path in sorted((ROOT / top).rglob("*.py")))]
+_CITATION = re.compile(r"\bdocs/torch/([\w.-]+\.md)#([\w-]+)")
+# A fact cited by its number in a numbered list, which moves when a fact is added.
+_BY_NUMBER = re.compile(r"\b[Ff]acts?\s+(?:#\s*)?\d+")
 
 # A path of this repository: one of its top-level folders, then a path, and
 # optionally a pytest id. Not preceded by what makes it part of another
@@ -155,5 +166,29 @@ def test_every_setting_is_documented():
 
 def test_the_readme_names_every_page_of_docs():
     readme = _text(ROOT / "README.md")
-    pages = [page.name for page in DOCS[1:]]
+    pages = [page.name for page in PAGES]
     assert all(f"docs/{page}" in readme for page in pages), pages
+
+
+def test_the_design_index_links_every_torch_page():
+    assert TORCH_PAGES
+    index = _text(ROOT / "docs" / "design.md")
+    missing = [page.name for page in TORCH_PAGES if f"](torch/{page.name})" not in index]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("source", _CITING, ids=lambda path: str(path.relative_to(ROOT)))
+def test_every_cited_fact_is_a_heading_of_its_page(source):
+    problems = {}
+    for page, name in _CITATION.findall(_text(source)):
+        target = ROOT / "docs" / "torch" / page
+        if not target.is_file():
+            problems[f"{page}#{name}"] = "no such page"
+        elif name not in _anchors(target):
+            problems[f"{page}#{name}"] = "no heading with that name"
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("source", _CITING, ids=lambda path: str(path.relative_to(ROOT)))
+def test_no_fact_is_cited_by_number(source):
+    assert not _BY_NUMBER.findall(_text(source))

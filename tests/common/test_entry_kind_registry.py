@@ -170,9 +170,12 @@ def test_summaries_carry_each_kinds_own_fields():
         summary = summarise(encode(entry))
         assert summary["kind"] == kind and "problem" not in summary
         parts = handlers(kind).parts
-        if parts is None:
-            assert set(summary) == {"graph_name", "kind", "node_count", "inputs", "created",
-                                    "torch_version", "schema", "size"}
+        common = {"graph_name", "kind", "node_count", "inputs", "created", "torch_version",
+                  "schema", "size"}
+        if kind == EntryKind.GRAPH:  # and what its fused library is keyed by
+            assert set(summary) == common | {"source"}
+        elif parts is None:
+            assert set(summary) == common
         else:
             assert summary[parts.field] in parts.names
     assert summarise(encode(ENTRIES[EntryKind.FUSED]))["fused"] == "refusal"

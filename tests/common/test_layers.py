@@ -258,6 +258,12 @@ SURFACES = [
             ("torch._subclasses", "torch.utils._python_dispatch"),
             within="ltc_cache.compile_backend"),
     Surface("AOTInductor", "ltc_cache.graph.fused.aoti", ("torch._inductor", "torch._C._aoti")),
+    Surface("TorchScript IR", "ltc_cache.graph.torchscript_ir",
+            tuple(f"torch._C.{name}" for name in (
+                "parse_ir", "parse_schema", "_create_function_from_graph", "_jit_pass_dce",
+                "_jit_pass_constant_pooling", "_get_graph_executor_optimize",
+                "_set_graph_executor_optimize", "Graph", "Node", "Value", "TensorType",
+                "ListType", "BoolType", "Type"))),
     Surface("the CPU probes Inductor's pick reads", "ltc_cache.graph.fused.cpu_isa",
             tuple(f"torch.cpu._is_{probe}_supported" for probe in (
                 "avx2", "avx512", "vnni", "avx512_bf16", "amx_tile", "amx_fp16"))),

@@ -35,6 +35,8 @@ EXCEPTIONS = [
     ("ltc_cache.errors", "LtcUnavailable", RuntimeError),
     ("ltc_cache.errors", "Unportable", ValueError),
     ("ltc_cache.errors", "NotForThisCpu", ValueError),
+    ("ltc_cache.errors", "GraphNotExtractable", RuntimeError),
+    ("ltc_cache.errors", "RememberedFailure", RuntimeError),
     ("ltc_cache.cli.output", "UsageError", Exception),
     ("ltc_cache.compile_backend.graph_wire", "PlanError", ValueError),
     ("ltc_cache.compile_backend.plan_library", "NoLibrary", Exception),

@@ -24,6 +24,7 @@ import pickle
 import shutil
 import threading
 
+import pytest
 import torch
 
 # -- LTC: ltc_cache/graph/lazy_bindings.py ------------------------------------------------------
@@ -100,7 +101,8 @@ def test_aotautograd_has_what_aot_autograd_py_calls():
 
 def test_aotautograd_can_compile_a_backward_with_its_forward():
     """The private switch backend training plans rely on for graphs whose
-    backward never runs in the cold process (fact 43 in docs/design.md)."""
+    backward never runs in the cold process
+    (docs/torch/aot-autograd.md#backward-compiled-on-first-backward)."""
     from torch._functorch import config
 
     assert hasattr(config, "force_non_lazy_backward_lowering")
@@ -110,8 +112,8 @@ def test_aotautograd_internals_plans_rely_on():
     """Pins: what plan.runs_bare and joint.trainable read of AOTAutograd's
     metadata, and the one thing its autograd wrapper does that
     JointFunction repeats (``_unsafe_view`` over views of intermediates,
-    fact 17 in docs/design.md). A torch that changes these fails here by
-    name, not as a wrong gradient."""
+    docs/torch/aot-autograd.md#views-of-intermediates-hidden-from-autograd). A torch that changes
+    these fails here by name, not as a wrong gradient."""
     from torch._functorch._aot_autograd import runtime_wrappers, schemas
 
     names = {t.name for t in schemas.OutputType}
@@ -206,6 +208,68 @@ def test_inductor_picks_the_isa_cpu_isa_predicts(monkeypatch):
             if capability is not None:
                 monkeypatch.setenv("ATEN_CPU_CAPABILITY", capability)
             assert cpu_isa.inductor_isa() == cpu_isa.isa_words(str(vec.pick_vec_isa()))
+
+
+def test_inductor_compiles_for_the_target_the_settings_name():
+    """A library is compiled for the baseline of its ISA's CPUs, not
+    Inductor's ``-march=native`` (platform.inductor_settings): Inductor
+    reads ``cpp.march`` for the wrapper's and the kernels' g++ lines, and
+    adds the ISA's own flags beside it."""
+    from torch._inductor import config, cpp_builder
+
+    from ltc_cache.graph.fused import cpu_isa, platform
+
+    if not cpu_isa.x86_machine():
+        pytest.skip("the fused tier builds on x86-64 only")
+    march = platform.inductor_settings()["cpp.march"]
+    assert march.startswith("x86-64")
+    with config.patch({"cpp.march": march}):
+        assert cpp_builder._get_cpu_arch_cflags("g++") == [f"march={march}"]
+    assert cpp_builder._get_cpu_arch_cflags("g++") != [f"march={march}"]  # native, by default
+
+
+# -- TorchScript IR: ltc_cache/graph/torchscript_ir.py -------------------------------------------
+
+
+def test_torchscript_ir_reads_runs_and_prunes_what_entries_store():
+    """Pinned: stored IR parses back (tensor constants too, where asked),
+    becomes a function that runs, loses its dead nodes and pools its
+    constants; schemas parse; the executor's optimisation toggles."""
+    from ltc_cache.graph import torchscript_ir as ir
+
+    text = ("graph(%p0 : Tensor, %p1 : Tensor):\n"
+            "  %two : int = prim::Constant[value=2]()\n"
+            "  %also_two : int = prim::Constant[value=2]()\n"
+            "  %unused : Tensor = aten::mul(%p0, %two)\n"
+            "  %one : int = prim::Constant[value=1]()\n"
+            "  %sum : Tensor = aten::add(%p0, %p1, %one)\n"
+            "  return (%sum)\n")
+    graph = ir.parse_ir(text)
+    assert isinstance(graph, ir.Graph) and all(isinstance(n, ir.Node) for n in graph.nodes())
+    assert all(isinstance(v, ir.Value) for v in graph.inputs())
+    assert isinstance(next(graph.inputs()).type(), ir.TensorType)
+    ir.remove_dead_code(graph)
+    assert [n.kind() for n in graph.nodes()] == ["prim::Constant", "aten::add"]
+    fn = ir.function_from_graph("pinned", ir.parse_ir(text))
+    a, b = torch.ones(2), torch.full((2,), 2.0)
+    assert torch.equal(fn(a, b), a + b)
+    constant = ("graph(%p0 : Tensor):\n"
+                "  %c : Long(requires_grad=0, device=cpu) = prim::Constant[value={2}]()\n"
+                "  %one : int = prim::Constant[value=1]()\n"
+                "  %r : Tensor = aten::add(%p0, %c, %one)\n  return (%r)\n")
+    (node, *_) = ir.parse_ir(constant, tensor_constants=True).nodes()
+    assert node.output().toIValue().item() == 2
+    schema = ir.parse_schema("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) "
+                             "-> Tensor")
+    assert [a.name for a in schema.arguments] == ["self", "other", "alpha"]
+    assert isinstance(ir.ListType.ofInts(), ir.JitType)
+    assert isinstance(ir.ListType(ir.BoolType.get()).getElementType(), ir.BoolType)
+    before = ir.executor_optimize()
+    try:
+        ir.set_executor_optimize(not before)
+        assert ir.executor_optimize() is (not before)
+    finally:
+        ir.set_executor_optimize(before)
 
 
 # --- Dynamo's precompile and package: ltc_cache/dynamo_package.py -------------
@@ -311,11 +375,11 @@ def test_what_the_stand_in_relies_on():
 
 
 def test_what_torch_does_that_threads_rely_on():
-    """Facts 55 and 57 in docs/design.md: Dynamo's compile lock is a
-    reentrant lock ltc_cache can share (ltc_cache/threads.py takes it from
-    ``convert_frame`` itself: a layer below program/); FX's "tracing" mark
-    is process-wide and a compile session hides it from Dynamo; Dynamo's
-    settings are per thread (so patching one around a call needs no care
+    """docs/torch/dynamo.md#fx-tracing-flag-is-process-wide and
+    docs/torch/dynamo.md#dynamo-captures-once-per-missing-thread: Dynamo's compile lock is a
+    reentrant lock ltc_cache can share (ltc_cache/threads.py takes it from ``convert_frame`` itself:
+    a layer below program/); FX's "tracing" mark is process-wide and a compile session hides it from
+    Dynamo; Dynamo's settings are per thread (so patching one around a call needs no care
     for other threads)."""
     import torch.fx._symbolic_trace as fx_trace
     from torch._dynamo import convert_frame
@@ -343,7 +407,8 @@ def test_what_torch_does_that_threads_rely_on():
 
 
 def test_what_looking_again_before_a_capture_relies_on(dynamo_reset):
-    """Fact 57: Dynamo's ``CatchErrorsWrapper`` calls ``ConvertFrame`` under
+    """docs/torch/dynamo.md#dynamo-captures-once-per-missing-thread: Dynamo's
+    ``CatchErrorsWrapper`` calls ``ConvertFrame`` under
     its compile lock with the frame, the entry the hook looked at, the
     hooks, the frame's state and ``skip``, and the hook runs a frame as it
     is, the frames it calls only from their entries, for a result with
@@ -402,10 +467,10 @@ def test_what_the_capture_patches_in_the_guard_state_pickler():
 
 def test_a_guard_states_tensors_unpickle_with_one_fake_mode():
     """Pins torch's private GuardsStatePickler._unpickle_tensor, which
-    load_costs.one_fake_mode replaces while a program loads (fact 48 in
-    docs/design.md): Dynamo pickles each guarded tensor as a call of it,
-    which made a fake mode (and walked the stack) per tensor. Under
-    one_fake_mode the tensors come back as before, sharing one mode."""
+    load_costs.one_fake_mode replaces while a program loads
+    (docs/torch/dynamo.md#three-load-costs-paid-elsewhere): Dynamo pickles each guarded tensor as a
+    call of it, which made a fake mode (and walked the stack) per tensor. Under one_fake_mode the
+    tensors come back as before, sharing one mode."""
     from torch._dynamo.guards import GuardsStatePickler
     from torch._subclasses.fake_tensor import FakeTensor
 

@@ -1,11 +1,10 @@
 """BatchNorm CNN training inside LTC: the vision decompositions
 (ltc_cache.compile_backend.decompose_vision) compute what eager's kernels do
-(that AOTAutograd keeps a buffer's update in the training graph, fact 34 in
-docs/design.md, is pinned in tests/common/test_torch_private.py), and a
-small CNN's training step (BatchNorm, ReLU6,
-Hardswish, an indexed bias) runs in two LTC regions, its running statistics
-updated as eager's, and is stored as a training plan that the next start
-runs without AOTAutograd."""
+(that AOTAutograd keeps a buffer's update in the training graph,
+docs/torch/aot-autograd.md#buffer-updates-stay-in-training-graph, is pinned in
+tests/common/test_torch_private.py), and a small CNN's training step (BatchNorm, ReLU6, Hardswish,
+an indexed bias) runs in two LTC regions, its running statistics updated as eager's, and is stored
+as a training plan that the next start runs without AOTAutograd."""
 
 from __future__ import annotations
 
@@ -115,7 +114,8 @@ def test_batchnorm_cnn_trains_in_two_regions_and_warm_from_its_plan(cache_dir):
             torch.testing.assert_close(b, w, rtol=1e-6, atol=1e-7)  # running statistics
         stats = {k: v - before.get(k, 0) for k, v in ltc_cache.stats().items()}
         # Only the buffers' writes stay eager (3 per BatchNorm, made one
-        # _foreach_copy_: fact 79 in docs/design.md), in 2 regions.
+        # _foreach_copy_: docs/torch/aot-autograd.md#running-statistics-written-in-one-call), in 2
+        # regions.
         assert stats["aten_ops"] - stats["ltc_ops"] == 1, stats
         regions = stats["hits"] + stats["misses"] - stats.get("plan_hits", 0)
         assert regions == 2 and stats.get("plan_hits", 0) == (start == "warm"), stats

@@ -85,3 +85,93 @@ def test_the_regions_of_a_refused_part_are_compiled_after_the_plan(queued, monke
                for k in calls[2:]]
     assert regions and all(".backward." in name for name in regions), regions
     assert queue.pending() == []
+
+
+
+class Layer(torch.nn.Module):
+    """One block of a model, held under the attribute its index names
+    (``layer3.fc``): as a model's graphs name its layers' parameters."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        setattr(self, f"layer{index}", torch.nn.Linear(8, 8))
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(getattr(self, f"layer{self.index}")(x)) + x
+
+
+@pytest.mark.parametrize("layers", [4, 12])
+def test_identical_layers_are_one_compile_whatever_their_count(cache_dir, monkeypatch, layers):
+    """Every layer's graph stored, each under its own key (its parameters'
+    names differ), and queued: the worker compiles one library, which
+    every layer's key finds."""
+    from torch import fx
+
+    from ltc_cache.graph.fused import build
+    from ltc_cache.graph.fused.platform import fused_key, source_key
+
+    cache = GraphCache(CacheConfig(directory=cache_dir, fuse="off"))
+    x = torch.randn(4, 8)
+    graphs = [cache.extract_compiled_graph(fx.symbolic_trace(Layer(i)), [x]).entry
+              for i in range(layers)]
+    assert len({graph.key for graph in graphs}) == layers
+    queue = FuseQueue(cache_dir)
+    for graph in graphs:
+        queue.put(graph.key)
+    compiled: list[str] = []
+
+    def build_entry(graph, key, secret):
+        compiled.append(graph.key)
+        return refusal_entry(key, graph, "not faster: counted")
+
+    monkeypatch.setattr(build, "build_entry", build_entry)
+    worker.fuse_queued(cache, queue)
+    assert len(compiled) == 1 and queue.pending() == []
+    keys = {fused_key(source_key(graph)).digest for graph in graphs}
+    assert len(keys) == 1 and cache.lookup_entry(worker.CacheKey(keys.pop(), {}), count=False)
+
+
+
+class Attention(torch.nn.Module):
+    """Causal attention between two projections: its backward's attention
+    op runs eagerly between two regions, and the output projection's
+    weight is saved transposed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(8, 24), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.squeeze(1))
+
+
+def test_a_backward_library_is_built_on_the_regions_the_run_stored(cache_dir, monkeypatch):
+    """The backward's saved tensors laid out as a run hands them (a
+    region's outputs are contiguous where AOTAutograd's graph records a
+    transposed weight): building its library binds the regions the run
+    stored, tracing none again."""
+    import ltc_cache
+    from ltc_cache.compile_backend import plan_library
+    from ltc_cache.graph.fused import build
+    from ltc_cache.signing import program_secret
+
+    cache = GraphCache(CacheConfig(directory=cache_dir, fuse="off"))
+    model = torch.compile(Attention(), backend=LtcBackend(cache))
+    model(torch.randn(2, 6, 8)).sum().backward()
+    (plan,) = [e for e in (cache.lookup_entry(worker.CacheKey(k, {}), count=False)
+                           for k in cache.store.keys() if len(k) == 64)  # noqa: SIM118
+               if e.kind == EntryKind.PLAN]
+    stop = build.FuseFailed("compiled no further")
+
+    def compile_library(*args, **kwargs):
+        raise stop
+
+    monkeypatch.setattr(build, "compile_library", compile_library)
+    before = ltc_cache.stats().get("traces", 0)
+    refused = plan_library.build_part(cache, plan, "backward", part_key(plan.key, "backward"),
+                                      program_secret(b"s" * 32, cache.config.directory))
+    assert refused.payload["reason"] == str(stop)  # the per-region path ran first
+    assert ltc_cache.stats().get("traces", 0) == before

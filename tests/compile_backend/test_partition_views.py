@@ -1,6 +1,6 @@
 """Views at a region's edge: a view that only ops outside its region read is
 left to the parent graph, so the region returns the tensor it looks at
-instead of a copy (LTC lowers views to copies, fact 5 in docs/design.md)."""
+instead of a copy (LTC lowers views to copies, docs/torch/ltc.md#views-are-lowered-to-copies)."""
 
 from __future__ import annotations
 
@@ -203,13 +203,14 @@ def done_early(g, a, x, w):
 
 
 def test_a_backwards_region_is_cut_where_its_inputs_die():
-    """A region's caller holds its inputs until it returns (fact 88 in
-    docs/design.md): cut after their last reader, a backward's region
-    lets them go before its own large values are made."""
+    """A region's caller holds its inputs until it returns
+    (docs/torch/aot-autograd.md#region-holds-inputs-until-it-returns): cut after their last reader,
+    a backward's region lets them go before its own large values are made."""
     args = [torch.randn(512, 512), torch.randn(512, 512), torch.randn(512, 8),
             torch.randn(8, 512)]
     assert len(partition(make_fx(done_early)(*args), OpSupport()).regions) == 1
-    # A backward that recomputes nothing is not cut (fact 90 in docs/design.md).
+    # A backward that recomputes nothing is not cut
+    # (docs/torch/aot-autograd.md#backward-cuts-pay-only-when-recomputing).
     assert len(partition(make_fx(done_early)(*args), OpSupport(), boxed=True).regions) == 1
     parted = partition(make_fx(done_early)(*args), OpSupport(), boxed=True, recomputes=True)
     large = list(parted.module.graph.find_nodes(op="placeholder"))[:2]
@@ -230,7 +231,8 @@ def done_early_in_a_tuple(g, x, w):
 def test_no_cut_parts_an_op_of_several_outputs_from_its_getitems():
     """A cut right after ``max.dim`` would free its 4 MiB input, but the
     first region would return the op's tuple, which LTC refuses (the region
-    ran eagerly: fact 90 in docs/design.md): every region returns tensors."""
+    ran eagerly: docs/torch/aot-autograd.md#backward-cuts-pay-only-when-recomputing): every region
+    returns tensors."""
     args = [torch.randn(2048, 512), torch.randn(512, 8), torch.randn(8, 512)]
     parted = partition(make_fx(done_early_in_a_tuple)(*args), OpSupport(), boxed=True,
                        recomputes=True)

@@ -163,7 +163,8 @@ def test_a_plan_rebuilt_to_run_makes_no_values():
 def test_a_bad_stored_region_is_an_entry_error_at_load_not_when_built(how):
     """A stored region builds its graph only when first needed (a miss, an
     eager fallback: maybe inside a backward pass), so its entry is checked
-    as fully when the plan loads (fact 49 in docs/design.md)."""
+    as fully when the plan loads
+    (docs/torch/aot-autograd.md#stored-regions-built-only-when-needed)."""
     from ltc_cache.compile_backend.graph_wire import StoredRegion
 
     gm, _ = inference_graph(Mixed().eval(), torch.randn(3, 4))
@@ -264,7 +265,8 @@ def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_d
 def test_a_plan_holds_its_regions_key_digests(cache_dir):
     """A loaded plan keys its regions by the digests it stored, which are
     what their code hashes to, and binds their constants: the same keys,
-    and no region's graph built for them (fact 49 in docs/design.md)."""
+    and no region's graph built for them
+    (docs/torch/aot-autograd.md#stored-regions-built-only-when-needed)."""
     from ltc_cache.compile_backend.graph_wire import StoredRegion
     from ltc_cache.graph.keys import module_tensors
 

@@ -1,7 +1,7 @@
 """``as_strided`` over a view laid out otherwise than contiguously (the
 sliding-window chunks of Longformer's attention): eager's strides address
 the storage, LTC's the elements in logical order, so such a read runs
-eagerly, over its input as eager lays it out (fact 45 in docs/design.md)."""
+eagerly, over its input as eager lays it out (docs/torch/ltc.md#ltc-as-strided-strides-elements)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The first warm process of a training start captures nothing, runs no
 AOTAutograd and traces nothing, for one model of each family of PyTorch's
 benchmark suites (built by zoo/suite_models.py from tiny configs), cold
-then warm in child processes (tools/suite_child.py's child, one model after
+then warm in child processes (tools/bench/suite_child.py's child, one model after
 the other in each process, counted on its own: tests/children/suite.py), each
 checked against eager in its own process: loss and every gradient within
 1e-4 of the largest gradient. The whole suite is the benchmark's
@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 from helpers import suite_cold_then_warm
 
-# Encoder (at hidden 128: saved views, fact 24 in docs/design.md), decoder, encoder-decoder,
-# vision transformer, CNN with BatchNorm (its running statistics as eager's, in few regions).
+# Encoder (at hidden 128: saved views, docs/torch/aot-autograd.md#saved-views-are-detached),
+# decoder, encoder-decoder, vision transformer, CNN with BatchNorm (its running statistics as
+# eager's, in few regions).
 FAMILIES = ["BertForMaskedLM-h128", "DistillGPT2", "T5Small", "ViT", "ResNet"]
 
 

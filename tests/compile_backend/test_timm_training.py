@@ -1,7 +1,7 @@
 """timm's models (the vision half of PyTorch's benchmark suites, built small
 by zoo/timm_models.py) train inside LTC: each model's first training call
 through ``ltc_cache.compile``, cold then warm in child processes
-(tests/children/suite.py, tools/suite_child.py's counts), is as eager's, the
+(tests/children/suite.py, tools/bench/suite_child.py's counts), is as eager's, the
 warm one captures and traces nothing, and the share of its aten ops in LTC
 and its count of regions are no worse than recorded here. A change to
 partitioning that moves a model's ops out of LTC, or cuts it into more

@@ -1,9 +1,10 @@
-"""Vision training inside LTC (facts 76-79 in docs/design.md): Swin's
-``roll`` and the functional ``copy`` of its pooler's backward, GhostNet's
-hard-sigmoid gradient, decomposed into ops LTC lowers, equal to eager's
-kernels; BatchNorm's running statistics written by one ``_foreach_copy_``;
-and a small model with all of them trains in two LTC regions (one forward,
-one backward), its gradients and running statistics as eager's."""
+"""Vision training inside LTC (docs/torch/ltc.md#roll-and-copy-do-not-lower,
+docs/torch/ltc.md#hardsigmoid-backward-does-not-lower, docs/torch/ltc.md#flash-attention-stays-eager
+and docs/torch/aot-autograd.md#running-statistics-written-in-one-call): Swin's ``roll`` and the
+functional ``copy`` of its pooler's backward, GhostNet's hard-sigmoid gradient, decomposed into ops
+LTC lowers, equal to eager's kernels; BatchNorm's running statistics written by one
+``_foreach_copy_``; and a small model with all of them trains in two LTC regions (one forward, one
+backward), its gradients and running statistics as eager's."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from ltc_cache.errors import EntryError
 from ltc_cache.graph.fused import cpu_isa, pickup, platform, tier, verdicts
 from ltc_cache.graph.fused.entries import fused_entry, library_of, refusal_entry
 from ltc_cache.graph.fused.pickup import PendingFunction
-from ltc_cache.graph.fused.platform import fused_key
+from ltc_cache.graph.fused.platform import fused_key, source_key
 from ltc_cache.graph.fused.runner import FusedFunction, mismatch
 from ltc_cache.graph.keys import CacheKey
 from ltc_cache.graph.replay import build_function
@@ -40,6 +40,11 @@ class Small(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.linear(x))
+
+
+def library_key(graph) -> CacheKey:
+    """Where the library of the graph entry ``graph`` is stored."""
+    return fused_key(source_key(graph))
 
 
 def cache_over(store: MemoryStore, tmp_path, fuse: str) -> GraphCache:
@@ -84,6 +89,44 @@ def test_each_cpu_feature_set_has_keys_of_its_own(monkeypatch):
     assert fused_key("a" * 64).digest == keys["Zen 2 (AVX2)"]
 
 
+class Named(nn.Module):
+    """``relu(x @ w.T * 0.5 + b)``, its layer under the attribute ``name``;
+    the 0.5 a constant input of the graph."""
+
+    def __init__(self, name: str, width: int = 4) -> None:
+        super().__init__()
+        self.name = name
+        setattr(self, name, nn.Linear(width, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layer = getattr(self, self.name)
+        return torch.relu(torch.nn.functional.linear(x, layer.weight) * 0.5 + layer.bias)
+
+
+def test_a_librarys_key_is_the_graphs_content_not_its_names(tmp_path):
+    """Layers that differ only in their parameters' names are entries of
+    their own and one library; another layout is another library. The
+    listing reads the same digest from the stored bytes, without torch."""
+    from ltc_cache.graph.entry import encode
+    from ltc_cache.wire import summarise
+
+    cache = cache_over(MemoryStore(), tmp_path, "off")
+
+    def entry(name, width=4, batch=2):
+        return cache.extract_compiled_graph(fx.symbolic_trace(Named(name, width)),
+                                            [torch.randn(batch, width)]).entry
+
+    first, second = entry("layer1"), entry("layer2")
+    assert any(s.kind == "const" for s in first.inputs)
+    assert first.key != second.key and first.ir == second.ir
+    assert source_key(first) == source_key(second)
+    assert library_key(first) == library_key(second)
+    assert len({source_key(first), source_key(entry("layer1", width=5)),
+                source_key(entry("layer1", batch=3))}) == 3
+    for graph in (first, second):
+        assert summarise(encode(graph))["source"] == source_key(graph)
+
+
 # -- signed entries ----------------------------------------------------------------------------
 
 
@@ -99,25 +142,28 @@ def _library(graph, key, secret=SECRET, library=b"\x7fELF library", isa="AVX2"):
 
 def test_a_signed_library_reads_back_and_any_tampering_is_refused(tmp_path):
     graph = _graph_entry(tmp_path)
-    key = fused_key(graph.key)
+    key = library_key(graph)
     good = _library(graph, key)
-    assert library_of(good, SECRET, graph.key).data == b"\x7fELF library"
+    assert library_of(good, SECRET, source_key(graph)).data == b"\x7fELF library"
 
     flipped = dict(good.payload, library=b"\x7fELF librarz")
     with pytest.raises(EntryError, match="do not match its recorded sha256"):
-        library_of(good.__class__(**{**good.__dict__, "payload": flipped}), SECRET, graph.key)
+        library_of(good.__class__(**{**good.__dict__, "payload": flipped}), SECRET,
+                   source_key(graph))
     flipped["library_sha256"] = hashlib.sha256(flipped["library"]).hexdigest()  # as planted
     with pytest.raises(EntryError, match="signature mismatch"):
-        library_of(good.__class__(**{**good.__dict__, "payload": flipped}), SECRET, graph.key)
+        library_of(good.__class__(**{**good.__dict__, "payload": flipped}), SECRET,
+                   source_key(graph))
     with pytest.raises(EntryError, match="signature mismatch"):
-        library_of(_library(graph, key, secret=b"o" * 32), SECRET, graph.key)
+        library_of(_library(graph, key, secret=b"o" * 32), SECRET, source_key(graph))
     unsigned = {k: v for k, v in good.payload.items() if k != "hmac"}
     with pytest.raises(EntryError, match="unsigned"):
-        library_of(good.__class__(**{**good.__dict__, "payload": unsigned}), SECRET, graph.key)
+        library_of(good.__class__(**{**good.__dict__, "payload": unsigned}), SECRET,
+                   source_key(graph))
     # A good library of another graph, under this graph's key: refused.
     with pytest.raises(EntryError, match="of graph"):
         library_of(good, SECRET, "c" * 64)
-    assert library_of(refusal_entry(key, graph, "slower"), SECRET, graph.key) is None
+    assert library_of(refusal_entry(key, graph, "slower"), SECRET, source_key(graph)) is None
 
 
 # -- a process that finds one ------------------------------------------------------------------
@@ -131,7 +177,7 @@ def test_a_tampered_library_is_dropped_and_the_graph_replays(tmp_path, monkeypat
     store = MemoryStore()
     cache = cache_over(store, tmp_path, "off")
     graph, model, x = stored_graph(cache)
-    good = _library(graph, fused_key(graph.key))
+    good = _library(graph, library_key(graph))
     payload = dict(good.payload, library=b"\x7fELF tampered",
                    library_sha256=hashlib.sha256(b"\x7fELF tampered").hexdigest())
     _store(cache, good.__class__(**{**good.__dict__, "payload": payload}))
@@ -141,7 +187,7 @@ def test_a_tampered_library_is_dropped_and_the_graph_replays(tmp_path, monkeypat
     with pytest.warns(RuntimeWarning, match="signature mismatch.*compiled again"):
         compiled = warm.extract_compiled_graph(fx.symbolic_trace(model), [x])
     torch.testing.assert_close(compiled(x)[0], model(x))
-    assert store.get(fused_key(graph.key).digest) is None  # dropped
+    assert store.get(library_key(graph).digest) is None  # dropped
 
 
 def test_a_library_moved_under_another_graphs_key_is_dropped_unloaded(tmp_path, monkeypatch):
@@ -150,15 +196,15 @@ def test_a_library_moved_under_another_graphs_key_is_dropped_unloaded(tmp_path, 
     graph, model, x = stored_graph(cache)
     other = cache.extract_compiled_graph(fx.symbolic_trace(nn.Sequential(Small(), nn.Tanh())),
                                          [x]).entry
-    _store(cache, _library(other, fused_key(other.key)))
-    store.put(fused_key(graph.key).digest, store.get(fused_key(other.key).digest))
+    _store(cache, _library(other, library_key(other)))
+    store.put(library_key(graph).digest, store.get(library_key(other).digest))
     monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded another's library"))
     monkeypatch.setattr(tier, "start_worker", lambda directory: None)
-    with pytest.warns(RuntimeWarning, match=f"stored under {fused_key(graph.key).digest[:12]}"):
+    with pytest.warns(RuntimeWarning, match=f"stored under {library_key(graph).digest[:12]}"):
         compiled = cache_over(store, tmp_path, "background").extract_compiled_graph(
             fx.symbolic_trace(model), [x])
     torch.testing.assert_close(compiled(x)[0], model(x))
-    assert store.get(fused_key(graph.key).digest) is None
+    assert store.get(library_key(graph).digest) is None
 
 
 def _as_cpu(monkeypatch, features) -> None:
@@ -175,7 +221,7 @@ def test_a_library_for_features_this_cpu_lacks_is_kept_never_loaded_never_rebuil
     cache = cache_over(store, tmp_path, "off")
     graph, model, x = stored_graph(cache)
     _as_cpu(monkeypatch, {"avx2"})
-    key = fused_key(graph.key)
+    key = library_key(graph)
     _store(cache, _library(graph, key, isa="AVX512 AVX512_VNNI AMX_TILE"))
     monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded an AMX library"))
     monkeypatch.setattr("ltc_cache.graph.fused.build.build_entry",
@@ -195,7 +241,7 @@ def test_an_isa_ltc_cache_does_not_know_is_refused_by_name(tmp_path, monkeypatch
     store = MemoryStore()
     cache = cache_over(store, tmp_path, "off")
     graph, model, x = stored_graph(cache)
-    _store(cache, _library(graph, fused_key(graph.key), isa="AVX2 AVX10_2"))
+    _store(cache, _library(graph, library_key(graph), isa="AVX2 AVX10_2"))
     monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("guessed at AVX10_2"))
     with pytest.warns(RuntimeWarning, match="whose AVX10_2 ltc_cache does not know"):
         compiled = cache_over(store, tmp_path, "sync").extract_compiled_graph(
@@ -233,7 +279,7 @@ def test_a_refusal_keeps_torchscript_without_compiling(tmp_path, monkeypatch):
     store = MemoryStore()
     cache = cache_over(store, tmp_path, "off")
     graph, model, x = stored_graph(cache)
-    _store(cache, refusal_entry(fused_key(graph.key), graph, "not faster"))
+    _store(cache, refusal_entry(library_key(graph), graph, "not faster"))
     monkeypatch.setattr("ltc_cache.graph.fused.build.build_entry",
                         lambda *a: pytest.fail("compiled a refused graph"))
     compiled = cache_over(store, tmp_path, "sync").extract_compiled_graph(
@@ -251,7 +297,7 @@ def test_without_a_compiler_the_graph_is_refused_once_and_replays(tmp_path, monk
         cache = cache_over(store, tmp_path, "sync")
         with pytest.warns(RuntimeWarning, match="no fused library for .*no C.. compiler"):
             graph, model, x = stored_graph(cache)
-        fused = cache.lookup_entry(fused_key(graph.key), count=False)
+        fused = cache.lookup_entry(library_key(graph), count=False)
         assert fused is not None and "no C++ compiler" in fused.payload["reason"]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once a process
@@ -471,7 +517,7 @@ def test_a_queued_graph_switches_to_its_library_once_the_worker_is_done(tmp_path
     made = _fake_library(monkeypatch, graph)
     queue = tier.FuseQueue(tmp_path / "ltc")
     with torch.no_grad():
-        _store(cache, _library(graph, fused_key(graph.key), isa=""))  # stored, still queued
+        _store(cache, _library(graph, library_key(graph), isa=""))  # stored, still queued
         time.sleep(0.06)
         compiled(x)
         assert not made and pending.waiting  # the worker has not taken it off yet
@@ -497,7 +543,7 @@ def test_a_graph_refused_by_the_worker_stays_on_torchscript(tmp_path, monkeypatc
     cache = cache_over(MemoryStore(), tmp_path, "background")
     graph, model, x = stored_graph(cache)
     compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
-    _store(cache, refusal_entry(fused_key(graph.key), graph, "not faster: 2 ms against 1"))
+    _store(cache, refusal_entry(library_key(graph), graph, "not faster: 2 ms against 1"))
     tier.FuseQueue(tmp_path / "ltc").done(graph.key)
     monkeypatch.setattr(tier, "load_runner", lambda data: pytest.fail("loaded a refusal"))
     torch.testing.assert_close(compiled(x)[0], model(x))
@@ -571,7 +617,7 @@ def _verdict_ready(tmp_path, monkeypatch):
     one process: the store, the graph, its model and input."""
     store = MemoryStore()
     graph, model, x = stored_graph(cache_over(store, tmp_path, "off"))
-    _store(cache_over(store, tmp_path, "off"), _library(graph, fused_key(graph.key), isa=""))
+    _store(cache_over(store, tmp_path, "off"), _library(graph, library_key(graph), isa=""))
     _, fake = _library_process(store, tmp_path, monkeypatch, graph, model, x)
     assert fake.calls == 1 and ltc_cache.stats()["fused_checks"] == 1
     return store, graph, model, x
@@ -579,7 +625,7 @@ def _verdict_ready(tmp_path, monkeypatch):
 
 def test_a_library_checked_once_runs_alone_in_the_next_process(tmp_path, monkeypatch):
     store, graph, model, x = _verdict_ready(tmp_path, monkeypatch)
-    record = store.get(verdicts.verdict_key(fused_key(graph.key).digest))
+    record = store.get(verdicts.verdict_key(library_key(graph).digest))
     assert record is not None and len(record) < 1000  # a small record, not a library's copy
     counters.reset()  # the next process
     compiled, fake = _library_process(store, tmp_path, monkeypatch, graph, model, x)
@@ -588,7 +634,7 @@ def test_a_library_checked_once_runs_alone_in_the_next_process(tmp_path, monkeyp
 
 
 def _replace_record(store, graph, **changes) -> None:
-    key = verdicts.verdict_key(fused_key(graph.key).digest)
+    key = verdicts.verdict_key(library_key(graph).digest)
     record = read_record(store.get(key), verdicts.CHECKED_FORMAT)
     store.put(key, write_record(verdicts.CHECKED_FORMAT, {**record, **changes}))
 
@@ -597,17 +643,17 @@ def _replace_record(store, graph, **changes) -> None:
 def test_a_forged_or_foreign_verdict_is_ignored_and_the_check_runs(tmp_path, monkeypatch,
                                                                    forgery):
     store, graph, model, x = _verdict_ready(tmp_path, monkeypatch)
-    fused = fused_key(graph.key).digest
+    fused = library_key(graph).digest
     if forgery == "other key":  # a verdict signed by someone without the program key
-        verdicts.store_verdict(store, fused, graph.key,
-                               _library(graph, fused_key(graph.key)).payload["hmac"], b"o" * 32)
+        verdicts.store_verdict(store, fused, source_key(graph),
+                               _library(graph, library_key(graph)).payload["hmac"], b"o" * 32)
     elif forgery == "tampered":
         record = read_record(store.get(verdicts.verdict_key(fused)),
                                             verdicts.CHECKED_FORMAT)
         _replace_record(store, graph, hmac=bytes(b ^ 1 for b in record["hmac"]))
     elif forgery == "another library":  # signed with the key, for another library
-        verdicts.store_verdict(store, fused, graph.key, _library(
-            graph, fused_key(graph.key), library=b"\x7fELF other").payload["hmac"], SECRET)
+        verdicts.store_verdict(store, fused, source_key(graph), _library(
+            graph, library_key(graph), library=b"\x7fELF other").payload["hmac"], SECRET)
     else:
         store.put(verdicts.verdict_key(fused), b"\xc1 not msgpack")
     counters.reset()
@@ -622,7 +668,7 @@ def test_a_forged_or_foreign_verdict_is_ignored_and_the_check_runs(tmp_path, mon
 def test_a_library_that_differs_is_refused_and_no_verdict_kept(tmp_path, monkeypatch):
     store = MemoryStore()
     graph, model, x = stored_graph(cache_over(store, tmp_path, "off"))
-    _store(cache_over(store, tmp_path, "off"), _library(graph, fused_key(graph.key), isa=""))
+    _store(cache_over(store, tmp_path, "off"), _library(graph, library_key(graph), isa=""))
     with pytest.warns(RuntimeWarning, match="is not used: output 0: differs"):
         compiled, fake = _library_process(store, tmp_path, monkeypatch, graph, model, x,
                                           compute=lambda out: tuple(t + 1e-3 for t in out))
@@ -630,15 +676,15 @@ def test_a_library_that_differs_is_refused_and_no_verdict_kept(tmp_path, monkeyp
         torch.testing.assert_close(compiled(x)[0], model(x))
     assert not compiled._fn.in_use and fake.calls == 1
     assert ltc_cache.stats()["fused_refused"] == 1
-    assert store.get(verdicts.verdict_key(fused_key(graph.key).digest)) is None
-    refusal = store.get(fused_key(graph.key).digest)
+    assert store.get(verdicts.verdict_key(library_key(graph).digest)) is None
+    refusal = store.get(library_key(graph).digest)
     assert b"on first use" in refusal
 
 
 def test_a_read_only_cache_checks_and_keeps_no_verdict(tmp_path, monkeypatch):
     store = MemoryStore()
     graph, model, x = stored_graph(cache_over(store, tmp_path, "off"))
-    _store(cache_over(store, tmp_path, "off"), _library(graph, fused_key(graph.key), isa=""))
+    _store(cache_over(store, tmp_path, "off"), _library(graph, library_key(graph), isa=""))
     _fake_library(monkeypatch, graph)
     config = CacheConfig(directory=tmp_path / "ltc", secret=SECRET, readonly=True,
                          fuse="background")
@@ -647,4 +693,4 @@ def test_a_read_only_cache_checks_and_keeps_no_verdict(tmp_path, monkeypatch):
     with torch.no_grad():
         compiled(x)
     assert compiled._fn.checked and ltc_cache.stats()["fused_checks"] == 1
-    assert store.get(verdicts.verdict_key(fused_key(graph.key).digest)) is None
+    assert store.get(verdicts.verdict_key(library_key(graph).digest)) is None

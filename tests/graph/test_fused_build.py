@@ -23,7 +23,7 @@ from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.graph.fused import pickup, tier
 from ltc_cache.graph.fused.cpu_isa import inductor_isa
 from ltc_cache.graph.fused.entries import fused_entry, library_of
-from ltc_cache.graph.fused.platform import fused_key
+from ltc_cache.graph.fused.platform import fused_key, source_key
 from ltc_cache.graph.fused.runner import FusedFunction
 
 pytestmark = [
@@ -73,18 +73,50 @@ def test_cold_compiles_warm_loads_and_both_match_eager(cache_dir, tmp_path, capa
     cold = runs["cold"]["stats"]
     assert cold["fused_checks"] == cold["fused_loads"] >= 3, cold
     assert "fused_checks" not in stats, run
+    _no_wider_registers_than_recorded(cache_dir, tmp_path)
+
+
+def _no_wider_registers_than_recorded(cache_dir: Path, tmp_path: Path) -> None:
+    """Each stored library uses no vector register wider than the ISA it
+    records: one for AVX2 (an AVX-512 machine made an AVX2 one, above)
+    holds no zmm, which an AVX2 CPU would die on."""
+    from ltc_cache.graph.entry import decode
+    from ltc_cache.store import ReadOnlyDiskStore
+
+    if shutil.which("objdump") is None:
+        return
+    store = ReadOnlyDiskStore(cache_dir)
+    try:
+        entries = [decode(store.get(key)) for key in store.keys()  # noqa: SIM118 (a store)
+                   if len(key) == 64]
+    finally:
+        store.close()
+    libraries = [e.payload for e in entries if "library" in e.payload]
+    assert libraries
+    for payload in libraries:
+        path = tmp_path / "library.so"
+        path.write_bytes(payload["library"])
+        code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(path)],
+                              capture_output=True, text=True, check=True).stdout
+        if "AVX512" not in payload["isa"]:
+            assert "%zmm" not in code, payload["isa"]
 
 
 def test_a_mixed_fleet_compiles_each_cpu_kinds_library_once(cache_dir, tmp_path):
     """Two kinds of CPU (this one, and this one made narrower by
     ATEN_CPU_CAPABILITY, as torch and Inductor read it) alternating over one
     directory, six processes: each kind compiles its library once and
-    loads it after; neither replaces the other's."""
+    loads it after; neither replaces the other's. Each process runs two
+    layers that differ only in their parameter's name (two graph entries):
+    one library serves both."""
     env = fused_env(cache_dir, "sync", tmp_path)
     code = ("import torch, ltc_cache, json; from torch import fx; "
-            "from graph.test_fused_build import Act; m = Act(); x = torch.randn(4, 8); "
-            "c = ltc_cache.extract_compiled_graph(fx.symbolic_trace(m), [x]); "
-            "assert torch.allclose(c(x)[0], m(x)) and torch.allclose(c(x)[0], m(x)); "
+            "from graph.test_fused_build import Scaled; x = torch.randn(4, 8)\n"
+            "for name in ('w', 'v'):\n"
+            "    m = Scaled(name)\n"
+            "    c = ltc_cache.extract_compiled_graph(fx.symbolic_trace(m), [x])\n"
+            "    with torch.no_grad():\n"
+            "        assert torch.allclose(c(x)[0], m(x)) and torch.allclose(c(x)[0], m(x))\n"
             "print(json.dumps(ltc_cache.stats()))")
     compiles = []
     for capability in [None, _narrower_capability()] * 3:
@@ -95,7 +127,21 @@ def test_a_mixed_fleet_compiles_each_cpu_kinds_library_once(cache_dir, tmp_path)
         stats = json.loads(proc.stdout.splitlines()[-1])
         compiles.append(stats.get("fused_compiles", 0))
         assert "fused_refused" not in stats, stats
+        assert stats["fused_loads"] == 2, stats
     assert compiles == [1, 1, 0, 0, 0, 0]
+
+
+class Scaled(nn.Module):
+    """``tanh(x * w) + 1``, its weight under the attribute ``name``: a
+    layer that differs from another only in its parameter's name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.weight_name = name
+        self.register_parameter(name, nn.Parameter(torch.full((8,), 1.5)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * getattr(self, self.weight_name)) + 1
 
 
 class Act(nn.Module):
@@ -131,7 +177,7 @@ def background(tmp_path_factory) -> dict:
             started = time.monotonic()
             compiled = cache.extract_compiled_graph(fx.symbolic_trace(model), [x])
             seen["extract_seconds"] = time.monotonic() - started
-            key = fused_key(compiled.entry.key)
+            key = fused_key(source_key(compiled.entry))
             calls, deadline = 0, time.monotonic() + 300
             log = directory / "fuse-queue" / "worker.log"
             stored_at = used_at = None
@@ -215,13 +261,13 @@ def test_a_library_of_another_graph_is_caught_on_its_first_call(background, tmp_
     cache = GraphCache(CacheConfig(directory=directory, fuse="sync"))
     compiled_b = cache.extract_compiled_graph(fx.symbolic_trace(b), [x])
     assert isinstance(compiled_b._fn, FusedFunction)  # the worker's library, loaded
-    key_a, key_b = fused_key(compiled_a.entry.key), fused_key(compiled_b.entry.key)
+    key_a, key_b = fused_key(source_key(compiled_a.entry)), fused_key(source_key(compiled_b.entry))
     library_b = cache.lookup_entry(key_b, count=False)
 
     from ltc_cache.signing import program_secret
 
     secret = program_secret(None, directory)
-    parts = library_of(library_b, secret, compiled_b.entry.key)
+    parts = library_of(library_b, secret, source_key(compiled_b.entry))
     forged = fused_entry(key_a, compiled_a.entry, library=parts.data, isa=parts.isa,
                          aliases=parts.aliases, restride=parts.restride, secret=secret, stats={})
     cache.store_entry(forged, key_a)

@@ -210,9 +210,9 @@ def test_a_plan_of_one_region_and_nothing_else_is_not_compiled_twice():
 
 def _wrapped(op, inputs: int, *constants):
     """A forward and a backward as AOTAutograd's partitioner makes them
-    around a recomputed ``op`` (fact 61) of ``inputs`` tensors, then
-    ``constants``: the forward returns ``op``'s result and the generator's
-    state, the backward (the state, then the tensors) runs ``op`` again
+    around a recomputed ``op`` (docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers)
+    of ``inputs`` tensors, then ``constants``: the forward returns ``op``'s result and the
+    generator's state, the backward (the state, then the tensors) runs ``op`` again
     under that state."""
     import operator
 

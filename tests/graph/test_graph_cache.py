@@ -14,6 +14,7 @@ from helpers import delta
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.compile_backend.plan_compile import lookup_plan
+from ltc_cache.errors import GraphNotExtractable, RememberedFailure, is_graph_failure
 from ltc_cache.graph.entry import Entry, decode, new_meta
 from ltc_cache.graph.keys import compute_key, derived_key
 from ltc_cache.store import MemoryStore
@@ -105,10 +106,10 @@ def test_a_graph_ltc_refuses_is_a_negative_entry_and_not_traced_again(tmp_path):
     old = torch._lazy.config.get_force_fallback()
     torch._lazy.config.set_force_fallback("aten::sub")
     try:
-        with pytest.raises(RuntimeError, match="fallback"):
+        with pytest.raises(GraphNotExtractable, match="fallback") as first:
             cache_over(store, tmp_path).extract_compiled_graph(gm, example)
         before = ltc_cache.stats()
-        with pytest.raises(RuntimeError, match="remembered in entry"):
+        with pytest.raises(RememberedFailure, match="remembered in entry") as again:
             cache_over(store, tmp_path).extract_compiled_graph(gm, example)
     finally:
         torch._lazy.config.set_force_fallback(old)
@@ -117,6 +118,10 @@ def test_a_graph_ltc_refuses_is_a_negative_entry_and_not_traced_again(tmp_path):
     (key,) = entry_keys(store)
     entry = decode(store.get(key), expected_key=key)
     assert entry.kind == "negative" and "fallback" in entry.payload["reason"]
+    # Told by type, and still what callers have always caught.
+    assert is_graph_failure(first.value) and is_graph_failure(again.value)
+    assert isinstance(again.value, RuntimeError)
+    assert isinstance(again.value, ltc_cache.LtcCacheError)
 
 
 def test_an_entry_made_elsewhere_is_stored_looked_up_counted_and_dropped(tmp_path):

@@ -764,8 +764,9 @@ def test_a_linear_reads_the_weight_where_the_product_did():
 
 
 def test_negative_tensor_constants_keep_their_sign():
-    # parse_ir reads {-1} back as tensor(1) (fact 22 in docs/design.md);
-    # the rewrites read every tensor constant as the text wrote it.
+    # parse_ir reads {-1} back as tensor(1)
+    # (docs/torch/torchscript-ir.md#parse-ir-drops-constant-signs); the rewrites read every tensor
+    # constant as the text wrote it.
     ir = """graph(%x : Tensor):
       %a : Long(requires_grad=0, device=cpu) = prim::Constant[value={-1}]()
       %b : Double(requires_grad=0, device=cpu) = prim::Constant[value={-2.5}]()
@@ -865,9 +866,9 @@ def test_replay_keeps_the_executor_switch_to_itself(cache_dir):
 
 def test_parse_ir_still_drops_the_sign_of_a_tensor_constant():
     """Pinned: parse_ir reads a one-element tensor constant ``{-4095}`` as
-    4095, which ``rewrites.parse_traced`` corrects (fact 22 in
-    docs/design.md). Should torch fix it, the correction changes nothing
-    (it writes what the text says) and this test says so."""
+    4095, which ``rewrites.parse_traced`` corrects
+    (docs/torch/torchscript-ir.md#parse-ir-drops-constant-signs). Should torch fix it, the
+    correction changes nothing (it writes what the text says) and this test says so."""
     text = ("graph():\n"
             "  %3 : Long(requires_grad=0, device=cpu) = prim::Constant[value={-4095}]()\n"
             "  return (%3)\n")

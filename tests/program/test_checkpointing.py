@@ -2,7 +2,9 @@
 most fine-tuning turns on) through ``ltc_cache.compile``: stored as a
 program, so that a warm process captures nothing and traces nothing, with
 eager's losses and gradients and the recomputation really in the backward
-(facts 61-63 in docs/design.md).
+(docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers,
+docs/torch/dynamo.md#checkpointed-block-may-restore-attributes and
+docs/torch/aot-autograd.md#checkpointed-regions-kept-activations-alive).
 
 The fast tests pin each cause on a small graph; the slow ones train GPT-2
 and Llama (transformers configs, 2 layers, hidden 64) with micro-batches
@@ -23,7 +25,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ltc_cache.errors import EntryError
 
-# -- fact 61: what checkpointing adds to a program's graph and to a plan -------------------------
+# -- what checkpointing adds to a program's graph and to a plan -----------------------------------
+# (docs/torch/aot-autograd.md#checkpointing-adds-hop-and-rng-wrappers)
 
 
 def _viewing_block(x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +131,8 @@ def test_a_plan_resolves_only_the_two_wrappers_and_operator_overloads():
         graph_to_wire(fx.GraphModule(torch.nn.Module(), graph))
 
 
-# -- fact 62: an attribute set and restored inside a checkpointed block ---------------------------
+# -- an attribute set and restored inside a checkpointed block ------------------------------------
+# (docs/torch/dynamo.md#checkpointed-block-may-restore-attributes)
 
 
 class _Holder:
@@ -188,7 +192,8 @@ def test_a_block_may_set_an_attribute_it_restores(block, dynamo_reset):
         assert torch.allclose(x.grad, 2 * x.detach().cos())
 
 
-# -- fact 63: weight-gradient products join the later region they read ----------------------------
+# -- weight-gradient products join the later region they read -------------------------------------
+# (docs/torch/aot-autograd.md#checkpointed-regions-kept-activations-alive)
 
 
 def _two_regions(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

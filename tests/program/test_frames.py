@@ -203,7 +203,7 @@ def test_gpt2_training_is_warm(cache_dir, tmp_path, monkeypatch):
 def test_a_branch_on_an_item_is_a_graph_break_to_dynamo(dynamo_reset):
     """Under ``fullgraph=True`` a branch on ``item()`` is a ``UserError``
     raised while handling ``GuardOnDataDependentSymNode``; ltc_cache takes
-    it for a graph break (fact 42 in docs/design.md)."""
+    it for a graph break (docs/torch/dynamo.md#item-branch-is-not-a-graph-break)."""
     from ltc_cache.program.frames import breaks_the_graph
 
     def flagged(x):

@@ -1,6 +1,10 @@
 """FSDP2 (``fully_shard``) training stored as programs: FSDP's hooks and
-each sharded module's call stay eager around its forward compiled (facts
-72-75 in docs/design.md). Ranks run as child processes on gloo, CPU."""
+each sharded module's call stay eager around its forward compiled
+(docs/torch/distributed.md#fsdp2-hooks-are-dynamo-disabled,
+docs/torch/distributed.md#no-resume-after-break-in-a-loop,
+docs/torch/distributed.md#sharded-program-guards-mro-by-index and
+docs/torch/distributed.md#sharding-the-stand-in-fails). Ranks run as child processes on gloo,
+CPU."""
 
 from __future__ import annotations
 

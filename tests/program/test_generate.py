@@ -1,9 +1,10 @@
 """``generate()`` of language models through ltc_cache (issue 20).
 
 The regression of the first cold ``generate()`` (a negative slice bound
-read back positive, fact 22 in docs/design.md) and of a region that falls
-back to eager on inputs laid out otherwise than traced (fact 23); cold then
-warm generation in fresh child processes (``tests/children/generate.py``).
+read back positive, docs/torch/torchscript-ir.md#parse-ir-drops-constant-signs) and of a region that
+falls back to eager on inputs laid out otherwise than traced
+(docs/torch/ltc.md#flash-attention-output-follows-query-layout); cold then warm generation in fresh
+child processes (``tests/children/generate.py``).
 """
 
 from __future__ import annotations

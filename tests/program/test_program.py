@@ -293,9 +293,10 @@ def test_training_cold_then_warm(variants):
     assert not any(seen["program"] + seen["plan"] + seen["ir"]), seen
     # The plan was found by the key parts stored with the program's graph,
     # which the cold process computed as the backend keys the graph: the
-    # Dynamo graph itself was never unpickled (fact 47 in docs/design.md).
+    # Dynamo graph itself was never unpickled (docs/torch/dynamo.md#program-stores-graph-key-parts).
     assert "dynamo_graph" not in seen, seen
-    # The checks ran as the cold process compiled them (fact 48).
+    # The checks ran as the cold process compiled them
+    # (docs/torch/dynamo.md#three-load-costs-paid-elsewhere).
     assert "checks_compile" not in seen, seen
     # Through LTC, not eagerly: the backend's AOTAutograd path runs outside
     # the AOTAutograd-cache settings aot_compile forces; the warm process

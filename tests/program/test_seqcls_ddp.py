@@ -1,7 +1,9 @@
 """Issue 35: a program whose first call changes what its guards read
 (transformers' ``config.problem_type``), code digests that followed the
 hash seed, and ``ltc_cache.compile(DDP(model))``; cold then warm in child
-processes (facts 59 and 60 in docs/design.md)."""
+processes (docs/torch/dynamo.md#one-layout-several-programs,
+docs/torch/dynamo.md#frozenset-repr-follows-the-hash-seed and
+docs/torch/distributed.md#ddp-forward-has-nothing-to-compile)."""
 
 from __future__ import annotations
 
@@ -116,7 +118,8 @@ print(code_digest(f.__code__))
 
 def test_a_code_digest_is_the_same_under_every_hash_seed():
     """A set literal compiles to a frozenset constant, whose repr follows
-    the strings' hashes, which PYTHONHASHSEED sets per process (fact 59)."""
+    the strings' hashes, which PYTHONHASHSEED sets per process
+    (docs/torch/dynamo.md#frozenset-repr-follows-the-hash-seed)."""
     digests = set()
     for seed in ("1", "2", "3"):
         proc = subprocess.run([sys.executable, "-c", DIGEST], capture_output=True, text=True,
@@ -257,12 +260,14 @@ def torchrun(out: Path, model: str) -> list[dict]:
 @pytest.mark.slow  # two torchrun launches of two ranks each
 @pytest.mark.parametrize("model", ["mlp", "seqcls"])
 def test_compiled_ddp_ranks_run_warm_with_no_frame(model, signing_key, tmp_path):
-    """DDP's forward stays eager around its module compiled (fact 60): a
-    warm rank hands Dynamo no frame at all, and the gradients are still
-    all-reduced (weights equal on both ranks, and to eager DDP's)."""
+    """DDP's forward stays eager around its module compiled
+    (docs/torch/distributed.md#ddp-forward-has-nothing-to-compile): a warm rank hands Dynamo no
+    frame at all, and the gradients are still all-reduced (weights equal on both ranks, and to eager
+    DDP's)."""
     out = tmp_path / "out"
     out.mkdir()
-    programs = 2 if model == "seqcls" else 1  # problem_type: two programs (fact 59)
+    # problem_type: two programs (docs/torch/dynamo.md#one-layout-several-programs)
+    programs = 2 if model == "seqcls" else 1
     for phase in ("cold", "warm"):
         ranks = torchrun(out, model)
         reference = ranks[0]["reference"]

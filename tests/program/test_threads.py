@@ -153,9 +153,9 @@ def test_threads_through_torch_compile_cold_then_warm(compiled):
     """Dynamo looks for a frame's compiled code before taking its lock and
     not after, so every thread whose first call came with the others
     captured the frame (4 captures cold and warm). Now a thread that
-    waited for the lock looks again and runs that one call as it is (fact
-    57 in docs/design.md): one capture per frame in a process, cold or
-    warm."""
+    waited for the lock looks again and runs that one call as it is
+    (docs/torch/dynamo.md#dynamo-captures-once-per-missing-thread): one
+    capture per frame in a process, cold or warm."""
     cold = checked(compiled["cold"]["torch:mlp"])
     assert cold["frames_ok"] == 1 and cold["stats"]["dynamo_graphs"] == 1, cold["stats"]
     assert cold["stats"]["traces"] == 1

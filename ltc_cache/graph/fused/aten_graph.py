@@ -49,11 +49,12 @@ def _views_as_reshapes(traced: torch.fx.GraphModule) -> None:
 
 
 def _view_copies() -> dict[Any, Any]:
-    """``x_copy`` ops (LTC's views, fact 5 in docs/design.md) as the view
+    """``x_copy`` ops (LTC's views, docs/torch/ltc.md#views-are-lowered-to-copies) as the view
     ``x`` and a contiguous copy: Inductor lowers the views, while several
     ``x_copy`` ops (``slice_copy``, ``select_copy``) have neither a
     lowering nor a C shim, and a library that falls back to Python's proxy
-    executor cannot run in the C++ runner (fact 52 in docs/design.md)."""
+    executor cannot run in the C++ runner
+    (docs/torch/aot-inductor.md#view-copies-lack-aoti-kernels)."""
     aten = torch.ops.aten
     table: dict[Any, Any] = {}
     # Every registered op: dir(torch.ops.aten) lists only those resolved so far.
@@ -82,7 +83,8 @@ def aten_graph(script: Callable[..., Any], inputs: list[torch.Tensor]) -> torch.
     run unoptimized, as a replay runs it: TorchScript's optimizing
     executor folds a graph's constant parts (a mask made from ``arange``)
     into tensors and pools equal ones, comparing them with ``aten.equal``,
-    which fake tensors cannot answer (fact 87 in docs/design.md)."""
+    which fake tensors cannot answer
+    (docs/torch/aot-inductor.md#constant-masks-need-an-unoptimized-trace)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     with torch.no_grad(), torch.jit.optimized_execution(False):

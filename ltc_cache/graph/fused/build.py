@@ -37,7 +37,7 @@ from .aten_graph import as_tuple, aten_graph, exported_program
 from .cpu_isa import library_needs
 from .entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .exact import no_further_from_exact
-from .platform import INDUCTOR_OPTIONS, compiler_id, compiler_version
+from .platform import compiler_id, compiler_version, inductor_settings
 from .runner import FusedFunction, load_runner, mismatch, put_back, saved_writes
 
 __all__ = ["Built", "FuseFailed", "build_entry", "build_library", "example_inputs",
@@ -60,9 +60,10 @@ _KEEP = 0.97
 # model's initialisation, so activations grow by the square root of each
 # layer's width and reordered sums differ far more than on real data: a
 # hidden-256 BERT's pooled output by 2.2e-5 of its largest value, a small
-# GPT's training forward by 1.4e-4 (fact 83 in docs/design.md). Past this
-# rule, a library is still kept where it is no further than the reference
-# from the graph run in float64 (:mod:`.exact`).
+# GPT's training forward by 1.4e-4
+# (docs/torch/aot-inductor.md#random-weights-make-build-check-stricter). Past this rule, a library
+# is still kept where it is no further than the reference from the graph run in float64
+# (:mod:`.exact`).
 _BUILD_RTOL = 1e-3
 _REASON_CHARS = 600
 
@@ -124,7 +125,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     traced on fake tensors (it computes the same). ``writes``: the inputs
     it writes in place, put back before each run that is compared, and
     compared too. ``settings``: Inductor settings over ltc_cache's
-    (:data:`~.platform.INDUCTOR_OPTIONS`). Raises FuseFailed where the
+    (:func:`~.platform.inductor_settings`). Raises FuseFailed where the
     library's outputs differ, and whatever the compile raises."""
     before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
@@ -135,7 +136,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     graph = aten_graph(traced or reference, inputs)
     try:
         library, inductor_isa = compile_library(exported_program(graph, inputs),
-                                                {**INDUCTOR_OPTIONS, **(settings or {})})
+                                                {**inductor_settings(), **(settings or {})})
     except UnexpectedPackage as exc:
         raise FuseFailed(str(exc)) from None
     isa = library_needs(inductor_isa)

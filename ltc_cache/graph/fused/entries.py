@@ -1,7 +1,9 @@
 """Fused libraries as cache entries, signed because they are code.
 
 A fused entry (kind ``fused``) sits beside the graph entry it was compiled
-from, under :func:`~.platform.fused_key` of that entry's key. Its payload
+from, under :func:`~.platform.fused_key` of that entry's
+:func:`~.platform.source_key` (a graph's content, which identical layers
+share; a plan's key), its ``graph_key``. Its payload
 holds the shared library's bytes and what a replay needs to use it in
 place of the TorchScript function:
 
@@ -42,7 +44,7 @@ from ...kinds import EntryKind
 from ..entry import Entry, new_meta
 from ..keys import CacheKey
 from .cpu_isa import missing_features, unknown_words
-from .platform import FUSED_VERSION
+from .platform import FUSED_VERSION, source_key
 
 __all__ = ["DATA_DEPENDENT", "FUSED_FORMAT", "NOT_FASTER", "Library", "fused_entry", "library_of",
            "refusal_entry", "stored_library", "usable_library", "warn_not_for_this_cpu"]
@@ -76,10 +78,11 @@ def fused_entry(key: CacheKey, graph: Entry, *, library: bytes, isa: str,
                 stats: Mapping[str, Any]) -> Entry:
     """The entry of ``graph``'s library; ``stats``: compile seconds,
     compiler, both tiers' timings (shown by ``ltc-cache show``)."""
+    source = source_key(graph)
     payload = {
-        "format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": graph.key,
+        "format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": source, "of": graph.kind,
         "library": library, "isa": isa, "aliases": aliases, "restride": restride,
-        "hmac": _sign(secret, key.digest, graph.key, library, isa, aliases, restride),
+        "hmac": _sign(secret, key.digest, source, library, isa, aliases, restride),
         "library_sha256": hashlib.sha256(library).hexdigest(), **stats,
     }
     return Entry(key.digest, "", (), (), (), _meta(key, graph), kind=EntryKind.FUSED,
@@ -90,8 +93,8 @@ def refusal_entry(key: CacheKey, graph: Entry, reason: str,
                   stats: Mapping[str, Any] | None = None) -> Entry:
     """Why ``graph`` has no library on machines of ``key``: kept so that no
     process tries again (``ltc-cache fuse --retry`` does)."""
-    payload = {"format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": graph.key,
-               "reason": reason[:2000], **(stats or {})}
+    payload = {"format": FUSED_FORMAT, "version": FUSED_VERSION, "graph_key": source_key(graph),
+               "of": graph.kind, "reason": reason[:2000], **(stats or {})}
     return Entry(key.digest, "", (), (), (), _meta(key, graph), kind=EntryKind.FUSED,
                  payload=payload)
 
@@ -142,8 +145,8 @@ def library_of(entry: Entry, secret: bytes, graph_key: str) -> Library | None:
     :func:`stored_library` refuses, unsigned, tampered with."""
     # The signature covers the bytes: their sha256 is hashed only to say
     # what a signature that fails to hold was failed by (a library's
-    # bytes are hashed three times on a warm load already, fact 70 in
-    # docs/design.md).
+    # bytes are hashed three times on a warm load already,
+    # docs/torch/aot-inductor.md#loading-a-library-reads-its-bytes-five-times).
     library = stored_library(entry, graph_key, check_sha256=False)
     if library is None:
         return None

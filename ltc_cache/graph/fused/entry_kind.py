@@ -211,9 +211,14 @@ def _show(entry: Entry, context: ShowContext) -> KindView:
     payload.pop("library", None)
     payload.pop("hmac", None)
     payload["library_size"] = fused.library_size
-    graph_name = context.name_of(fused.graph_key)
-    fields = [("Graph", f"{fused.graph_key} " + (f"({graph_name})" if graph_name is not None
-                                                 else "(not stored here)"))]
+    graph_name = context.name_of(fused.graph_key)  # a plan's; a graph's is its content
+    if payload.get("of") == EntryKind.GRAPH:
+        graph = (f"{fused.graph_key} (the content of {entry.graph_name}: every graph of the "
+                 "same IR and input layouts uses this entry)")
+    else:
+        graph = f"{fused.graph_key} " + (f"({graph_name})" if graph_name is not None
+                                         else "(not stored here)")
+    fields = [("Graph", graph)]
     if fused.refused:
         fields.append(("Refused", str(fused.reason)))
     else:

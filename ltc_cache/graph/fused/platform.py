@@ -23,18 +23,23 @@ import subprocess
 
 import torch
 
+from ...kinds import EntryKind
+from ..entry import Entry, tensor_to_wire
 from ..keys import CacheKey, hash_lines, key_from_parts
 from .aoti import runner_available
 from .cpu_isa import isa_runs_here, machine_isa, x86_machine
+from .source import library_source
 
 __all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version", "fusable_here",
-           "fused_key", "isa_runs_here", "machine_isa"]
+           "fused_key", "inductor_settings", "isa_runs_here", "machine_isa", "source_key"]
 
 # A library of the whole TorchScript graph, inputs and outputs as its
 # function's, with the outputs it aliases or lays out otherwise beside it.
-# 3: generated loops on one thread; 2: only the outputs laid out otherwise
-# are recorded (1: every output's).
-FUSED_VERSION = 3
+# 4: a graph's library keyed by what it is compiled from (.source), and
+# compiled for the recorded ISA alone (no -march=native); 3: generated
+# loops on one thread; 2: only the outputs laid out otherwise are recorded
+# (1: every output's).
+FUSED_VERSION = 4
 
 # The Inductor settings a library is compiled with; part of the key, as is
 # any TORCHINDUCTOR_* variable of the compiling process that changes code.
@@ -47,6 +52,22 @@ INDUCTOR_OPTIONS: dict[str, object] = {
     # small loop), and would take the compiling process's thread count.
     "cpp.threads": 1,
 }
+
+
+def inductor_settings() -> dict[str, object]:
+    """:data:`INDUCTOR_OPTIONS`, and the target g++ compiles for: the
+    baseline of the CPUs that have this machine's vector ISA, never
+    ``-march=native``, Inductor's default. Inductor adds the ISA's own
+    flags (``-mavx2 -mfma -mf16c``, or AVX-512's); with ``-march=native``
+    g++ would also use whatever else this CPU has (AVX-512 on a machine
+    capped to AVX2 by ``ATEN_CPU_CAPABILITY``), and a library keyed for
+    AVX2 would die of SIGILL on an AVX2 CPU
+    (docs/torch/aot-inductor.md#inductor-compiles-for-this-machine-by-default).
+    x86-64-v2 (SSE4.2, POPCNT) is in every CPU with AVX2; a machine
+    without a vector ISA gets plain x86-64."""
+    march = "x86-64-v2" if machine_isa() not in ("", "DEFAULT") else "x86-64"
+    return {**INDUCTOR_OPTIONS, "cpp.march": march}
+
 
 # TORCHINDUCTOR_* variables that change where Inductor keeps things or what
 # it logs, not the code it writes: left out of the key.
@@ -109,12 +130,25 @@ def _device_text() -> str:
 def _options_text() -> list[str]:
     env = sorted(f"{k}={v}" for k, v in os.environ.items()
                  if k.startswith("TORCHINDUCTOR_") and not any(w in k for w in _NOT_CODE))
-    return [repr(sorted(INDUCTOR_OPTIONS.items())), *env]
+    return [repr(sorted(inductor_settings().items())), *env]
+
+
+def source_key(entry: Entry) -> str:
+    """What ``entry``'s library is the library of: a graph's content
+    (:mod:`.source`: identical layers share one library), else (a plan)
+    the entry's key."""
+    if entry.kind == EntryKind.GRAPH:
+        inputs = [[s.kind, tensor_to_wire(s.ref) if s.kind == "const" else s.ref]
+                  for s in entry.inputs]
+        source = library_source(entry.ir, inputs, entry.meta.get("input_specs"))
+        if source is not None:
+            return source
+    return entry.key
 
 
 def fused_key(graph_key: str) -> CacheKey:
-    """The key of the fused library of the graph entry ``graph_key`` on
-    this machine."""
+    """The key of the fused library of ``graph_key`` (what
+    its :func:`source_key`) on this machine."""
     parts = {
         "format": hash_lines([f"ltc_cache.fused:{FUSED_VERSION}"]),
         "graph": graph_key,

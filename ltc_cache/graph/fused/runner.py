@@ -47,7 +47,7 @@ def load_runner(library: bytes) -> Any:
     RuntimeError (or OSError) where it does not load."""
     # A name never used before in this process: the dynamic loader hands
     # back the library it already loaded under a name it has seen, whatever
-    # the file now holds (fact 53 in docs/design.md).
+    # the file now holds (docs/torch/aot-inductor.md#dlopen-keys-by-file-name).
     path = os.path.join(_private_dir(), f"{next(_loaded)}-{os.getpid()}.so")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:

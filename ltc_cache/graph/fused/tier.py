@@ -1,7 +1,9 @@
 """The fused tier in front of a graph's TorchScript function.
 
 For each graph entry a process binds, :meth:`FusedTier.function` looks the
-library up under :func:`~.platform.fused_key` of the entry's key and hands
+library up under :func:`~.platform.fused_key` of the entry's
+:func:`~.platform.source_key` (its content: identical layers share one
+library, its verdict and its compile) and hands
 back a :class:`~.runner.FusedFunction` where one is stored, verified and
 loadable on this CPU, else the TorchScript function itself. Where none is
 stored, what happens is ``LTC_CACHE_FUSE``'s:
@@ -31,7 +33,7 @@ import logging
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...counter_names import (
@@ -44,24 +46,17 @@ from ...counter_names import (
     FUSED_REFUSED,
 )
 from ...diagnostics import count_event, warn_once
-from ...errors import EntryError, NotForThisCpu
 from ...kinds import EntryKind
 from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
-from .entries import (
-    DATA_DEPENDENT,
-    NOT_FASTER,
-    refusal_entry,
-    usable_library,
-    warn_not_for_this_cpu,
-)
+from .entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry
 from .pickup import PendingFunction
-from .platform import fusable_here, fused_key
+from .platform import fusable_here, fused_key, source_key
 from .queue import FuseQueue, start_worker
-from .runner import FusedFunction, load_runner, mismatch
-from .verdicts import RTOL, keep_verdict, verdict_held
+from .runner import load_runner
+from .slot import LibrarySlot, SlotCounters
 
 if TYPE_CHECKING:
     from ..cache import GraphCache
@@ -71,6 +66,8 @@ __all__ = ["FusedTier", "built_within", "fuse_graph", "in_a_clean_thread"]
 logger = logging.getLogger("ltc_cache.fused")
 
 _T = TypeVar("_T")
+
+_COUNTERS = SlotCounters(loads=FUSED_LOADS, checks=FUSED_CHECKS, refused=FUSED_REFUSED)
 
 class FusedTier:
     """The fused libraries of one :class:`~ltc_cache.graph.cache.GraphCache`."""
@@ -106,7 +103,7 @@ class FusedTier:
         config = self._cache.config
         if not fusable_here() or "input_specs" not in entry.meta:
             return script  # nothing to compile it for: an older entry, or not on the CPU
-        key = fused_key(entry.key)
+        key = fused_key(source_key(entry))
         stored = self._cache.lookup_entry(key, count=False)
         if stored is None and config.fuse == "sync" and not self._cache.readonly:
             stored = in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
@@ -141,47 +138,13 @@ class FusedTier:
                 script: GraphFunction) -> GraphFunction:
         """The library of the fused entry ``stored``, loaded, or ``script``
         where it has none to be used."""
-        secret = program_secret(self._cache.config.secret, self._cache.config.directory)
-        try:
-            library = usable_library(stored, secret, entry.key)
-        except NotForThisCpu as exc:  # a miss here, never replaced: no rebuild loop
-            warn_not_for_this_cpu(entry.graph_name, exc)
+        slot = LibrarySlot(self._cache, key, entry, entry.graph_name, _COUNTERS,
+                           instead="replaying with TorchScript",
+                           quiet=(NOT_FASTER, DATA_DEPENDENT), refused_warning="fused-refused")
+        library = slot.library(stored)
+        if library is None:
             return script
-        except EntryError as exc:
-            self._cache.drop_entry(key, str(exc), remade="compiled")
-            return script
-        if library is None:  # refused: not faster, data-dependent (silently), or a failure
-            reason = str(stored.payload.get("reason", ""))
-            if not reason.startswith((NOT_FASTER, DATA_DEPENDENT)):
-                warn_once("fused-refused", f"no fused library for {entry.graph_name} "
-                          f"({entry.key[:12]}): {reason[:300]}; replaying with TorchScript "
-                          "(`ltc-cache show` and `ltc-cache fuse --retry`)")
-            return script
-        # Verified by usable_library, and covering the bytes: what a verdict is given for.
-        signature = bytes(stored.payload["hmac"])
-        checked = verdict_held(self._cache, key.digest, entry.key, signature)
-        runner = load_runner(library.data)
-        count_event(FUSED_LOADS)
-        return FusedFunction(runner, script, aliases=library.aliases, restride=library.restride,
-                             checked=checked,
-                             check=lambda expected, got, error: self._checked(
-                                 entry, key, signature, expected, got, error))
-
-    def _checked(self, entry: Entry, key: CacheKey, signature: bytes, expected: Sequence[Any],
-                 got: Sequence[Any] | None, error: Exception | None) -> bool:
-        """The verdict on a library's first call (or a call where it
-        raised): kept where its outputs match TorchScript's, refused for
-        good where they differ or it raised."""
-        count_event(FUSED_CHECKS)
-        problem = mismatch(expected, got, rtol=RTOL, error=error)
-        if problem is None:
-            keep_verdict(self._cache, key.digest, entry.key, signature)
-            return True
-        count_event(FUSED_REFUSED)
-        warn_once(f"fused:{key.digest}", f"the fused library of {entry.graph_name} "
-                  f"({entry.key[:12]}) is not used: {problem}; replaying with TorchScript")
-        self._cache.store_entry(refusal_entry(key, entry, f"on first use: {problem}"), key)
-        return False
+        return slot.function(stored, library, load_runner(library.data), script)
 
     def queue(self, key: str, counter: str = FUSED_QUEUED) -> str | None:
         """Queue the graph or plan stored under ``key`` for the background
@@ -213,14 +176,14 @@ def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
     them it is refused."""
     from .build import build_entry
 
-    key = fused_key(graph_key)
-    stored = cache.lookup_entry(key, count=False)
-    if stored is not None and (not retry or "library" in stored.payload):
-        return stored
     if graph is None:
         graph = cache.lookup_entry(CacheKey(graph_key, {}), count=False)
         if graph is None or graph.kind != EntryKind.GRAPH:
             return None
+    key = fused_key(source_key(graph))
+    stored = cache.lookup_entry(key, count=False)
+    if stored is not None and (not retry or "library" in stored.payload):
+        return stored  # this graph's, or an identical one's (another layer's)
     secret = program_secret(cache.config.secret, cache.config.directory)
     entry = built_within(timeout, lambda: build_entry(graph, key, secret), key, graph)
     cache.store_entry(entry, key)
@@ -244,7 +207,7 @@ def in_a_clean_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``fn(*args, **kwargs)`` in a thread of its own: a graph's first call
     may come inside Dynamo's or AOTAutograd's tracing, whose fake mode and
     tracing context (thread-local, both) ``torch.export`` would pick up
-    (fact 54 in docs/design.md)."""
+    (docs/torch/aot-inductor.md#export-picks-up-surrounding-fake-mode)."""
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ltc_cache-fuse") as pool:
         return pool.submit(fn, *args, **kwargs).result()
 

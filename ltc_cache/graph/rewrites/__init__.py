@@ -36,8 +36,10 @@ applies them to an :class:`~ltc_cache.graph.extract.Extraction` and keeps the
 traced IR where anything fails, since a rewrite is an optimisation only.
 
 A module per family: ``views``, ``scalars`` (with the bool lists),
-``fusions``, ``matmuls`` and ``dead_code``, over the IR helpers they share
-(``ir``). Their log is ``ltc_cache.rewrite``.
+``fusions`` and ``matmuls``, over the IR helpers they share (``ir``);
+dead code is removed here (:func:`drop_dead_code`). TorchScript's IR API
+is reached through :mod:`ltc_cache.graph.torchscript_ir`. Their log is
+``ltc_cache.rewrite``.
 """
 
 from __future__ import annotations
@@ -45,11 +47,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-import torch
-
 from ...diagnostics import warn_once
 from ..extract import Extraction
-from .dead_code import drop_dead_code
+from ..layout import Source
+from ..torchscript_ir import Graph, parse_ir, remove_dead_code
 from .fusions import silu_backwards, tanh_gelus
 from .ir import parse_traced
 from .matmuls import linears
@@ -86,7 +87,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         dead = drop_dead_code(graph, inputs)
         ir = str(graph)
         # What the cache stores must parse in a new process, as replay parses.
-        torch._C.parse_ir(ir)
+        parse_ir(ir)
     except Exception as exc:  # best effort: the traced IR is correct as it is
         warn_once("rewrite", f"cannot rewrite a traced graph ({type(exc).__name__}: {exc}); "
                   "storing it as traced")
@@ -96,3 +97,19 @@ def rewrite(extraction: Extraction) -> Extraction:
                  "%d SiLU backwards, dropped %d dead nodes/inputs", aranges, views, scalars,
                  bool_lists, products, powers, gelus, silus, dead)
     return dataclasses.replace(extraction, ir=ir, inputs=tuple(inputs))
+
+
+def drop_dead_code(graph: Graph, inputs: list[Source]) -> int:
+    """Remove nodes whose results nothing reads, merge equal constants, and
+    remove graph inputs nothing reads with their entries in ``inputs``;
+    returns how many nodes and inputs went."""
+    before = sum(1 for _ in graph.nodes())
+    remove_dead_code(graph)
+    removed = before - sum(1 for _ in graph.nodes())
+    params = list(graph.inputs())
+    for i in reversed(range(len(inputs))):
+        if not params[i].uses():
+            graph.eraseInput(i)
+            del inputs[i]
+            removed += 1
+    return removed

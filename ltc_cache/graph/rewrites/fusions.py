@@ -8,9 +8,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from ..layout import Source
+from ..torchscript_ir import Graph, Value
 from .ir import is_real_dtype, nodes_calling, op_facts, scalar_value, stored_constants, swap_in
 
 
@@ -19,11 +18,11 @@ class _Matcher:
     number it holds (an IR constant or a stored 0-dim constant), and what
     it is the product or the sum of."""
 
-    def __init__(self, graph: torch._C.Graph, inputs: list[Source]) -> None:
+    def __init__(self, graph: Graph, inputs: list[Source]) -> None:
         self.stored = {k: t for k, t in stored_constants(graph, inputs).items()
                       if t.dim() == 0}
 
-    def number(self, value: torch._C.Value) -> float | None:
+    def number(self, value: Value) -> float | None:
         if value.node().kind() == "prim::Constant":
             constant = value.toIValue()
             return constant if type(constant) in (int, float) else None
@@ -31,11 +30,11 @@ class _Matcher:
         return scalar_value(tensor) if tensor is not None and is_real_dtype(tensor.dtype) \
             else None
 
-    def is_op(self, value: torch._C.Value, name: str) -> bool:
+    def is_op(self, value: Value, name: str) -> bool:
         op = op_facts(value.node())
         return op is not None and op.name == name
 
-    def times(self, value: torch._C.Value, factor: float) -> torch._C.Value | None:
+    def times(self, value: Value, factor: float) -> Value | None:
         """``t`` where ``value`` is ``t * factor`` (either order)."""
         pair = self.factors(value)
         if pair is None:
@@ -46,21 +45,21 @@ class _Matcher:
                 return tensor
         return None
 
-    def plus(self, value: torch._C.Value) -> tuple[torch._C.Value, torch._C.Value] | None:
+    def plus(self, value: Value) -> tuple[Value, Value] | None:
         """The two operands where ``value`` is ``a + b`` (alpha 1)."""
         if not self.is_op(value, "aten::add.Tensor"):
             return None
         a, b, alpha = value.node().inputs()
         return (a, b) if self.number(alpha) == 1 else None
 
-    def factors(self, value: torch._C.Value) -> tuple[torch._C.Value, torch._C.Value] | None:
+    def factors(self, value: Value) -> tuple[Value, Value] | None:
         """The two operands where ``value`` is ``a * b``."""
         if not self.is_op(value, "aten::mul.Tensor"):
             return None
         a, b = value.node().inputs()
         return a, b
 
-    def filled_one(self, value: torch._C.Value) -> bool:
+    def filled_one(self, value: Value) -> bool:
         """Whether ``value`` is a tensor of ones, as LTC writes it:
         ``clone(expand(c))`` of a stored 1."""
         if not self.is_op(value, "aten::clone"):
@@ -70,26 +69,26 @@ class _Matcher:
             and self.number(expanded.node().inputsAt(0)) == 1
 
 
-def silu_backwards(graph: torch._C.Graph, inputs: list[Source]) -> int:
+def silu_backwards(graph: Graph, inputs: list[Source]) -> int:
     """Replace the chain LTC lowers ``silu_backward`` to, ``g * (s * (1 + x
     * (1 - s)))`` with ``s = sigmoid(x)`` and the 1 of ``1 - s`` a tensor of
     ones, with ``silu_backward(g, x)``; returns how many.
 
     SiLU is Llama's activation, and each op of the chain is a pass over the
     activation (the ones too) where eager's backward runs one fused
-    kernel, the one put back here: its values are eager's (fact 15 in
-    docs/design.md).
+    kernel, the one put back here: its values are eager's
+    (docs/torch/ltc.md#fused-kernels-written-out-as-chains).
     """
     match = _Matcher(graph, inputs)
 
-    def silu_backward_of(grad: torch._C.Value, product: torch._C.Value) -> list[Any] | None:
+    def silu_backward_of(grad: Value, product: Value) -> list[Any] | None:
         x = _silu_input(match, product)
         return None if x is None else [grad, x]
 
     return _replace_products(graph, silu_backward_of, "aten::silu_backward")
 
 
-def _silu_input(match: _Matcher, product: torch._C.Value) -> torch._C.Value | None:
+def _silu_input(match: _Matcher, product: Value) -> Value | None:
     """``x`` where ``product`` is ``s * (1 + x * (1 - s))``, ``s =
     sigmoid(x)``, and no other op reads the chain between them."""
     factors = match.factors(product)
@@ -127,7 +126,7 @@ _GELU_BETA = math.sqrt(2 / math.pi)
 _GELU_KAPPA = 0.044715
 
 
-def tanh_gelus(graph: torch._C.Graph, inputs: list[Source]) -> int:
+def tanh_gelus(graph: Graph, inputs: list[Source]) -> int:
     """Replace the chain of eight elementwise ops that computes GELU's tanh
     approximation (GPT-2's activation, written out in Python) with
     ``gelu(x, approximate="tanh")``; returns how many. The chain's nodes go
@@ -141,7 +140,7 @@ def tanh_gelus(graph: torch._C.Graph, inputs: list[Source]) -> int:
     """
     match = _Matcher(graph, inputs)
 
-    def gelu_of(half_x: torch._C.Value, one_plus: torch._C.Value) -> list[Any] | None:
+    def gelu_of(half_x: Value, one_plus: Value) -> list[Any] | None:
         # 0.5 * x * (1 + tanh(BETA * (x + KAPPA * pow(x, 3))))
         x = match.times(half_x, 0.5)
         summed = match.plus(one_plus)
@@ -168,8 +167,8 @@ def tanh_gelus(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return _replace_products(graph, gelu_of, "aten::gelu")
 
 
-def _replace_products(graph: torch._C.Graph,
-                      find: Callable[[torch._C.Value, torch._C.Value], list[Any] | None],
+def _replace_products(graph: Graph,
+                      find: Callable[[Value, Value], list[Any] | None],
                       op_name: str) -> int:
     """Put ``op_name(*args)`` in place of each product ``a * b`` for which
     ``find(a, b)`` (or ``find(b, a)``) gives the arguments, inserting at the

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from ..layout import Source
+from ..torchscript_ir import Graph, Node, TensorType, Value, parse_ir, parse_schema
 
 # Ops that read an input's strides or storage rather than its values, or
 # reject some layouts: a view (non-contiguous, offset, stride 0) must not
@@ -44,7 +45,7 @@ def _op_of(schema_text: str) -> _Op | None:
     # Parsed once per distinct schema: a graph has thousands of nodes but few ops.
     if schema_text == "(no schema)":
         return None
-    schema = torch._C.parse_schema(schema_text)
+    schema = parse_schema(schema_text)
     name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
     aliases = any(a.alias_info is not None for a in (*schema.arguments, *schema.returns))
     writes = schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write
@@ -54,18 +55,18 @@ def _op_of(schema_text: str) -> _Op | None:
                tuple(str(a.type) for a in schema.arguments))
 
 
-def op_facts(node: torch._C.Node) -> _Op | None:
+def op_facts(node: Node) -> _Op | None:
     return _op_of(node.schema())
 
 
-def nodes_calling(graph: torch._C.Graph, name: str) -> list[torch._C.Node]:
+def nodes_calling(graph: Graph, name: str) -> list[Node]:
     """The nodes of ``graph`` that call op ``name`` (with its overload),
     listed before a rewrite replaces any."""
     return [node for node in graph.nodes()
             if (op := op_facts(node)) is not None and op.name == name]
 
 
-def may_write(node: torch._C.Node) -> bool:
+def may_write(node: Node) -> bool:
     """Whether ``node`` may write to memory it did not allocate (or is an
     op this module does not know, which is treated the same)."""
     kind = node.kind()
@@ -77,14 +78,14 @@ def may_write(node: torch._C.Node) -> bool:
     return op is None or op.writes
 
 
-def reads_values_only(node: torch._C.Node) -> bool:
+def reads_values_only(node: Node) -> bool:
     """Whether ``node`` reads its tensor inputs as values: its result neither
     aliases them nor depends on their strides."""
     op = op_facts(node)
     return op is not None and op.reads_values_only
 
 
-def take_place(node: torch._C.Node, value: torch._C.Value) -> None:
+def take_place(node: Node, value: Value) -> None:
     """``value`` stands in for ``node``'s single output, with its type, and
     ``node`` goes."""
     value.setType(node.output().type())
@@ -92,8 +93,8 @@ def take_place(node: torch._C.Node, value: torch._C.Value) -> None:
     node.destroy()
 
 
-def swap_in(graph: torch._C.Graph, node: torch._C.Node, kind: str,
-            inputs: list[torch._C.Value], overload: str) -> bool:
+def swap_in(graph: Graph, node: Node, kind: str,
+            inputs: list[Value], overload: str) -> bool:
     """Put a ``kind`` node reading ``inputs`` in ``node``'s place if it
     resolves to ``overload``; whether it did (else the graph is as it was,
     but for constants made for it, which :func:`drop_dead_code` removes)."""
@@ -107,7 +108,7 @@ def swap_in(graph: torch._C.Graph, node: torch._C.Node, kind: str,
     return True
 
 
-def stored_constants(graph: torch._C.Graph, inputs: list[Source]) -> dict[int, torch.Tensor]:
+def stored_constants(graph: Graph, inputs: list[Source]) -> dict[int, torch.Tensor]:
     """The tensors stored with the entry, by the ``unique()`` of the graph
     input they are bound to."""
     params = list(graph.inputs())
@@ -115,9 +116,9 @@ def stored_constants(graph: torch._C.Graph, inputs: list[Source]) -> dict[int, t
             if s.kind == "const" and isinstance(s.ref, torch.Tensor)}
 
 
-def tensor_constant(value: torch._C.Value) -> torch.Tensor | None:
+def tensor_constant(value: Value) -> torch.Tensor | None:
     node = value.node()
-    if node.kind() != "prim::Constant" or not isinstance(value.type(), torch._C.TensorType):
+    if node.kind() != "prim::Constant" or not isinstance(value.type(), TensorType):
         return None
     constant = value.toIValue()
     return constant if isinstance(constant, torch.Tensor) else None
@@ -138,17 +139,17 @@ def scalar_value(t: torch.Tensor) -> bool | int | float | None:
 _TENSOR_CONSTANT = re.compile(r"= prim::Constant\[value=\{([^{}]*)\}\]\(\)")
 
 
-def parse_traced(ir: str) -> torch._C.Graph:
+def parse_traced(ir: str) -> Graph:
     """``ir`` parsed with its tensor constants (LTC writes slice bounds as
     one-element tensor constants), each holding the number the text gives.
 
     ``parse_ir`` drops the sign of a tensor constant: ``{-1}`` reads back as
-    ``tensor(1)`` (fact 22 in docs/design.md). Folded, ``x[:, -1:]`` (a
-    language model's last position, as ``generate`` asks for it) sliced
+    ``tensor(1)`` (docs/torch/torchscript-ir.md#parse-ir-drops-constant-signs). Folded,
+    ``x[:, -1:]`` (a language model's last position, as ``generate`` asks for it) sliced
     from the second row instead, and the graph failed on its first call.
     The constants are read again from the text, in order, and every one
     the parser got wrong is replaced."""
-    graph = torch._C.parse_ir(ir, parse_tensor_constants=True)
+    graph = parse_ir(ir, tensor_constants=True)
     written = _TENSOR_CONSTANT.findall(ir)
     parsed = [node for node in graph.nodes() if node.kind() == "prim::Constant"
               and tensor_constant(node.output()) is not None]

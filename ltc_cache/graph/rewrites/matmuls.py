@@ -3,12 +3,11 @@ node where there were two."""
 
 from __future__ import annotations
 
-import torch
-
+from ..torchscript_ir import Graph, Value
 from .ir import op_facts, swap_in
 
 
-def linears(graph: torch._C.Graph) -> int:
+def linears(graph: Graph) -> int:
     """Replace ``addmm(b, x, t(w), beta=1, alpha=1)`` with ``linear(x, w, b)``
     and ``mm(x, t(w))`` with ``linear(x, w)``; returns how many. The ``t``
     goes where nothing else reads it (see :func:`drop_dead_code`).
@@ -51,7 +50,7 @@ def linears(graph: torch._C.Graph) -> int:
     return replaced
 
 
-def _is_one(value: torch._C.Value) -> bool:
+def _is_one(value: Value) -> bool:
     if value.node().kind() != "prim::Constant":
         return False
     constant = value.toIValue()

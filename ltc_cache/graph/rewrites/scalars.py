@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..layout import Source
+from ..torchscript_ir import BoolType, Graph, JitType, ListType, Value
 from .ir import (
     is_real_dtype,
     nodes_calling,
@@ -31,7 +32,7 @@ _UNWRAP: dict[str, Callable[[torch.dtype], bool]] = {
 }
 
 
-def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
+def fold_scalars(graph: Graph, inputs: list[Source]) -> int:
     """Replace ``aten::ScalarImplicit`` (and ``IntImplicit``,
     ``FloatImplicit``) of a stored 0-dim constant input, or of a one-element
     tensor constant in the IR, with an IR constant of its value; returns how
@@ -66,7 +67,7 @@ def fold_scalars(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return folded
 
 
-def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
+def scalar_exponents(graph: Graph, inputs: list[Source]) -> int:
     """Replace ``pow.Tensor_Tensor(x, e)`` whose exponent ``e`` is a stored
     0-dim constant (a captured ``x.pow(2)``, RMSNorm's square) with
     ``pow.Tensor_Scalar(x, value)``; returns how many.
@@ -93,7 +94,7 @@ def scalar_exponents(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return replaced
 
 
-def _same_overloads(graph: torch._C.Graph, old: torch._C.Value, new: torch._C.Value,
+def _same_overloads(graph: Graph, old: Value, new: Value,
                     resolved: dict[tuple[Any, ...], str]) -> bool:
     """Whether every op reading ``old`` resolves to the same overload when it
     reads ``new`` instead (an int where a Scalar stood can pick another:
@@ -110,7 +111,7 @@ def _same_overloads(graph: torch._C.Graph, old: torch._C.Value, new: torch._C.Va
     return True
 
 
-def _overload(graph: torch._C.Graph, kind: str, inputs: list[torch._C.Value], outputs: int,
+def _overload(graph: Graph, kind: str, inputs: list[Value], outputs: int,
               resolved: dict[tuple[Any, ...], str]) -> str:
     key = (kind, outputs, *(str(v.type()) for v in inputs))
     if key not in resolved:
@@ -124,7 +125,7 @@ def _overload(graph: torch._C.Graph, kind: str, inputs: list[torch._C.Value], ou
     return resolved[key]
 
 
-def _number_of(value: torch._C.Value, stored: dict[int, torch.Tensor],
+def _number_of(value: Value, stored: dict[int, torch.Tensor],
                accepts: Callable[[torch.dtype], bool]) -> bool | int | float | None:
     """The number a one-element tensor holds, where ``value`` is a stored
     0-dim constant or a tensor constant in the IR of a dtype ``accepts``;
@@ -137,7 +138,7 @@ def _number_of(value: torch._C.Value, stored: dict[int, torch.Tensor],
     return scalar_value(tensor)
 
 
-def bool_list_constants(graph: torch._C.Graph) -> int:
+def bool_list_constants(graph: Graph) -> int:
     """Rebuild each ``bool[]`` constant as a ``prim::ListConstruct`` of bool
     constants; returns how many.
 
@@ -160,5 +161,5 @@ def bool_list_constants(graph: torch._C.Graph) -> int:
     return rebuilt
 
 
-def _is_bool_list(t: torch._C.JitType) -> bool:
-    return isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), torch._C.BoolType)
+def _is_bool_list(t: JitType) -> bool:
+    return isinstance(t, ListType) and isinstance(t.getElementType(), BoolType)

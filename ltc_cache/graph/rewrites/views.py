@@ -4,9 +4,8 @@ stored tensor that would keep a graph from it (:func:`functional_aranges`)."""
 
 from __future__ import annotations
 
-import torch
-
 from ..layout import Source
+from ..torchscript_ir import Graph, Node, TensorType, Value
 from .ir import (
     CONTAINERS,
     may_write,
@@ -44,7 +43,7 @@ VIEW_OF_COPY: dict[str, str] = {
 }
 
 
-def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
+def functional_aranges(graph: Graph, inputs: list[Source]) -> int:
     """Replace ``arange.start_out(start, end, step, out)`` whose ``out`` is a
     stored constant with ``arange.start_step(start, end, step, dtype=,
     device=)`` of that constant's dtype and device; returns how many.
@@ -73,7 +72,7 @@ def functional_aranges(graph: torch._C.Graph, inputs: list[Source]) -> int:
     return replaced
 
 
-def views_for_copies(graph: torch._C.Graph) -> int:
+def views_for_copies(graph: Graph) -> int:
     """Turn view copies into views where that is provably safe; returns how
     many.
 
@@ -128,7 +127,7 @@ _WHOLE_VIEWS = frozenset({
 _VIEW_OPS = frozenset(VIEW_OF_COPY.values())
 
 
-def _root(value: torch._C.Value) -> torch._C.Value:
+def _root(value: Value) -> Value:
     """What ``value`` may share memory with: followed back through views and
     view copies alike."""
     while True:
@@ -138,7 +137,7 @@ def _root(value: torch._C.Value) -> torch._C.Value:
         value = next(value.node().inputs())
 
 
-def _returned_views(graph: torch._C.Graph) -> set[int]:
+def _returned_views(graph: Graph) -> set[int]:
     """Turn into views the view copies the graph returns whose root
     (:func:`_root`) is a tensor an op of the graph allocated, and which no
     other output shares; returns the new views' values, which
@@ -171,7 +170,7 @@ def _returned_views(graph: torch._C.Graph) -> set[int]:
     return new
 
 
-def _view_is_safe(node: torch._C.Node, *, returned: bool = False) -> bool:
+def _view_is_safe(node: Node, *, returned: bool = False) -> bool:
     """Whether every use of ``node`` takes a view as it took the copy;
     ``returned``: the graph's return counts as such a use."""
     for use in node.output().uses():
@@ -194,7 +193,7 @@ _NEW_LAYOUT = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"
                          "aten::addmv", "aten::dot"})
 
 
-def _keep_output_layouts(graph: torch._C.Graph, views: set[int], returned: set[int]) -> None:
+def _keep_output_layouts(graph: Graph, views: set[int], returned: set[int]) -> None:
     """Make contiguous each graph output whose layout may follow a new view,
     and hand back each of ``returned`` (views the graph returns) through
     ``_unsafe_view``: the same memory, but no view to autograd, which
@@ -209,7 +208,7 @@ def _keep_output_layouts(graph: torch._C.Graph, views: set[int], returned: set[i
     for i, value in enumerate(list(ret.inputs())):
         if value.unique() not in follows:
             continue
-        if not isinstance(value.type(), torch._C.TensorType):
+        if not isinstance(value.type(), TensorType):
             raise TypeError(f"graph output {i} of type {value.type()} computed from a view")
         with graph.insert_point_guard(ret):
             contiguous_format = graph.insertConstant(0)  # MemoryFormat is an int in the IR
@@ -224,13 +223,13 @@ def _keep_output_layouts(graph: torch._C.Graph, views: set[int], returned: set[i
         ret.replaceInput(i, out)
 
 
-def _is_view_copy(node: torch._C.Node) -> bool:
+def _is_view_copy(node: Node) -> bool:
     op = op_facts(node)
     return op is not None and op.name in VIEW_OF_COPY
 
 
-def _replace_with_view(graph: torch._C.Graph, node: torch._C.Node,
-                       target: str) -> torch._C.Node | None:
+def _replace_with_view(graph: Graph, node: Node,
+                       target: str) -> Node | None:
     """Put the view ``target`` in place of ``node``; None (``node`` kept)
     where the view op would not take the same arguments."""
     kind = target.split(".")[0]

@@ -142,7 +142,7 @@ def breaks_the_graph(exc: BaseException) -> bool:
     (``if x.any().item():``, Longformer's global attention). Under
     ``fullgraph=True`` the latter is a ``UserError`` raised while handling
     ``GuardOnDataDependentSymNode``; without it, Dynamo breaks the graph at
-    the ``item()`` (fact 42 in docs/design.md)."""
+    the ``item()`` (docs/torch/dynamo.md#item-branch-is-not-a-graph-break)."""
     from torch._dynamo.exc import Unsupported, UserError
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
