@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -169,27 +170,62 @@ def look_again_before_capture(opted_in: Callable[[Any], bool]) -> None:
 
         def __call__(self: ConvertFrame, frame: Any, cache_entry: Any, hooks: Any,
                      frame_state: Any, skip: int = 0) -> Any:
-            if _made_meanwhile(self, frame):
+            opted = _is_opted_in(self)
+            if opted and _made_meanwhile(frame):
                 return ConvertFrameReturn(
                     frame_exec_strategy=_FrameExecStrategy(_FrameAction.DEFAULT,
                                                            _FrameAction.RUN_ONLY),
                     apply_to_code=False)
-            return capture(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+            result = capture(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+            made = getattr(result, "guarded_code", None)
+            if opted and made is not None:
+                # The hook adds the entry once this returns, after the lock is
+                # released: a thread that takes the lock meanwhile waits for it.
+                _in_flight.setdefault(frame.f_code, []).append(
+                    (made.guard_manager, time.monotonic()))
+            return result
 
         __call__._ltc_cache_looks_again = True  # type: ignore[attr-defined]
         ConvertFrame.__call__ = __call__  # type: ignore[method-assign]
 
 
-def _made_meanwhile(convert: ConvertFrame, frame: Any) -> bool:
-    """Whether an entry of ``frame``'s code fits the frame, for a backend
-    opted in; False on any doubt (Dynamo then captures, as it would)."""
+# Guard managers of entries a capture made, by code, until the eval-frame
+# hook has added them (or _IN_FLIGHT_S has passed: a reset dropped them).
+_in_flight: dict[types.CodeType, list[tuple[Any, float]]] = {}
+_IN_FLIGHT_S = 0.5
+
+
+def _is_opted_in(convert: ConvertFrame) -> bool:
     try:
-        entries = _debug_get_cache_entry_list(frame.f_code)
-        if not entries:
-            return False
         backend = eval_frame.innermost_backend(convert)
         inner = getattr(backend, "compiler_fn", backend)  # torch.compile(options=...)'s wrapper
-        if not any(wanted(backend) or wanted(inner) for wanted in _opted_in):
+        return any(wanted(backend) or wanted(inner) for wanted in _opted_in)
+    except Exception:
+        return False
+
+
+def _entries_once_added(code: types.CodeType) -> list[Any]:
+    """``code``'s cache entries, once those another thread's capture made
+    are in (it adds them after releasing the compile lock, which the
+    caller holds)."""
+    while True:
+        entries = _debug_get_cache_entry_list(code)
+        waiting = [(manager, made) for manager, made in _in_flight.get(code, ())
+                   if time.monotonic() < made + _IN_FLIGHT_S
+                   and not any(entry.guard_manager is manager for entry in entries)]
+        if not waiting:
+            _in_flight.pop(code, None)
+            return entries
+        _in_flight[code] = waiting
+        time.sleep(0.001)
+
+
+def _made_meanwhile(frame: Any) -> bool:
+    """Whether an entry of ``frame``'s code fits the frame; False on any
+    doubt (Dynamo then captures, as it would)."""
+    try:
+        entries = _entries_once_added(frame.f_code)
+        if not entries:
             return False
         f_locals = frame.f_locals
         for entry in entries:
