@@ -83,8 +83,10 @@ PLAN_MISSES = _declare("plan_misses", "plan lookups that found none, so AOTAutog
 # The torch.compile backend's, per process.
 ATEN_OPS = _declare("aten_ops", "aten ops in the graphs the backend compiled")
 AOT_GRAPHS = _declare("aot_graphs", "graphs that went through AOTAutograd")
-DYNAMO_GRAPHS = _declare("dynamo_graphs", "graphs Dynamo handed the backend (a plan, a negative "
-                                          "entry and a region are three lookups of one)")
+DYNAMO_GRAPHS = _declare("dynamo_graphs", "graphs Dynamo captured in this process and handed "
+                                          "the backend (a loaded program's graph is not one; a "
+                                          "plan, a negative entry and a region are three "
+                                          "lookups of one)")
 LTC_OPS = _declare("ltc_ops", "aten ops of the compiled graphs that run inside LTC")
 # Whole programs (ltc_cache.compile), per process.
 PROGRAM_HITS = _declare("program_hits", "programs loaded from the cache")

@@ -21,6 +21,9 @@ from __future__ import annotations
 import builtins
 import contextlib
 import itertools
+import logging
+import threading
+import time
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -40,14 +43,18 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.output_graph import OutputGraph
 from torch._dynamo.package import CompilePackage, SourceInfo
 from torch._dynamo.symbolic_convert import InstructionTranslator
+from torch._dynamo.types import ConvertFrameReturn
 
 __all__ = ["SKIP", "AOTCompiledFunction", "CompilePackage", "ConvertFrame", "OptimizedModule",
            "OutputGraph", "SerializableCallable", "SourceInfo", "aot_compiled",
            "backend_wrapped_by", "bypassed_entry", "cache_entries", "compile_lock",
            "compiling_frame", "deserialize_program",
-           "guard_managers_built_by", "optimized", "program_graph", "program_guards",
+           "guard_managers_built_by", "look_again_before_capture", "optimized",
+           "program_graph", "program_guards",
            "run_as_is", "serialize_program", "side_effect_pieces", "skipped_recursively",
            "traced_fn", "unique_ids_from"]
+
+_logger = logging.getLogger("ltc_cache.dynamo")
 
 
 def compiling_frame() -> Any:
@@ -128,6 +135,108 @@ def side_effect_pieces() -> tuple[Any, ...] | None:
         return None
     return SideEffects, AttributeMutationExisting, is_side_effect_safe, \
         AutogradFunctionContextVariable
+
+
+# --- one capture of a frame, however many threads miss it at once --------------
+
+_looking_again = threading.Lock()  # installs the wrapper once
+_opted_in: list[Callable[[Any], bool]] = []
+
+
+def look_again_before_capture(opted_in: Callable[[Any], bool]) -> None:
+    """From now on, before Dynamo captures a frame for a backend that
+    ``opted_in`` accepts (the innermost one: what ``torch.compile`` was given),
+    it looks again at the frame's cache entries: if one of them, added since
+    the eval-frame hook looked (by another thread's capture, while this
+    thread waited for ``compile_lock``), fits the frame, the frame is not
+    captured again: this call runs its code as it is, the frames it calls
+    only from their compiled entries, and the next call of the thread
+    finds the entry. Idempotent.
+
+    The eval-frame hook looks up a frame's entries before Dynamo's
+    ``CatchErrorsWrapper`` takes ``compile_lock`` and ``ConvertFrame``
+    (called under it) does not look again, so threads whose first calls
+    came together each captured the frame
+    (docs/torch/dynamo.md#dynamo-captures-once-per-missing-thread). The
+    hook runs a frame compiled only from an entry it adds itself, so the
+    entry found cannot be run for this call without a second, duplicate
+    entry (each counts towards Dynamo's recompile limit): the call runs as
+    the code is, as calls past that limit do."""
+    with _looking_again:
+        _opted_in.append(opted_in)
+        if getattr(ConvertFrame.__call__, "_ltc_cache_looks_again", False):
+            return
+        capture = ConvertFrame.__call__
+
+        def __call__(self: ConvertFrame, frame: Any, cache_entry: Any, hooks: Any,
+                     frame_state: Any, skip: int = 0) -> Any:
+            opted = _is_opted_in(self)
+            if opted and _made_meanwhile(frame):
+                return ConvertFrameReturn(
+                    frame_exec_strategy=_FrameExecStrategy(_FrameAction.DEFAULT,
+                                                           _FrameAction.RUN_ONLY),
+                    apply_to_code=False)
+            result = capture(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
+            made = getattr(result, "guarded_code", None)
+            if opted and made is not None:
+                # The hook adds the entry once this returns, after the lock is
+                # released: a thread that takes the lock meanwhile waits for it.
+                _in_flight.setdefault(frame.f_code, []).append(
+                    (made.guard_manager, time.monotonic()))
+            return result
+
+        __call__._ltc_cache_looks_again = True  # type: ignore[attr-defined]
+        ConvertFrame.__call__ = __call__  # type: ignore[method-assign]
+
+
+# Guard managers of entries a capture made, by code, until the eval-frame
+# hook has added them (or _IN_FLIGHT_S has passed: a reset dropped them).
+_in_flight: dict[types.CodeType, list[tuple[Any, float]]] = {}
+_IN_FLIGHT_S = 0.5
+
+
+def _is_opted_in(convert: ConvertFrame) -> bool:
+    try:
+        backend = eval_frame.innermost_backend(convert)
+        inner = getattr(backend, "compiler_fn", backend)  # torch.compile(options=...)'s wrapper
+        return any(wanted(backend) or wanted(inner) for wanted in _opted_in)
+    except Exception:
+        return False
+
+
+def _entries_once_added(code: types.CodeType) -> list[Any]:
+    """``code``'s cache entries, once those another thread's capture made
+    are in (it adds them after releasing the compile lock, which the
+    caller holds)."""
+    while True:
+        entries = _debug_get_cache_entry_list(code)
+        waiting = [(manager, made) for manager, made in _in_flight.get(code, ())
+                   if time.monotonic() < made + _IN_FLIGHT_S
+                   and not any(entry.guard_manager is manager for entry in entries)]
+        if not waiting:
+            _in_flight.pop(code, None)
+            return entries
+        _in_flight[code] = waiting
+        time.sleep(0.001)
+
+
+def _made_meanwhile(frame: Any) -> bool:
+    """Whether an entry of ``frame``'s code fits the frame; False on any
+    doubt (Dynamo then captures, as it would)."""
+    try:
+        entries = _entries_once_added(frame.f_code)
+        if not entries:
+            return False
+        f_locals = frame.f_locals
+        for entry in entries:
+            if entry.guard_manager.check(f_locals):
+                _logger.debug("%s (%s:%d): compiled by another thread meanwhile; run as it is "
+                              "this once", frame.f_code.co_name, frame.f_code.co_filename,
+                              frame.f_code.co_firstlineno)
+                return True
+    except Exception as exc:  # a guard that cannot run here: Dynamo decides, as before
+        _logger.debug("looking again before a capture failed: %s: %s", type(exc).__name__, exc)
+    return False
 
 
 # --- several frames: the package and the eval-frame hook -----------------------

@@ -59,15 +59,18 @@ class LtcBackend:
     (:func:`ltc_cache.default_cache`), looked up at each compile so that
     ``LTC_CACHE_*`` set after import still apply. ``whole_graph`` tries the
     AOTAutograd-free inference path first. ``name`` labels the entries
-    (default: the class of the compiled module).
+    (default: the class of the compiled module). ``from_dynamo=False``: the
+    graphs it is handed were not captured by Dynamo in this process (a
+    loaded program's), so they are not counted as ``dynamo_graphs``.
     """
 
     def __init__(self, cache: GraphCache | None = None, *, whole_graph: bool = True,
-                 name: str | None = None) -> None:
+                 name: str | None = None, from_dynamo: bool = True) -> None:
         self.__name__ = "ltc_cache"
         self._cache = cache
         self._whole_graph = whole_graph
         self._name = name
+        self._from_dynamo = from_dynamo
         self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
             weakref.WeakKeyDictionary())
         self._variants: dict[tuple[str | None, str], LtcBackend] = {}  # by torch.compile options
@@ -89,6 +92,7 @@ class LtcBackend:
         # on its first call (a program's, a shape of a symbolic one) takes
         # it here: AOTAutograd and the rest are not thread-safe.
         with compile_lock():
+            _capture_frames_once()
             return self._compile(gm, example_inputs, mode=mode, options=options, **kwargs)
 
     def _compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -102,7 +106,8 @@ class LtcBackend:
             if configured is None:  # one per setting: it keeps what it learned of LTC
                 configured = self._variants[variant] = self._configured(mode, settings)
             return configured(gm, example_inputs)
-        counters.bump(DYNAMO_GRAPHS)
+        if self._from_dynamo:
+            counters.bump(DYNAMO_GRAPHS)
         from .specialize import Unspecializable
 
         name = self._name or model_name(gm)
@@ -131,7 +136,7 @@ class LtcBackend:
             warn_once(f"mode:{mode}", f"torch.compile mode={mode!r} means nothing to the "
                       "ltc_cache backend (LTC compiles every graph one way); ignored")
         return LtcBackend(self._cache, whole_graph=options.get("whole_graph", self._whole_graph),
-                          name=options.get("name", self._name))
+                          name=options.get("name", self._name), from_dynamo=self._from_dynamo)
 
     def _static(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str, *,
                 training: bool) -> Callable[..., Any]:
@@ -207,7 +212,7 @@ class LtcBackend:
             return None
         if compiled is None:
             self._missed = key
-        else:
+        elif self._from_dynamo:
             counters.bump(DYNAMO_GRAPHS)
         return compiled
 
@@ -241,6 +246,26 @@ def _accepted() -> str:
 
 
 backend = LtcBackend()
+
+_captures_once = False  # whether Dynamo looks again before capturing a frame for this backend
+
+
+def _capture_frames_once() -> None:
+    """Make Dynamo capture each frame compiled for an :class:`LtcBackend`
+    once, not once per thread whose first call came at the same time
+    (:func:`ltc_cache.dynamo_package.look_again_before_capture`). Done on a
+    backend's first graph, under ``compile_lock``: the threads that missed
+    the frame meanwhile wait for that lock before they would capture it, so
+    they all look again."""
+    global _captures_once
+    if not _captures_once:
+        _captures_once = True
+        try:
+            from ..dynamo_package import look_again_before_capture
+
+            look_again_before_capture(lambda fn: isinstance(fn, LtcBackend))
+        except Exception:  # a torch without the pieces: each thread captures, as before
+            logger.debug("Dynamo does not look again before a capture", exc_info=True)
 
 
 def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

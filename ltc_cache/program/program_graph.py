@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from ..collector import holding_off
+from ..counter_names import DYNAMO_GRAPHS
+from ..diagnostics import counters
 from ..dynamo_package import SerializableCallable
 from ..errors import EntryError
 from ..threads import compile_lock
@@ -28,7 +30,13 @@ class LtcProgramGraph(SerializableCallable):
     pickler), with what AOTAutograd reads beside it that the pickler drops
     (each placeholder's ``_dynamo_source``), and the graph's key parts: a
     loaded training graph finds its plan by them, and is unpickled only
-    where the plan is missing or fails (docs/torch/dynamo.md#program-stores-graph-key-parts)."""
+    where the plan is missing or fails (docs/torch/dynamo.md#program-stores-graph-key-parts).
+
+    The graph is counted as one of ``dynamo_graphs`` when Dynamo hands it
+    over (:func:`program_backend`), not when it is compiled: a loaded
+    program's was captured by the process that stored it, and counting it
+    at its compile made every warm process look as if Dynamo had captured
+    a frame for each program it loaded."""
 
     def __init__(self, gm: torch.fx.GraphModule | None, name: str, *,
                  stored: dict[str, Any] | None = None,
@@ -108,7 +116,7 @@ class LtcProgramGraph(SerializableCallable):
         from ..compile_backend.backend import LtcBackend
         from ..compile_backend.per_shape import run_time_tracing
 
-        backend = LtcBackend(name=self.name)
+        backend = LtcBackend(name=self.name, from_dynamo=False)  # counted when captured
         ddp = running_data_parallel() if self._whole else None
         if ddp is not None:
             cut = cut_at_buckets(ddp, self.gm, args, self.name, _piece)
@@ -162,6 +170,7 @@ def program_backend(name: str) -> Callable[..., LtcProgramGraph]:
         # Compiled on the first call, not here: aot_compile runs backends
         # under AOTAutograd-cache settings the ltc_cache backend's own
         # AOTAutograd path fails under.
+        counters.bump(DYNAMO_GRAPHS)  # captured in this process
         return LtcProgramGraph(gm, name)
 
     backend.compiler_name = "ltc_cache"  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from ..graph.cache import GraphCache
 from ..threads import compile_lock
 from .fallback import TorchCompileFallback
 from .frames import FramesRoute
+from .kv_cache import with_fresh_layers
 from .loaded import GrowingLayout, call_layout
 from .route import Call, Program, Route, Target
 from .single_graph import SingleGraphRoute
@@ -37,6 +38,8 @@ class Programs:
         self._target = Target(fn, owner, name, compile_kwargs, self._fallback, cache)
         self._by_layout: dict[Any, list[Program]] = {}
         self._growing = False
+        # True once a call with a DynamicCache stand-in failed (kv_cache.py).
+        self._fresh_layers_tried: bool | None = None
         # One route at a time takes new layouts: one graph, until Dynamo
         # splits the function (then the frames, while they work).
         self._frames = FramesRoute(self._target, self._abandon)
@@ -60,6 +63,8 @@ class Programs:
         try:
             layout = (torch.is_grad_enabled(), call_layout(args), call_layout(kwargs))
         except GrowingLayout as exc:
+            if self._fresh_layers_tried is not True:
+                return self._with_fresh_layers(args, kwargs, exc)
             if not self._growing:
                 self._growing = True
                 logger.info("%s: called with a %s, whose layout changes every call; running "
@@ -81,6 +86,30 @@ class Programs:
             if program is None:
                 return self._fallback(args, kwargs)
         return program.run(call)
+
+    def _with_fresh_layers(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                           growing: GrowingLayout) -> Any:
+        """A call given a ``DynamicCache`` whose layers it writes are empty
+        (a training forward's block): its program runs with a stand-in for
+        the cache (:mod:`.kv_cache`); other calls go to torch.compile, as
+        any whose layout grows."""
+        used: list[bool] = []
+
+        def run(new_args: tuple[Any, ...], new_kwargs: dict[str, Any]) -> Any:
+            used.append(True)
+            return self(new_args, new_kwargs)
+
+        def again(same_args: tuple[Any, ...], same_kwargs: dict[str, Any]) -> Any:
+            if used:  # the stand-in did not do: never tried again for this function
+                self._fresh_layers_tried = True
+            if not self._growing:
+                self._growing = True
+                logger.info("%s: called with a %s, whose layout changes every call; running "
+                            "it through torch.compile(backend=\"ltc_cache\")",
+                            self._target.name, growing)
+            return self._fallback(same_args, same_kwargs)
+
+        return with_fresh_layers(self._target.owner, args, kwargs, run, again)
 
     def _pick(self, call: Call) -> Program | None:
         """The program of the call's layout whose guards and checks hold

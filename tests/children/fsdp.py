@@ -1,6 +1,7 @@
 """FSDP2 training through ltc_cache, one rank of it (run by torchrun).
 
-``torchrun --nproc_per_node=N tests/children/fsdp.py ORDER OUT_DIR [--steps 3] [--layers 2]``
+``torchrun --nproc_per_node=N tests/children/fsdp.py ORDER OUT_DIR [--steps 3] [--layers 2]
+[--use-cache]``
 
 Each rank trains transformers' GPT-2 (small config, ``labels=``) with AdamW
 on its share of one global batch, through ``fully_shard`` (FSDP2, gloo,
@@ -85,8 +86,11 @@ def _batch(world: int):
     return torch.randint(0, VOCAB, (BATCH_PER_RANK * world, SEQ), generator=generator)
 
 
-def _steps(net, parameters, ids, steps: int, reduce) -> tuple[list[float], list[float]]:
-    """Losses (all-reduced) and each step's seconds."""
+def _steps(net, parameters, ids, steps: int, reduce,
+           use_cache: bool = False) -> tuple[list[float], list[float]]:
+    """Losses (all-reduced) and each step's seconds; ``use_cache``: the
+    model's own default (a key/value cache built each forward and handed to
+    each block), else ``use_cache=False``."""
     import torch
 
     optimizer = torch.optim.AdamW(parameters, lr=1e-3)
@@ -96,7 +100,8 @@ def _steps(net, parameters, ids, steps: int, reduce) -> tuple[list[float], list[
         optimizer.zero_grad()
         # No key/value cache: training has no use for one, and each block
         # would take it as an input (README, FSDP2).
-        loss = net(ids, labels=ids, use_cache=False)["loss"]
+        loss = (net(ids, labels=ids) if use_cache else net(ids, labels=ids, use_cache=False)
+                )["loss"]
         loss.backward()
         optimizer.step()
         seconds.append(time.perf_counter() - start)
@@ -113,6 +118,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--no-eager", action="store_true")
+    parser.add_argument("--use-cache", action="store_true",
+                        help="the config's use_cache (on), as a user who leaves it")
     parser.add_argument("--hang-after", type=float, default=300.0)
     options = parser.parse_args(argv)
     # A rank that hangs (a collective the other ranks never join) prints
@@ -141,7 +148,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         return value / world
 
     net, model = _build(options.order, options.layers)
-    losses, seconds = _steps(net, model.parameters(), ids, options.steps, global_mean)
+    losses, seconds = _steps(net, model.parameters(), ids, options.steps, global_mean,
+                             options.use_cache)
     result = {"rank": rank, "world": world, "order": options.order, "losses": losses,
               "first_step_s": seconds[0], "step_s": seconds[1:], "stats": ltc_cache.stats(),
               "frames_ok": int(torch._dynamo.utils.counters["frames"]["ok"]),
@@ -150,7 +158,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if not options.no_eager:
         eager, eager_model = _build("eager", options.layers)
         result["eager"], result["eager_step_s"] = _steps(
-            eager, eager_model.parameters(), ids, options.steps, global_mean)
+            eager, eager_model.parameters(), ids, options.steps, global_mean, options.use_cache)
     Path(options.out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

@@ -406,6 +406,33 @@ def test_what_torch_does_that_threads_rely_on():
     assert seen == [True]
 
 
+def test_what_looking_again_before_a_capture_relies_on(dynamo_reset):
+    """docs/torch/dynamo.md#dynamo-captures-once-per-missing-thread: Dynamo's
+    ``CatchErrorsWrapper`` calls ``ConvertFrame`` under
+    its compile lock with the frame, the entry the hook looked at, the
+    hooks, the frame's state and ``skip``, and the hook runs a frame as it
+    is, the frames it calls only from their entries, for a result with
+    RUN_ONLY as its recursive action and no code; each cache entry's guard
+    manager checks a frame's locals as a dict."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list, _FrameAction
+    from torch._dynamo import convert_frame, eval_frame
+
+    assert list(inspect.signature(convert_frame.ConvertFrame.__call__).parameters)[:6] == [
+        "self", "frame", "cache_entry", "hooks", "frame_state", "skip"]
+    wrapper = inspect.getsource(convert_frame.CatchErrorsWrapper.__call__)
+    assert "with compile_lock" in wrapper and "skip=1" in wrapper
+    assert {"DEFAULT", "SKIP", "RUN_ONLY"} <= set(_FrameAction.__members__)
+    assert callable(eval_frame.innermost_backend)
+
+    def f(x):
+        return x * 2
+
+    torch.compile(f, backend="eager")(torch.ones(2))
+    entry, = _debug_get_cache_entry_list(f.__code__)
+    assert entry.guard_manager.check({"x": torch.zeros(2)})
+    assert not entry.guard_manager.check({"x": torch.zeros(3, 3)})
+
+
 # --- Dynamo's guards: ltc_cache/program/guards.py ---------------------------------------
 
 

@@ -42,4 +42,5 @@ def test_first_warm_training_start_captures_and_traces_nothing(model, starts):
     assert (stats["traces"], stats["misses"]) == (0, 0), stats
     assert warm["aot"] == 0 and stats.get("aot_traces", 0) == 0, warm
     assert warm["frames"] == 0 and stats.get("program_captures", 0) == 0, warm
+    assert stats.get("dynamo_graphs", 0) == 0, stats  # the loaded program's is not Dynamo's
     assert stats.get("program_fallbacks", 0) == 0 and stats["program_hits"] == 1, stats

@@ -262,3 +262,29 @@ def test_a_forward_wrapped_with_dynamo_ctx_falls_back_without_recursion(cache_di
     assert compiled.dynamo_ctx(model.layer.forward) is not None  # other methods: as they are
     assert torch.allclose(model(x), want, atol=1e-6)
     assert ltc_cache.stats().get("program_fallbacks") == 1
+
+
+def test_a_loaded_program_is_no_graph_of_dynamos(cache_dir, tmp_path, monkeypatch):
+    """``dynamo_graphs`` counts the graphs Dynamo captured in this process.
+    A loaded program's graph, compiled by the backend on its first call
+    from the cache's plan and regions, was counted too: every warm process
+    showed one Dynamo graph a program loaded (GPT2ForSequenceClassification
+    training: 1; FSDP2 ranks: one a unit), with no capture. Trained, a
+    second stand-in over an equal module loads the first one's program."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    ltc_cache.compile(model)(x).sum().backward()
+    cold = ltc_cache.stats()
+    assert cold.get("program_captures") == 1 and cold.get("dynamo_graphs") == 1, cold
+    frames = torch._dynamo.utils.counters["frames"]["ok"]
+    again = copy.deepcopy(model)
+    got = ltc_cache.compile(again)(x)
+    got.sum().backward()
+    assert torch.allclose(got, model(x), atol=1e-6)
+    warm = {k: v - cold.get(k, 0) for k, v in ltc_cache.stats().items()}
+    assert warm.get("program_hits") == 1 and warm.get("program_captures", 0) == 0, warm
+    assert warm.get("aot_traces", 0) == 0 and warm["traces"] == 0, warm
+    assert warm.get("dynamo_graphs", 0) == 0, warm
+    assert torch._dynamo.utils.counters["frames"]["ok"] == frames

@@ -195,11 +195,12 @@ def test_one_rank_compiles_each_unit_and_trains_as_eager(cache_dir, tmp_path,
     assert stats.get("program_captures", 0) >= 3, stats
 
 
-def torchrun(out: Path, order: str, ranks: int = 2) -> list[dict]:
+def torchrun(out: Path, order: str, ranks: int = 2, *options: str) -> list[dict]:
     for old in out.glob("rank*.json"):
         old.unlink()
     command = [str(Path(sys.executable).with_name("torchrun")), f"--nproc_per_node={ranks}",
-               f"--master_port={free_port()}", str(CHILDREN / "fsdp.py"), order, str(out)]
+               f"--master_port={free_port()}", str(CHILDREN / "fsdp.py"), order, str(out),
+               *options]
     proc = subprocess.run(command, capture_output=True, text=True, env=child_env(),
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -231,3 +232,31 @@ def test_fsdp_ranks_cold_then_warm(cache_dir, tmp_path, monkeypatch):
             assert stats.get("program_captures", 0) == 0, rank["logs"]
             assert rank["captures"] == 0 and rank["aot_traces"] == 0, rank
             assert stats["traces"] == 0, rank
+            # No graph of Dynamo's: the loaded programs' were counted as such, 6 a rank.
+            assert stats.get("dynamo_graphs", 0) == 0, rank
+
+
+@pytest.mark.slow  # two torchrun launches of two ranks each
+def test_fsdp_ranks_with_the_key_value_cache_on_run_warm(cache_dir, tmp_path, monkeypatch):
+    """The same model trained with ``use_cache`` left on: GPT-2 builds a
+    ``DynamicCache`` each forward and hands it to each block, which went to
+    torch.compile (a cache grows every decoding step): warm ranks loaded 4
+    programs and Dynamo captured each block's frame, 2 a rank. A block
+    writes only its own layer, empty in a training forward, so its program
+    runs with a stand-in whose layout is the same every call
+    (program/kv_cache.py): a program per block (each guards its
+    ``layer_idx``), none captured warm; losses equal eager FSDP2's."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    out = tmp_path / "out"
+    out.mkdir()
+    for phase in ("cold", "warm"):
+        for rank in torchrun(out, "compiled_fsdp", 2, "--use-cache"):
+            assert rank["losses"] == pytest.approx(rank["eager"], abs=1e-5), rank
+            stats = rank["stats"]
+            assert stats["errors"] == 0 and stats.get("program_fallbacks", 0) == 0, rank["logs"]
+            assert rank["frames_ok"] == 0 and rank["visited"] == [], rank["visited"]
+            if phase == "warm":
+                # wte, wpe, each block's, ln_f, lm_head.
+                assert stats.get("program_hits", 0) == 6, rank["logs"]
+                assert stats.get("program_captures", 0) == 0 and rank["captures"] == 0, rank
+                assert rank["aot_traces"] == 0 and stats["traces"] == 0, rank

@@ -182,6 +182,10 @@ def test_gpt2_sequence_classification_trains_warm(signing_key):
     stats = warm["stats"]
     assert stats.get("program_hits", 0) == 2 and stats.get("program_captures", 0) == 0, warm
     assert warm["frames_ok"] == 0 and warm["aot_traces"] == 0 and stats["traces"] == 0, warm
+    # Dynamo's graphs: one per program captured cold; none warm (a loaded
+    # program's graph was counted as one of Dynamo's, 2 here).
+    assert cold["stats"].get("dynamo_graphs", 0) == 2, cold
+    assert stats.get("dynamo_graphs", 0) == 0, warm
 
 
 # --- ltc_cache.compile(DDP(model)) -------------------------------------------------
