@@ -52,7 +52,7 @@ EXCEPTIONS = [
 ]
 # Exceptions that must not be Exceptions: the fused worker's timeout is a
 # BaseException so that build_entry's ``except Exception`` lets it through.
-NOT_LTC_CACHE_ERRORS = {("ltc_cache.graph.fused.tier", "_Timeout")}
+NOT_LTC_CACHE_ERRORS = {("ltc_cache.graph.fused.deadline", "CompileTimeout")}
 
 _BUILTIN_EXCEPTIONS = {name for name, value in vars(builtins).items()
                        if isinstance(value, type) and issubclass(value, BaseException)}

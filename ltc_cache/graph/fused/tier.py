@@ -28,12 +28,10 @@ runs the library alone from its first call.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
-import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...counter_names import (
@@ -51,6 +49,7 @@ from ...signing import program_secret
 from ..entry import Entry
 from ..keys import CacheKey
 from ..replay import GraphFunction
+from .deadline import CompileTimeout, running_deadline
 from .library_entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry
 from .pickup import PendingFunction
 from .platform import fusable_here, fused_key, source_key
@@ -194,12 +193,13 @@ def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
 def built_within(timeout: float | None, build: Callable[[], Entry], key: CacheKey,
                  of: Entry) -> Entry:
     """``build()``, or a refusal stored under ``key`` for ``of`` where it
-    ran past ``timeout`` seconds (counted in the main thread only)."""
+    ran past ``timeout`` seconds (counted in the main thread only, and
+    while the process runs: :mod:`.deadline`)."""
     count_event(FUSED_COMPILES)
     try:
-        with _deadline(timeout):
+        with running_deadline(timeout):
             return build()
-    except _Timeout:
+    except CompileTimeout:
         return refusal_entry(key, of, f"the compile took over {timeout:g} s "
                              "(LTC_CACHE_FUSE_TIMEOUT)")
 
@@ -211,25 +211,3 @@ def in_a_clean_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     (docs/torch/aot-inductor.md#export-picks-up-surrounding-fake-mode)."""
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ltc_cache-fuse") as pool:
         return pool.submit(fn, *args, **kwargs).result()
-
-
-class _Timeout(BaseException):  # past build_entry, which refuses on Exception
-    pass
-
-
-@contextlib.contextmanager
-def _deadline(seconds: float | None) -> Iterator[None]:
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expired(signum: int, frame: Any) -> None:
-        raise _Timeout
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
