@@ -14,8 +14,14 @@ never attended to, and ``labels`` of -100 are left out of the loss. So:
   positions come from the mask), and a batch with copies of its first row;
   the output is cut back to what the unpadded call returns;
 - a forward that computes a loss, or runs in training mode, is padded **on
-  the right**, with ``labels`` of -100; outputs of the padded length are
-  cut back to the call's.
+  the right**, with ``labels`` of -100 (and, given no ``attention_mask``,
+  the mask of ones the model would assume); outputs of the padded length
+  are cut back to the call's;
+- a prompt's forward into an empty static key/value cache (``generate()``
+  through ``model.forward = ltc_cache.compile(model.forward)``) is padded
+  **on the right** too, and the cache's length taken back to the prompt's
+  after it: the padding's keys and values are written over by the decoding
+  steps before any query may see them.
 
 Symbolic lengths were the other way: a sequence dimension kept symbolic in
 the stored Dynamo graph. LTC traces are per concrete shape anyway, and
@@ -169,13 +175,15 @@ def pad_forward(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
       ``attention_mask`` one of ones is added (what the model assumes when
       given none);
     - a prompt's prefill into an empty static key/value cache (``cache`` or
-      ``past_key_values``, as ``generate()`` with
-      ``cache_implementation="static"`` makes it, with ``input_ids`` and
-      perhaps a 2-D ``attention_mask``): on the right, within the cache's
-      ``max_cache_len``. Causal attention never lets a prompt's token see
-      the padding after it, and the cache's length is taken back to the
-      prompt's, so the first decoding step writes over the padding's keys
-      and values before any query could see them.
+      ``past_key_values``), as ``generate()`` with
+      ``cache_implementation="static"`` makes it through a compiled
+      ``model.forward``: ``input_ids``, and perhaps ``position_ids``,
+      ``logits_to_keep`` and an attention mask (2-D, or 4-D over the
+      cache): on the right, within the cache's ``max_cache_len``. Causal
+      attention never lets a prompt's token see the padding after it, and
+      the cache's length is taken back to the prompt's, so the first
+      decoding step writes over the padding's keys and values before any
+      query could see them.
 
     Any other call is made as it is; a transformers model meeting many
     lengths it cannot pad is told so once, at INFO."""
@@ -300,6 +308,9 @@ def _prefill_padding(buckets: Buckets, module: Any, kwargs: dict[str, Any],
     room = min(layer.max_cache_len for layer in layers)
     if mask is not None and mask.dim() == 4:
         room = min(room, mask.shape[3])
+    most = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+    if isinstance(most, int):  # positions past the model's would fail, not pad
+        room = min(room, most)
     bucket = buckets.length(length, room)
     if bucket == length and not keep:
         return None
@@ -315,9 +326,6 @@ def _prefill_padding(buckets: Buckets, module: Any, kwargs: dict[str, Any],
             padded["attention_mask"] = _causal_rows(mask, length, bucket)
         if positions is not None:
             more = positions[:, -1:] + torch.arange(1, extra + 1, device=positions.device)
-            most = getattr(getattr(module, "config", None), "max_position_embeddings", None)
-            if isinstance(most, int):  # an embedding table's rows
-                more = more.clamp(max=most - 1)
             padded["position_ids"] = torch.cat([positions, more.to(positions.dtype)], dim=1)
     return _Padded(length, bucket, padded, layers if bucket > length else ())
 
@@ -389,11 +397,18 @@ _unpadded_lock = threading.Lock()
 def _note_unpadded(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                    reason: str) -> None:
     global _unpadded_told
+    if _unpadded_told:
+        return
     ids = kwargs.get("input_ids", args[0] if args else None)
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or _unpadded_told:
+    embeds = kwargs.get("inputs_embeds")
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        length = ids.shape[1]
+    elif isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
+        length = embeds.shape[1]
+    else:
         return
     with _unpadded_lock:
-        _unpadded.add(ids.shape[1])
+        _unpadded.add(length)
         if len(_unpadded) <= UNPADDED_LENGTHS or _unpadded_told:
             return
         _unpadded_told = True
@@ -430,7 +445,9 @@ def pad_generate(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
     prompt. A prompt given otherwise than as ``input_ids`` (embeddings,
     extra per-token inputs) is generated from as it is."""
     plan = _generate_padding(buckets, module, args, kwargs)
-    if plan is None:
+    if not isinstance(plan, tuple):
+        if plan is not None:
+            _note_unpadded(module, args, kwargs, plan)
         return generate(*args, **kwargs)
     rows, strip, padded_kwargs = plan
     out = generate(**padded_kwargs)
@@ -447,24 +464,29 @@ def pad_generate(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
 
 _GENERATE_EXTRAS = frozenset({"output_attentions", "output_hidden_states", "position_ids",
                               "token_type_ids", "inputs_embeds", "decoder_input_ids",
-                              "past_key_values"})
+                              "past_key_values", "cache"})
 
 
 def _generate_padding(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]] | None:
-    if buckets is None or len(args) > 1 or (args and "input_ids" in kwargs):
+                      kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]] | str | None:
+    """How to pad the call: its rows, the padding to strip from the
+    answer, the padded arguments; else why not (None: nothing to pad)."""
+    if buckets is None:
         return None
+    if len(args) > 1 or (args and "input_ids" in kwargs):
+        return "positional arguments"
     ids = args[0] if args else kwargs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
-        return None
-    if any(kwargs.get(name) is not None and kwargs[name] is not False
-           for name in _GENERATE_EXTRAS):
-        return None
+        return "a prompt that is not input_ids"
+    extras = sorted(name for name in _GENERATE_EXTRAS
+                    if kwargs.get(name) is not None and kwargs[name] is not False)
+    if extras:
+        return ", ".join(extras)
     mask = kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(ids)
     elif not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
-        return None
+        return "an attention mask not shaped as the input_ids"
     config = getattr(module, "config", None)
     decoder_only = not getattr(config, "is_encoder_decoder", False)
     pad = _pad_token(module, kwargs)
