@@ -217,7 +217,7 @@ def _forward_padding(buckets: Buckets, module: Any, args: tuple[Any, ...],
             return "no pad token"  # the head may find a sequence's end by its pad token
         pad = 0
     if _CACHE_NAMES & kwargs.keys():
-        return _prefill_padding(buckets, module, kwargs, pad)
+        return _prefill_padding(buckets, module, kwargs)
     if not kwargs.keys() <= _FORWARD_INPUTS | _FORWARD_SETTINGS.keys():
         return "inputs " + ", ".join(sorted(kwargs.keys() - _FORWARD_INPUTS -
                                             _FORWARD_SETTINGS.keys()))
@@ -268,8 +268,8 @@ _PREFILL_SETTINGS = {"use_cache": None, "return_dict": None,
                      "output_attentions": False, "output_hidden_states": False}
 
 
-def _prefill_padding(buckets: Buckets, module: Any, kwargs: dict[str, Any],
-                     pad: int) -> _Padded | str | None:
+def _prefill_padding(buckets: Buckets, module: Any,
+                     kwargs: dict[str, Any]) -> _Padded | str | None:
     """A prompt's first forward into an empty static cache, padded on the
     right to its bucket (at most the cache's length).
 
@@ -299,15 +299,15 @@ def _prefill_padding(buckets: Buckets, module: Any, kwargs: dict[str, Any],
     if positions is not None and (not isinstance(positions, torch.Tensor)
                                   or positions.shape != ids.shape):
         return "position_ids not shaped as the input_ids"
-    if mask is not None and not _prefill_mask(mask, ids):
+    masks = _prefill_masks(mask, ids)
+    if masks is None:
         return "an attention mask that is neither 2-D nor 4-D over the cache"
     keep = kwargs.get("logits_to_keep")
     counted = isinstance(keep, int) and not isinstance(keep, bool) and 0 <= keep <= length
     if keep is not None and not counted:
         return "a logits_to_keep that is not a count of positions"
     room = min(layer.max_cache_len for layer in layers)
-    if mask is not None and mask.dim() == 4:
-        room = min(room, mask.shape[3])
+    room = min([room, *(m.shape[3] for m in masks if m.dim() == 4)])
     most = getattr(getattr(module, "config", None), "max_position_embeddings", None)
     if isinstance(most, int):  # positions past the model's would fail, not pad
         room = min(room, most)
@@ -319,11 +319,14 @@ def _prefill_padding(buckets: Buckets, module: Any, kwargs: dict[str, Any],
         padded["logits_to_keep"] = torch.arange(length - keep, length, device=ids.device)
     if bucket > length:
         extra = bucket - length
-        padded["input_ids"] = torch.nn.functional.pad(ids, (0, extra), value=pad)
-        if mask is not None and mask.dim() == 2:
-            padded["attention_mask"] = torch.nn.functional.pad(mask, (0, extra), value=0)
+        # Any token: none of the prompt's sees it. Its last one, not the pad
+        # token, which transformers warns of in a call without a mask.
+        padded["input_ids"] = torch.cat([ids, ids[:, -1:].expand(-1, extra)], dim=1)
+        if isinstance(mask, dict):  # one a layer kind (transformers 5's hybrid models)
+            padded["attention_mask"] = {kind: _pad_prefill_mask(m, length, bucket)
+                                        for kind, m in mask.items()}
         elif mask is not None:
-            padded["attention_mask"] = _causal_rows(mask, length, bucket)
+            padded["attention_mask"] = _pad_prefill_mask(mask, length, bucket)
         if positions is not None:
             more = positions[:, -1:] + torch.arange(1, extra + 1, device=positions.device)
             padded["position_ids"] = torch.cat([positions, more.to(positions.dtype)], dim=1)
@@ -333,16 +336,30 @@ def _prefill_padding(buckets: Buckets, module: Any, kwargs: dict[str, Any],
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _prefill_mask(mask: Any, ids: torch.Tensor) -> bool:
-    """Whether ``mask`` is a prefill's attention mask padding knows: 2-D as
-    the ``input_ids``, or 4-D over the cache (batch, heads, the prompt's
-    queries, cache positions), boolean or additive."""
-    if not isinstance(mask, torch.Tensor):
-        return False
-    if mask.shape == ids.shape:
-        return True
-    return (mask.dim() == 4 and mask.shape[0] == ids.shape[0] and mask.shape[2] == ids.shape[1]
-            and mask.dtype in (torch.bool, *_FLOATS))
+def _prefill_masks(mask: Any, ids: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors of a prefill's attention mask where padding knows it
+    (None where it does not): none, a mask 2-D as the ``input_ids``, or
+    4-D over the cache (batch, heads, the prompt's queries, cache
+    positions; boolean or additive), or a dict of such by layer kind."""
+    values = list(mask.values()) if isinstance(mask, dict) else [mask]
+    tensors = [value for value in values if value is not None]
+    for value in tensors:
+        if not isinstance(value, torch.Tensor):
+            return None
+        if value.shape == ids.shape:
+            continue
+        if not (value.dim() == 4 and value.shape[0] == ids.shape[0]
+                and value.shape[2] == ids.shape[1] and value.dtype in (torch.bool, *_FLOATS)):
+            return None
+    return tensors
+
+
+def _pad_prefill_mask(mask: torch.Tensor | None, length: int, bucket: int) -> Any:
+    if mask is None:
+        return None
+    if mask.dim() == 2:
+        return torch.nn.functional.pad(mask, (0, bucket - length), value=0)
+    return _causal_rows(mask, length, bucket)
 
 
 def _causal_rows(mask: torch.Tensor, length: int, bucket: int) -> torch.Tensor:

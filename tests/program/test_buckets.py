@@ -139,13 +139,15 @@ def _padding_forward(model, seen):
     return padded
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
 def test_a_static_cache_prefill_is_padded_on_the_right_and_decoding_follows_the_prompt(name):
     """``model.forward`` compiled as transformers documents, with the static
     cache: the prompt's forward (11 tokens, and a batch of two the caller
-    left-padded) runs at its bucket, 16, padded on the right; the cache's
-    length is taken back to the prompt's, so every decoding step runs as
-    unpadded, and the tokens are eager's."""
+    left-padded) runs at its bucket, 16, padded on the right (with the
+    prompt's last token, not the pad token transformers warns of); the
+    cache's length is taken back to the prompt's, so every decoding step
+    runs as unpadded, and the tokens are eager's. Qwen2 is given its masks
+    as a dict by layer kind."""
     model = build_lm(name)
     kwargs = generation_kwargs("static", False, 6)
     ids = torch.cat([prompt(11, 0), prompt(11, 1)])
@@ -158,6 +160,7 @@ def test_a_static_cache_prefill_is_padded_on_the_right_and_decoding_follows_the_
         model.forward = _padding_forward(model, seen)
         out = model.generate(ids[:1], **kwargs)
         assert seen[0]["input_ids"].shape == (1, 16)
+        assert seen[0]["input_ids"][0, 11:].eq(ids[0, -1]).all()
         assert seen[0]["position_ids"][0].tolist() == list(range(16))
         assert seen[0]["logits_to_keep"].tolist() == [10]  # the prompt's last token
         assert [k["input_ids"].shape for k in seen[1:]] == [(1, 1)] * 5
@@ -166,7 +169,9 @@ def test_a_static_cache_prefill_is_padded_on_the_right_and_decoding_follows_the_
         out = model.generate(ids, attention_mask=mask, **kwargs)
         # generate() hands the prefill a 4-D mask (rows: queries, columns: cache
         # positions): the padding's rows attend causally, the prompt's never see it.
-        rows = seen[0]["attention_mask"][1, 0, :, :16].int().tolist()
+        mask = seen[0]["attention_mask"]
+        mask = mask["full_attention"] if isinstance(mask, dict) else mask
+        rows = mask[1, 0, :, :16].int().tolist()
         assert rows[10] == [0] * 3 + [1] * 8 + [0] * 5
         assert rows[15] == [1] * 16
         assert torch.equal(out, expected[1])
