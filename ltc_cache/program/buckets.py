@@ -21,7 +21,8 @@ never attended to, and ``labels`` of -100 are left out of the loss. So:
   through ``model.forward = ltc_cache.compile(model.forward)``) is padded
   **on the right** too, and the cache's length taken back to the prompt's
   after it: the padding's keys and values are written over by the decoding
-  steps before any query may see them.
+  steps before any query may see them
+  (docs/torch/frameworks.md#static-cache-prefill-padding).
 
 Symbolic lengths were the other way: a sequence dimension kept symbolic in
 the stored Dynamo graph. LTC traces are per concrete shape anyway, and
@@ -232,7 +233,7 @@ def _forward_padding(buckets: Buckets, module: Any, args: tuple[Any, ...],
     if added:
         # What the model assumes when given none; added even where no
         # padding is needed, so that every such call of a bucket's length
-        # has one layout.
+        # has one layout (docs/torch/frameworks.md#no-mask-means-ones).
         mask = torch.ones_like(ids)
         kwargs = dict(kwargs, attention_mask=mask)
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
