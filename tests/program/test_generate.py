@@ -83,10 +83,11 @@ def test_the_first_cold_generate_of_gpt2_no_longer_crashes(cache_dir):
 @pytest.mark.parametrize("model", ["gpt2", "llama", "t5"])
 def test_a_warm_worker_with_a_static_cache_captures_and_traces_nothing(cache_dir, model):
     """The static cache, ``model.forward = ltc_cache.compile(model.forward)``:
-    the cold worker stores one program per prompt bucket (5 and 9: 8 and 16) and one for
-    decoding; a warm worker meeting those lengths in another order runs no
-    Dynamo capture, no AOTAutograd and no LTC trace, and its greedy tokens
-    are eager's. A sampled request after them, over the same programs,
+    the cold worker stores one program per prompt bucket (5 and 9: 8 and 16;
+    T5's, an encoder-decoder, per prompt length) and one for decoding; a
+    warm worker meeting those lengths in another order runs no Dynamo
+    capture, no AOTAutograd and no LTC trace, and its greedy tokens are
+    eager's. A sampled request after them, over the same programs,
     captures and traces nothing either."""
     cold = generate(model, [5, 9], "--cache", "static")
     assert cold["captures"] > 0 and cold["stats"]["errors"] == 0
