@@ -14,8 +14,15 @@ never attended to, and ``labels`` of -100 are left out of the loss. So:
   positions come from the mask), and a batch with copies of its first row;
   the output is cut back to what the unpadded call returns;
 - a forward that computes a loss, or runs in training mode, is padded **on
-  the right**, with ``labels`` of -100; outputs of the padded length are
-  cut back to the call's.
+  the right**, with ``labels`` of -100 (and, given no ``attention_mask``,
+  the mask of ones the model would assume); outputs of the padded length
+  are cut back to the call's;
+- a prompt's forward into an empty static key/value cache (``generate()``
+  through ``model.forward = ltc_cache.compile(model.forward)``) is padded
+  **on the right** too, and the cache's length taken back to the prompt's
+  after it: the padding's keys and values are written over by the decoding
+  steps before any query may see them
+  (docs/torch/frameworks.md#static-cache-prefill-padding).
 
 Symbolic lengths were the other way: a sequence dimension kept symbolic in
 the stored Dynamo graph. LTC traces are per concrete shape anyway, and
@@ -26,13 +33,17 @@ processes here (docs/torch/dynamo.md#dynamic-length-not-sound-when-reloaded), so
 from __future__ import annotations
 
 import bisect
+import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["Buckets", "pad_forward", "pad_generate"]
+__all__ = ["UNPADDED_LENGTHS", "Buckets", "pad_forward", "pad_generate"]
+
+logger = logging.getLogger("ltc_cache.buckets")
 
 # The -100 of transformers' losses (torch's cross_entropy ignore_index).
 IGNORED_LABEL = -100
@@ -136,50 +147,101 @@ def _pad_token(module: Any, kwargs: Mapping[str, Any]) -> int | None:
 # --- the forward: right padding, labels -100 ------------------------------------
 
 
+@dataclass
+class _Padded:
+    """A forward's call padded from ``length`` to ``bucket`` tokens, and the
+    static cache layers (a prompt's prefill) whose length to take back by
+    the padding once it has run."""
+
+    length: int
+    bucket: int
+    kwargs: dict[str, Any]
+    layers: tuple[Any, ...] = ()
+
+
 def pad_forward(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
                 kwargs: dict[str, Any],
                 call: Callable[[tuple[Any, ...], dict[str, Any]], Any]) -> Any:
     """``call(args, kwargs)``, with the sequence padded up to its bucket
-    where that computes the same loss and the same outputs (cut back):
+    where that computes the same loss and the same outputs (cut back).
 
-    a transformers model, not an encoder-decoder, with a pad token; called
-    with keyword inputs among ``input_ids``/``attention_mask``/
-    ``token_type_ids``/``labels`` and an ``attention_mask`` (and settings
-    such as Trainer's ``num_items_in_batch``); with labels or
-    in training mode (an inference call without labels may want the
-    key/value cache it returns, which padding would lengthen). Any other
-    call is made as it is."""
-    padded = _forward_padding(buckets, module, args, kwargs)
-    if padded is None:
+    Padded, for a transformers model that is not an encoder-decoder and has
+    a pad token (or is a causal language model), called with keyword
+    arguments only:
+
+    - a forward with ``labels`` or in training mode, whose inputs are among
+      ``input_ids``/``attention_mask``/``token_type_ids``/``labels`` (and
+      settings such as Trainer's ``num_items_in_batch``): on the right, the
+      mask 0 and the labels -100 over the padding. Without an
+      ``attention_mask`` one of ones is added (what the model assumes when
+      given none);
+    - a prompt's prefill into an empty static key/value cache (``cache`` or
+      ``past_key_values``), as ``generate()`` with
+      ``cache_implementation="static"`` makes it through a compiled
+      ``model.forward``: ``input_ids``, and perhaps ``position_ids``,
+      ``logits_to_keep`` and an attention mask (2-D, or 4-D over the
+      cache): on the right, within the cache's ``max_cache_len``. Causal
+      attention never lets a prompt's token see the padding after it, and
+      the cache's length is taken back to the prompt's, so the first
+      decoding step writes over the padding's keys and values before any
+      query could see them.
+
+    Any other call is made as it is; a transformers model meeting many
+    lengths it cannot pad is told so once, at INFO."""
+    if buckets is None:
         return call(args, kwargs)
-    length, bucket, padded_kwargs = padded
-    return _cut(call(args, padded_kwargs), bucket, length)
+    padded = _forward_padding(buckets, module, args, kwargs)
+    if not isinstance(padded, _Padded):
+        if padded is not None:
+            _note_unpadded(module, args, kwargs, padded)
+        return call(args, kwargs)
+    out = call(args, padded.kwargs)
+    for layer in padded.layers:
+        layer.crop(padded.length - padded.bucket)  # a negative count: tokens to take back
+    return _cut(out, padded.bucket, padded.length)
 
 
-def _forward_padding(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]] | None:
-    if buckets is None or args or not kwargs.keys() <= _FORWARD_INPUTS | _FORWARD_SETTINGS.keys():
+def _forward_padding(buckets: Buckets, module: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> _Padded | str | None:
+    """How to pad the call; else why not (None: it needs no padding, or
+    has no sequence to pad)."""
+    if not _is_transformers_model(module):
         return None
-    if any(kwargs.get(name, only) is not only for name, only in _FORWARD_SETTINGS.items()
-           if only is not None):  # use_cache=True: the cache would hold the padding
-        return None
-    mask, labels = kwargs.get("attention_mask"), kwargs.get("labels")
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-        return None
-    if labels is None and not getattr(module, "training", False):
-        return None
+    if args:
+        return "positional arguments"
     config = getattr(module, "config", None)
-    if not _is_transformers_model(module) or getattr(config, "is_encoder_decoder", False):
-        return None
+    if getattr(config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
     pad = getattr(config, "pad_token_id", None)
     if not isinstance(pad, int):
         if not type(module).__name__.endswith(_ANY_PAD):
-            return None  # the head may find a sequence's end by its pad token
+            return "no pad token"  # the head may find a sequence's end by its pad token
         pad = 0
+    if _CACHE_NAMES & kwargs.keys():
+        return _prefill_padding(buckets, module, kwargs)
+    if not kwargs.keys() <= _FORWARD_INPUTS | _FORWARD_SETTINGS.keys():
+        return "inputs " + ", ".join(sorted(kwargs.keys() - _FORWARD_INPUTS -
+                                            _FORWARD_SETTINGS.keys()))
+    if any(kwargs.get(name, only) is not only for name, only in _FORWARD_SETTINGS.items()
+           if only is not None):  # use_cache=True: the cache would hold the padding
+        return "use_cache=True"
+    mask, labels, ids = kwargs.get("attention_mask"), kwargs.get("labels"), \
+        kwargs.get("input_ids")
+    if labels is None and not getattr(module, "training", False):
+        return "an inference call without labels"
+    added = mask is None and isinstance(ids, torch.Tensor) and ids.dim() == 2
+    if added:
+        # What the model assumes when given none; added even where no
+        # padding is needed, so that every such call of a bucket's length
+        # has one layout (docs/torch/frameworks.md#no-mask-means-ones).
+        mask = torch.ones_like(ids)
+        kwargs = dict(kwargs, attention_mask=mask)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return "an attention mask that is not 2-D"
     length = mask.shape[1]
     bucket = buckets.length(length)
     if bucket == length:
-        return None
+        return _Padded(length, length, kwargs) if added else None
     fills = {"input_ids": pad, "attention_mask": 0, "token_type_ids": 0,
              "labels": IGNORED_LABEL}
     padded = {}
@@ -188,14 +250,189 @@ def _forward_padding(buckets: Buckets | None, module: Any, args: tuple[Any, ...]
             padded[name] = value
             continue
         if not isinstance(value, torch.Tensor):
-            return None
+            return f"a {name} that is not a tensor"
         if name == "labels" and value.dim() == 1:  # one label a sequence
             padded[name] = value
             continue
         if value.dim() != 2 or value.shape != mask.shape:
-            return None
+            return f"a {name} not shaped as the attention mask"
         padded[name] = torch.nn.functional.pad(value, (0, bucket - length), value=fills[name])
-    return length, bucket, padded
+    return _Padded(length, bucket, padded)
+
+
+# The names a key/value cache is passed under (transformers 5 ``cache``,
+# earlier releases ``past_key_values``), and what a prefill's call may hold
+# besides it: settings passed on as they are, where they hold these values.
+_CACHE_NAMES = frozenset({"cache", "past_key_values"})
+_PREFILL_INPUTS = frozenset({"input_ids", "attention_mask", "position_ids", "logits_to_keep"})
+_PREFILL_SETTINGS = {"use_cache": None, "return_dict": None,
+                     "output_attentions": False, "output_hidden_states": False}
+
+
+def _prefill_padding(buckets: Buckets, module: Any,
+                     kwargs: dict[str, Any]) -> _Padded | str | None:
+    """A prompt's first forward into an empty static cache, padded on the
+    right to its bucket (at most the cache's length).
+
+    Its ``position_ids`` go on counting over the padding; ``logits_to_keep``
+    (``generate()`` asks for the last position's logits alone, which would
+    be the padding's) becomes the tensor of the positions it names, counted
+    from the prompt's end, as transformers' causal language models take it;
+    made a tensor at a bucket's own length too, so that every prompt of a
+    bucket has one layout."""
+    names = kwargs.keys() - _PREFILL_INPUTS - _PREFILL_SETTINGS.keys()
+    if len(names) != 1 or not names <= _CACHE_NAMES:
+        extra = sorted(names - _CACHE_NAMES)
+        return "inputs " + ", ".join(extra) if extra else "two key/value caches"
+    layers = _static_layers(kwargs[next(iter(names))])
+    if layers is None:
+        return "a key/value cache that is not transformers' static one"
+    if any(_filled(layer) for layer in layers):
+        return None  # a decoding step: one token, nothing to pad
+    if any(kwargs.get(name, only) not in (None, only) for name, only in _PREFILL_SETTINGS.items()
+           if only is not None):
+        return "outputs of attentions or hidden states"
+    ids = kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return "no input_ids"
+    length = ids.shape[1]
+    positions, mask = kwargs.get("position_ids"), kwargs.get("attention_mask")
+    if positions is not None and (not isinstance(positions, torch.Tensor)
+                                  or positions.shape != ids.shape):
+        return "position_ids not shaped as the input_ids"
+    masks = _prefill_masks(mask, ids)
+    if masks is None:
+        return "an attention mask that is neither 2-D nor 4-D over the cache"
+    keep = kwargs.get("logits_to_keep")
+    counted = isinstance(keep, int) and not isinstance(keep, bool) and 0 <= keep <= length
+    if keep is not None and not counted:
+        return "a logits_to_keep that is not a count of positions"
+    room = min(layer.max_cache_len for layer in layers)
+    room = min([room, *(m.shape[3] for m in masks if m.dim() == 4)])
+    most = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+    if isinstance(most, int):  # positions past the model's would fail, not pad
+        room = min(room, most)
+    bucket = buckets.length(length, room)
+    if bucket == length and not keep:
+        return None
+    padded = dict(kwargs)
+    if keep:
+        padded["logits_to_keep"] = torch.arange(length - keep, length, device=ids.device)
+    if bucket > length:
+        extra = bucket - length
+        # Any token: none of the prompt's sees it. Its last one, not the pad
+        # token, which transformers warns of in a call without a mask.
+        padded["input_ids"] = torch.cat([ids, ids[:, -1:].expand(-1, extra)], dim=1)
+        if isinstance(mask, dict):  # one a layer kind (transformers 5's hybrid models)
+            padded["attention_mask"] = {kind: _pad_prefill_mask(m, length, bucket)
+                                        for kind, m in mask.items()}
+        elif mask is not None:
+            padded["attention_mask"] = _pad_prefill_mask(mask, length, bucket)
+        if positions is not None:
+            more = positions[:, -1:] + torch.arange(1, extra + 1, device=positions.device)
+            padded["position_ids"] = torch.cat([positions, more.to(positions.dtype)], dim=1)
+    return _Padded(length, bucket, padded, layers if bucket > length else ())
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _prefill_masks(mask: Any, ids: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors of a prefill's attention mask where padding knows it
+    (None where it does not): none, a mask 2-D as the ``input_ids``, or
+    4-D over the cache (batch, heads, the prompt's queries, cache
+    positions; boolean or additive), or a dict of such by layer kind."""
+    values = list(mask.values()) if isinstance(mask, dict) else [mask]
+    tensors = [value for value in values if value is not None]
+    for value in tensors:
+        if not isinstance(value, torch.Tensor):
+            return None
+        if value.shape == ids.shape:
+            continue
+        if not (value.dim() == 4 and value.shape[0] == ids.shape[0]
+                and value.shape[2] == ids.shape[1] and value.dtype in (torch.bool, *_FLOATS)):
+            return None
+    return tensors
+
+
+def _pad_prefill_mask(mask: torch.Tensor | None, length: int, bucket: int) -> Any:
+    if mask is None:
+        return None
+    if mask.dim() == 2:
+        return torch.nn.functional.pad(mask, (0, bucket - length), value=0)
+    return _causal_rows(mask, length, bucket)
+
+
+def _causal_rows(mask: torch.Tensor, length: int, bucket: int) -> torch.Tensor:
+    """A 4-D prefill mask (batch, heads, queries, cache positions; True or
+    0 where a query attends) with rows for the padding's queries: each
+    attends causally, to the cache positions up to its own, so that none is
+    masked whole (a row masked whole can make its outputs, and so the
+    padding's keys and values, NaN)."""
+    queries = torch.arange(length, bucket, device=mask.device)[:, None]
+    seen = torch.arange(mask.shape[3], device=mask.device)[None, :] <= queries
+    if mask.dtype == torch.bool:
+        rows = seen
+    else:
+        rows = torch.zeros(seen.shape, dtype=mask.dtype, device=mask.device).masked_fill(
+            ~seen, torch.finfo(mask.dtype).min)
+    rows = rows.expand(mask.shape[0], mask.shape[1], -1, -1)
+    return torch.cat([mask, rows], dim=2)
+
+
+def _static_layers(cache: Any) -> tuple[Any, ...] | None:
+    """The layers of ``cache`` where it is transformers' static cache of
+    full-attention layers; None otherwise (a dynamic cache, sliding
+    windows)."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or not layers:
+        return None
+    for layer in layers:
+        cls = type(layer)
+        if cls.__name__ != "StaticLayer" or cls.__module__ != "transformers.cache_utils":
+            return None
+        held = getattr(layer, "cumulative_length", None)
+        if not isinstance(held, torch.Tensor) or held.dim() != 0 \
+                or not isinstance(getattr(layer, "max_cache_len", None), int):
+            return None
+    return tuple(layers)
+
+
+def _filled(layer: Any) -> bool:
+    """Whether a static cache layer holds any position."""
+    return int(layer.cumulative_length) != 0
+
+
+# A transformers model meeting more distinct sequence lengths than this that
+# it cannot pad (each a program, captured or loaded) is told so, once a
+# process, at INFO.
+UNPADDED_LENGTHS = 8
+_unpadded: set[int] = set()
+_unpadded_told = False
+_unpadded_lock = threading.Lock()
+
+
+def _note_unpadded(module: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                   reason: str) -> None:
+    global _unpadded_told
+    if _unpadded_told:
+        return
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    embeds = kwargs.get("inputs_embeds")
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+        length = ids.shape[1]
+    elif isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
+        length = embeds.shape[1]
+    else:
+        return
+    with _unpadded_lock:
+        _unpadded.add(length)
+        if len(_unpadded) <= UNPADDED_LENGTHS or _unpadded_told:
+            return
+        _unpadded_told = True
+    logger.info("ltc_cache buckets: %s met %d sequence lengths it does not pad, each a program "
+                "of its own (the last not padded for: %s); docs/serving.md#what-is-padded "
+                "lists the calls that are", type(module).__name__, len(_unpadded), reason)
 
 
 def _cut(out: Any, bucket: int, length: int) -> Any:
@@ -226,7 +463,9 @@ def pad_generate(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
     prompt. A prompt given otherwise than as ``input_ids`` (embeddings,
     extra per-token inputs) is generated from as it is."""
     plan = _generate_padding(buckets, module, args, kwargs)
-    if plan is None:
+    if not isinstance(plan, tuple):
+        if plan is not None:
+            _note_unpadded(module, args, kwargs, plan)
         return generate(*args, **kwargs)
     rows, strip, padded_kwargs = plan
     out = generate(**padded_kwargs)
@@ -243,24 +482,29 @@ def pad_generate(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
 
 _GENERATE_EXTRAS = frozenset({"output_attentions", "output_hidden_states", "position_ids",
                               "token_type_ids", "inputs_embeds", "decoder_input_ids",
-                              "past_key_values"})
+                              "past_key_values", "cache"})
 
 
 def _generate_padding(buckets: Buckets | None, module: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]] | None:
-    if buckets is None or len(args) > 1 or (args and "input_ids" in kwargs):
+                      kwargs: dict[str, Any]) -> tuple[int, int, dict[str, Any]] | str | None:
+    """How to pad the call: its rows, the padding to strip from the
+    answer, the padded arguments; else why not (None: nothing to pad)."""
+    if buckets is None:
         return None
+    if len(args) > 1 or (args and "input_ids" in kwargs):
+        return "positional arguments"
     ids = args[0] if args else kwargs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
-        return None
-    if any(kwargs.get(name) is not None and kwargs[name] is not False
-           for name in _GENERATE_EXTRAS):
-        return None
+        return "a prompt that is not input_ids"
+    extras = sorted(name for name in _GENERATE_EXTRAS
+                    if kwargs.get(name) is not None and kwargs[name] is not False)
+    if extras:
+        return ", ".join(extras)
     mask = kwargs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(ids)
     elif not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
-        return None
+        return "an attention mask not shaped as the input_ids"
     config = getattr(module, "config", None)
     decoder_only = not getattr(config, "is_encoder_decoder", False)
     pad = _pad_token(module, kwargs)

@@ -2,13 +2,14 @@
 dynamic padding makes them, through ``ltc_cache.compile`` and eagerly.
 
 ``python tests/children/lengths.py --lengths 9,40 [--model gpt2|llama]
-[--route ltc_cache|inductor|eager]`` prints one JSON line: each step's
+[--route ltc_cache|inductor|eager] [--no-mask]`` prints one JSON line: each step's
 loss through the route (``ltc_cache.compile(model)``, ``torch.compile(model)``)
 and eagerly, each step's time, the process's time to the end of its
 last step, and its counters. The models and batches are
-``zoo/padded_models.py``'s. ``tests/program/test_buckets.py`` and
-``python -m tools.bench.generate --train`` run it in fresh processes, cold
-then warm.
+``zoo/padded_models.py``'s; ``--no-mask``: without their ``attention_mask``
+(a causal LM fed from a token stream: ``input_ids`` and ``labels``).
+``tests/program/test_buckets.py`` and ``python -m tools.bench.generate --train``
+run it in fresh processes, cold then warm.
 """
 
 from __future__ import annotations
@@ -26,14 +27,18 @@ import torch
 from zoo.padded_models import batch, build
 
 
-def train(model: torch.nn.Module, call: Callable[..., Any],
-          lengths: list[int]) -> tuple[list[float], list[float]]:
-    """AdamW steps, one batch of each length: the losses and step times."""
+def train(model: torch.nn.Module, call: Callable[..., Any], lengths: list[int],
+          mask: bool = True) -> tuple[list[float], list[float]]:
+    """AdamW steps, one batch of each length (``mask``: with its attention
+    mask): the losses and step times."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses, seconds = [], []
     for step, length in enumerate(lengths):
         start = time.perf_counter()
-        out = call(**batch(length, step))
+        inputs = batch(length, step)
+        if not mask:
+            del inputs["attention_mask"]
+        out = call(**inputs)
         out.loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -50,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--route", default="ltc_cache", choices=("ltc_cache", "inductor", "eager"))
     parser.add_argument("--started", type=float, help="the parent's time.time() at the start")
     parser.add_argument("--no-check", action="store_true", help="skip eager's losses")
+    parser.add_argument("--no-mask", action="store_true", help="batches without attention_mask")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # transformers' config notes
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -59,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     model = build(args.model)
     compiled = {"ltc_cache": ltc_cache.compile, "inductor": torch.compile,
                 "eager": lambda m: m}[args.route](model)
-    losses, seconds = train(model, compiled, lengths)
+    losses, seconds = train(model, compiled, lengths, not args.no_mask)
     process_s = time.time() - args.started if args.started else None  # eager's run not in it
     from torch._dynamo.utils import counters
 
     stats, frames = ltc_cache.stats(), counters["frames"].get("ok", 0)
-    eager = None if args.no_check else train(model := build(args.model), model, lengths)[0]
+    eager = None if args.no_check else \
+        train(model := build(args.model), model, lengths, not args.no_mask)[0]
     print(json.dumps({"losses": losses, "eager": eager, "seconds": seconds,
                       "process_s": process_s, "stats": stats, "frames": frames}))
     return 0

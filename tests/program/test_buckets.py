@@ -8,7 +8,9 @@ then warm (generation in ``test_generate.py``)."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import subprocess
 import sys
 import warnings
@@ -21,7 +23,7 @@ from helpers import CHILDREN
 import ltc_cache
 from ltc_cache.program.buckets import Buckets, pad_forward, pad_generate
 from zoo.generate_models import build as build_lm
-from zoo.generate_models import prompt
+from zoo.generate_models import generation_kwargs, prompt
 from zoo.padded_models import batch
 from zoo.padded_models import build as build_trained
 
@@ -101,6 +103,134 @@ def test_a_language_model_with_no_pad_token_is_padded_with_any_token():
     torch.testing.assert_close(out.logits, expected.logits, rtol=1e-5, atol=1e-5)
 
 
+def test_a_training_forward_without_an_attention_mask_gets_one():
+    """A causal LM fed from a token stream: ``input_ids`` and ``labels``,
+    no mask. The padded call has the mask the model assumes without one
+    (ones over the tokens, zeros over the padding) and the same loss; a
+    batch already at its bucket's length gets the mask of ones too, so that
+    every call of a bucket has one layout."""
+    model = build_trained("gpt2")
+    for length, bucket in ((13, 16), (16, 16)):
+        inputs = {k: v for k, v in batch(length, 0).items() if k != "attention_mask"}
+        expected = model(**inputs)
+        call, seen = _record(model)
+        out = pad_forward(Buckets(), model, (), dict(inputs), call)
+        assert seen[-1]["input_ids"].shape == (4, bucket)
+        mask = seen[-1]["attention_mask"]
+        assert mask[:, :length].eq(1).all() and mask[:, length:].eq(0).all()
+        assert seen[-1]["labels"][:, length:].eq(-100).all()
+        assert out.logits.shape == expected.logits.shape
+        torch.testing.assert_close(out.loss, expected.loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out.logits, expected.logits, rtol=1e-5, atol=1e-5)
+
+
+def _padding_forward(model, seen):
+    """``model.forward`` through pad_forward, eagerly, recording each call's
+    arguments; it shows the forward's signature, from which ``generate()``
+    decides what to pass (position_ids, logits_to_keep), as it does for a
+    compiled forward."""
+    forward = model.forward
+
+    def padded(*args, **kwargs):
+        return pad_forward(Buckets(), model, args, kwargs,
+                           lambda a, k: seen.append(k) or forward(*a, **k))
+
+    padded.__signature__ = inspect.signature(forward)
+    return padded
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "qwen2"])
+def test_a_static_cache_prefill_is_padded_on_the_right_and_decoding_follows_the_prompt(name):
+    """``model.forward`` compiled as transformers documents, with the static
+    cache: the prompt's forward (11 tokens, and a batch of two the caller
+    left-padded) runs at its bucket, 16, padded on the right (with the
+    prompt's last token, not the pad token transformers warns of); the
+    cache's length is taken back to the prompt's, so every decoding step
+    runs as unpadded, and the tokens are eager's. Qwen2 is given its masks
+    as a dict by layer kind."""
+    model = build_lm(name)
+    kwargs = generation_kwargs("static", False, 6)
+    ids = torch.cat([prompt(11, 0), prompt(11, 1)])
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        expected = [model.generate(ids[:1], **kwargs),
+                    model.generate(ids, attention_mask=mask, **kwargs)]
+        seen = []
+        model.forward = _padding_forward(model, seen)
+        out = model.generate(ids[:1], **kwargs)
+        assert seen[0]["input_ids"].shape == (1, 16)
+        assert seen[0]["input_ids"][0, 11:].eq(ids[0, -1]).all()
+        assert seen[0]["position_ids"][0].tolist() == list(range(16))
+        assert seen[0]["logits_to_keep"].tolist() == [10]  # the prompt's last token
+        assert [k["input_ids"].shape for k in seen[1:]] == [(1, 1)] * 5
+        assert torch.equal(out, expected[0])
+        seen.clear()
+        out = model.generate(ids, attention_mask=mask, **kwargs)
+        # generate() hands the prefill a 4-D mask (rows: queries, columns: cache
+        # positions): the padding's rows attend causally, the prompt's never see it.
+        mask = seen[0]["attention_mask"]
+        mask = mask["full_attention"] if isinstance(mask, dict) else mask
+        rows = mask[1, 0, :, :16].int().tolist()
+        assert rows[10] == [0] * 3 + [1] * 8 + [0] * 5
+        assert rows[15] == [1] * 16
+        assert torch.equal(out, expected[1])
+
+
+def test_a_prefill_is_not_padded_past_the_cache_or_with_outputs_it_would_lengthen():
+    """A prompt whose bucket the static cache has no room for is padded to
+    the cache's length; one asking for hidden states, or with a dynamic
+    cache, is made as it is."""
+    model = build_lm("gpt2")
+    ids = prompt(11)
+
+    def first_forward(**kwargs):
+        seen = []
+        forward = model.forward
+        model.forward = _padding_forward(model, seen)
+        try:
+            with torch.no_grad():
+                model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0, **kwargs)
+        finally:
+            model.forward = forward
+        return seen[0]
+
+    assert first_forward(cache_implementation="static", max_cache_len=14)["input_ids"].shape \
+        == (1, 14)
+    assert first_forward(cache_implementation="static", max_cache_len=64,
+                         output_hidden_states=True, return_dict_in_generate=True
+                         )["input_ids"].shape == (1, 11)
+    assert first_forward()["input_ids"].shape == (1, 11)  # the dynamic cache
+
+
+def test_many_lengths_that_cannot_be_padded_are_told_once_at_info(monkeypatch, caplog):
+    """Nine distinct lengths a transformers model cannot pad (inference
+    calls without labels) log one INFO line naming why; more lengths log
+    nothing more. Lengths that are padded are not counted."""
+    from ltc_cache.program import buckets as module
+
+    monkeypatch.setattr(module, "_unpadded", set())
+    monkeypatch.setattr(module, "_unpadded_told", False)
+    model = build_trained("gpt2").eval()
+    call = lambda args, kwargs: None  # noqa: E731
+    with caplog.at_level(logging.INFO, logger="ltc_cache.buckets"):
+        for length in range(9, 20):  # padded: labels
+            pad_forward(Buckets(), model, (), dict(batch(length, 0)), call)
+        for length in range(3, 11):
+            pad_forward(Buckets(), model, (), {"input_ids": batch(length, 0)["input_ids"]}, call)
+        assert ours(caplog) == []
+        for length in range(11, 14):
+            pad_forward(Buckets(), model, (), {"input_ids": batch(length, 0)["input_ids"]}, call)
+    (record,) = ours(caplog)
+    assert record.levelno == logging.INFO
+    assert "9 sequence lengths" in record.getMessage()
+    assert "an inference call without labels" in record.getMessage()
+
+
+def ours(caplog):
+    return [r for r in caplog.records if r.name == "ltc_cache.buckets"]
+
+
 def test_calls_whose_padding_is_not_known_are_made_as_they_are():
     """No padding for: an inference call without labels, or one asking for
     the key/value cache (it would hold the padding), a model without a pad
@@ -177,9 +307,9 @@ def test_a_dict_output_of_generate_is_cut_back_too():
 CHILD = CHILDREN / "lengths.py"
 
 
-def _train(lengths: list[int]) -> dict:
-    proc = subprocess.run([sys.executable, str(CHILD), "--lengths", ",".join(map(str, lengths))],
-                          capture_output=True, text=True, timeout=900)
+def _train(lengths: list[int], *options: str) -> dict:
+    proc = subprocess.run([sys.executable, str(CHILD), "--lengths", ",".join(map(str, lengths)),
+                           *options], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -193,6 +323,25 @@ def test_a_warm_training_process_meets_lengths_it_never_met_with_no_capture(cach
     cold = _train([9, 40])
     assert cold["stats"]["program_captures"] == 2
     warm = _train([12, 45, 10])
+    stats = warm["stats"]
+    assert stats.get("program_captures", 0) == 0 and warm["frames"] == 0
+    assert stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
+    assert stats["program_hits"] == 2
+    for run in (cold, warm):
+        torch.testing.assert_close(run["losses"], run["eager"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # two processes training
+def test_a_warm_training_process_without_attention_masks_meets_new_lengths_with_no_trace(
+        cache_dir):
+    """A causal LM fed ``input_ids`` and ``labels`` alone (no mask), each
+    batch its own length: the cold process trains on 9 and 40 (buckets 16
+    and 48); the warm one on ten lengths it never met, in those buckets,
+    with no capture and no trace, and losses equal to eager's on the
+    unpadded batches."""
+    cold = _train([9, 40], "--no-mask")
+    assert cold["stats"]["program_captures"] == 2
+    warm = _train([12, 45, 10, 35, 14, 41, 11, 47, 13, 33], "--no-mask")
     stats = warm["stats"]
     assert stats.get("program_captures", 0) == 0 and warm["frames"] == 0
     assert stats.get("aot_traces", 0) == 0 and stats["traces"] == 0

@@ -83,10 +83,11 @@ def test_the_first_cold_generate_of_gpt2_no_longer_crashes(cache_dir):
 @pytest.mark.parametrize("model", ["gpt2", "llama", "t5"])
 def test_a_warm_worker_with_a_static_cache_captures_and_traces_nothing(cache_dir, model):
     """The static cache, ``model.forward = ltc_cache.compile(model.forward)``:
-    the cold worker stores one program per prompt length and one for
-    decoding; a warm worker meeting those lengths in another order runs no
-    Dynamo capture, no AOTAutograd and no LTC trace, and its greedy tokens
-    are eager's. A sampled request after them, over the same programs,
+    the cold worker stores one program per prompt bucket (5 and 9: 8 and 16;
+    T5's, an encoder-decoder, per prompt length) and one for decoding; a
+    warm worker meeting those lengths in another order runs no Dynamo
+    capture, no AOTAutograd and no LTC trace, and its greedy tokens are
+    eager's. A sampled request after them, over the same programs,
     captures and traces nothing either."""
     cold = generate(model, [5, 9], "--cache", "static")
     assert cold["captures"] > 0 and cold["stats"]["errors"] == 0
@@ -119,6 +120,26 @@ def test_a_warm_worker_serves_prompt_lengths_it_never_met_from_their_buckets(cac
     assert stats["program_hits"] == 3
     for request in warm["requests"]:
         assert request["tokens"] == request["eager_padded"] == request["eager"]
+        assert len(request["tokens"][0]) == request["length"] + 8
+
+
+@pytest.mark.slow  # two processes generating, per model
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_a_warm_worker_through_the_compiled_forward_serves_new_prompt_lengths(cache_dir, model):
+    """``model.forward = ltc_cache.compile(model.forward)`` and the model's
+    own ``generate()`` with the static cache: the prompt's forward is padded
+    on the right to its bucket and the cache's length taken back. The cold
+    worker meets 5 and 20 (buckets 8 and 32) and stores a program for each
+    and one for decoding; a warm worker meeting five lengths it never met
+    captures, AOTAutograd-traces and LTC-traces nothing, with eager's
+    greedy tokens."""
+    cold = generate(model, [5, 20], "--cache", "static")
+    assert cold["stats"]["program_captures"] == 3  # two buckets and decoding
+    warm = generate(model, [30, 7, 3, 25, 18], "--cache", "static")
+    stats = warm["stats"]
+    assert warm["captures"] == 0 and stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
+    assert stats["program_hits"] == 3
+    for request in warm["requests"]:  # generate() checked them against eager's
         assert len(request["tokens"][0]) == request["length"] + 8
 
 
