@@ -694,3 +694,30 @@ def test_a_read_only_cache_checks_and_keeps_no_verdict(tmp_path, monkeypatch):
         compiled(x)
     assert compiled._fn.checked and ltc_cache.stats()["fused_checks"] == 1
     assert store.get(verdicts.verdict_key(library_key(graph).digest)) is None
+
+
+def test_the_timing_of_a_long_graph_takes_fewer_rounds(monkeypatch):
+    """Both sides are timed in interleaved rounds, fewer where the rounds
+    would take too long (a GPT-2 backward's call is seconds): at least
+    three, each side's fastest compared."""
+    from ltc_cache.graph.fused import build
+
+    calls = {"script": 0, "fused": 0}
+
+    def spin(side: str, seconds: float):
+        def call(*args):
+            calls[side] += 1
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+        return call
+
+    inputs = [torch.zeros(1)]
+    script, fused = spin("script", 0.02), spin("fused", 0.01)
+    script_ms, fused_ms = build._time_both(script, fused, inputs, ())
+    assert calls == {"script": 1 + build._ROUNDS, "fused": 1 + build._ROUNDS}
+    assert fused_ms < script_ms
+    monkeypatch.setattr(build, "_TIMING_SECONDS", 0.1)  # as a call of seconds would be
+    calls.update(script=0, fused=0)
+    build._time_both(script, fused, inputs, ())
+    assert calls == {"script": 1 + build._MIN_ROUNDS, "fused": 1 + build._MIN_ROUNDS}

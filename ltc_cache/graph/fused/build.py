@@ -49,9 +49,14 @@ logger = logging.getLogger("ltc_cache.fused")
 # least; a library is kept where it takes at most _KEEP of TorchScript's time.
 # Each side's fastest round is compared: other work on the machine only adds
 # time, and medians taken beside two other jobs refused 7 of a small GPT's 11
-# region libraries, where a quiet machine kept 9.
+# region libraries, where a quiet machine kept 9. Fewer rounds (at least
+# _MIN_ROUNDS) where they would take over _TIMING_SECONDS: GPT-2 small's
+# backward runs 9.4 s a call, and 15 rounds of both were 280 s of its build,
+# twice its compile; a call that long is an average of its own.
 _ROUNDS = 15
+_MIN_ROUNDS = 3
 _ROUND_SECONDS = 0.004
+_TIMING_SECONDS = 20.0
 _KEEP = 0.97
 # The check against the reference at build time catches a miscompile (an
 # error the size of the values); the rule (outputs within 1e-5 of
@@ -300,8 +305,9 @@ def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor
 
     once = max(per_call(script, 1), per_call(fused, 1), 1e-3)
     calls = max(1, math.ceil(_ROUND_SECONDS * 1e3 / once))
+    rounds = max(_MIN_ROUNDS, min(_ROUNDS, int(_TIMING_SECONDS * 1e3 / (2 * once * calls))))
     script_ms, fused_ms = [], []
-    for _ in range(_ROUNDS):
+    for _ in range(rounds):
         script_ms.append(per_call(script, calls))
         fused_ms.append(per_call(fused, calls))
     return min(script_ms), min(fused_ms)
