@@ -73,14 +73,12 @@ def _compiles() -> int:
 
 
 def _start_compiles(count: int) -> list[subprocess.Popen]:
-    """``count`` compile processes, in one process group of their own (the
-    first's), which the governor stops and continues as one. (The worker's
-    session is its own already: start_worker starts it so.)"""
+    """``count`` compile processes, each in a process group of its own (with
+    the g++ it starts), which the governor stops and continues. (The
+    worker's session is its own already: start_worker starts it so.)"""
     command = [sys.executable, "-m", "ltc_cache.cli.fuse_worker", "--compile"]
-    first = subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
-    rest = [subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, first.pid))
-            for _ in range(count - 1)]
-    return [first, *rest]
+    return [subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
+            for _ in range(count)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0  # another worker drains the queue
             while queue.pending():
                 children = _start_compiles(_compiles())
-                govern(children[0].pid, lambda children=children: all(
+                govern([c.pid for c in children], lambda children=children: all(
                     c.poll() is not None for c in children), clients)
                 if any(c.wait() != 0 for c in children):
                     logging.getLogger(__name__).warning("a compile exited with %s; leaving "

@@ -27,15 +27,19 @@ def _cpu_seconds(pid: int) -> float:
 
 @pytest.mark.slow
 def test_the_compile_gets_bursts_while_a_client_is_busy_and_all_once_it_exits(tmp_path):
+    """Two compile processes (each its own group, as the worker starts
+    them) beside a busy client: one burst at a time, never both; each runs
+    freely once the client has exited."""
     client = subprocess.Popen([sys.executable, "-c", (
         f"from ltc_cache.graph.fused.governor import register_client\n"
-        f"register_client({str(tmp_path)!r})\n" + SPIN.format(seconds=4))])
-    compile_ = subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=60)],
-                                start_new_session=True)
+        f"register_client({str(tmp_path)!r})\n" + SPIN.format(seconds=6))])
+    compiles = [subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=60)],
+                                 start_new_session=True) for _ in range(2)]
+    pids = [c.pid for c in compiles]
     clients = governor.Clients(tmp_path)
     stop = threading.Event()
     thread = threading.Thread(target=governor.govern, args=(
-        compile_.pid, lambda: stop.is_set() or compile_.poll() is not None, clients))
+        pids, lambda: stop.is_set() or any(c.poll() is not None for c in compiles), clients))
     try:
         deadline = time.monotonic() + 10
         while not (tmp_path / "clients" / str(client.pid)).exists():
@@ -43,25 +47,33 @@ def test_the_compile_gets_bursts_while_a_client_is_busy_and_all_once_it_exits(tm
             time.sleep(0.01)
         thread.start()
         time.sleep(0.5)
-        before, started = _cpu_seconds(compile_.pid), time.monotonic()
-        time.sleep(2.5)  # the client spins throughout
-        busy_share = (_cpu_seconds(compile_.pid) - before) / (time.monotonic() - started)
+        before, started = [_cpu_seconds(p) for p in pids], time.monotonic()
+        both, last = 0, before
+        while time.monotonic() - started < 4.0:  # the client spins throughout
+            time.sleep(0.05)
+            now = [_cpu_seconds(p) for p in pids]
+            both += all(n - b > 0.015 for n, b in zip(now, last, strict=True))
+            last = now
+        busy_share = (sum(last) - sum(before)) / (time.monotonic() - started)
         assert client.poll() is None, "the client ended early: the window measured nothing"
         client.wait(timeout=30)
         time.sleep(0.5)
-        before, started = _cpu_seconds(compile_.pid), time.monotonic()
+        before, started = [_cpu_seconds(p) for p in pids], time.monotonic()
         time.sleep(1.5)
-        idle_share = (_cpu_seconds(compile_.pid) - before) / (time.monotonic() - started)
+        idle_shares = [(_cpu_seconds(p) - b) / (time.monotonic() - started)
+                       for p, b in zip(pids, before, strict=True)]
     finally:
         stop.set()
         thread.join(timeout=10)
-        compile_.kill()
+        for c in compiles:
+            c.kill()
         client.kill()
-    # A burst of BURST_SECONDS a PERIOD_SECONDS while busy; the whole of a
-    # core (less what the machine's other work takes: tests run beside it) once
-    # the client left.
+    # A burst of BURST_SECONDS a PERIOD_SECONDS while busy, to one compile at a
+    # time; a good share of a core each (less what the machine's other work
+    # takes: tests run beside it) once the client left.
+    assert both <= 1, both
     assert busy_share <= 2 * governor.BURST_SECONDS / governor.PERIOD_SECONDS + 0.05, busy_share
-    assert idle_share >= 0.35, idle_share
+    assert all(share >= 0.2 for share in idle_shares), idle_shares
     assert not (tmp_path / "clients" / str(client.pid)).exists()  # a gone client is forgotten
 
 
