@@ -56,4 +56,7 @@ TIMM: dict[str, Callable[[], tuple[torch.nn.Module, dict]]] = {
     "swin_tiny_patch4_window7_224": _timm("swin_tiny_patch4_window7_224", 64, img_size=64,
                                           window_size=4, depths=(2, 2, 2, 2), drop_path_rate=0.0),
     "vit_tiny_patch16_224": _timm("vit_tiny_patch16_224", 64, img_size=64, depth=4),
+    # DeiT is timm's ViT; the distilled one (the suite's) adds a token and a head.
+    "deit_tiny_distilled_patch16_224": _timm("deit_tiny_distilled_patch16_224", 64, img_size=64,
+                                             depth=4),
 }

@@ -29,6 +29,7 @@ FLOORS = {
     "levit_128s": (97, 2),
     "swin_tiny_patch4_window7_224": (94, 2),
     "vit_tiny_patch16_224": (91, 10),
+    "deit_tiny_distilled_patch16_224": (91, 10),
 }
 
 
