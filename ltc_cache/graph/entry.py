@@ -24,8 +24,8 @@ from ..kinds import EntryKind
 from ..wire import KINDS, pack_envelope, read_envelope, unpack
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
 
-__all__ = ["Entry", "check_layout", "decode", "encode", "input_specs", "tensor_from_wire",
-           "tensor_to_wire"]
+__all__ = ["Entry", "check_layout", "decode", "encode", "input_specs", "source_to_wire",
+           "tensor_from_wire", "tensor_to_wire"]
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,9 @@ def tensor_from_wire(obj: Any) -> torch.Tensor:
     return tensor
 
 
-def _source_to_wire(s: Source) -> list[Any]:
+def source_to_wire(s: Source) -> list[Any]:
+    """A graph input's or output's stored form: ``[kind, ref]``, a
+    constant's ref its tensor's dtype, shape and bytes."""
     return [s.kind, tensor_to_wire(s.ref) if s.kind == "const" else s.ref]
 
 
@@ -150,9 +152,9 @@ def encode(entry: Entry, *, secret: bytes | None = None) -> bytes:
     body = msgpack.packb({
         "key": entry.key,
         "ir": entry.ir,
-        "inputs": [_source_to_wire(s) for s in entry.inputs],
-        "outputs": [_source_to_wire(s) for s in entry.outputs],
-        "updates": [[u.output, _source_to_wire(u.target)] for u in entry.updates],
+        "inputs": [source_to_wire(s) for s in entry.inputs],
+        "outputs": [source_to_wire(s) for s in entry.outputs],
+        "updates": [[u.output, source_to_wire(u.target)] for u in entry.updates],
         "meta": dict(entry.meta),
         "kind": entry.kind,
         "payload": dict(entry.payload),

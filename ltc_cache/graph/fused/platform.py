@@ -24,7 +24,7 @@ import subprocess
 import torch
 
 from ...kinds import EntryKind
-from ..entry import Entry, tensor_to_wire
+from ..entry import Entry, source_to_wire
 from ..keys import CacheKey, hash_lines, key_from_parts
 from .aoti import runner_available
 from .cpu_isa import isa_runs_here, machine_isa, x86_machine
@@ -138,9 +138,8 @@ def source_key(entry: Entry) -> str:
     (:mod:`.source`: identical layers share one library), else (a plan)
     the entry's key."""
     if entry.kind == EntryKind.GRAPH:
-        inputs = [[s.kind, tensor_to_wire(s.ref) if s.kind == "const" else s.ref]
-                  for s in entry.inputs]
-        source = library_source(entry.ir, inputs, entry.meta.get("input_specs"))
+        source = library_source(entry.ir, [source_to_wire(s) for s in entry.inputs],
+                                entry.meta.get("input_specs"))
         if source is not None:
             return source
     return entry.key
