@@ -65,12 +65,7 @@ class Programs:
         except GrowingLayout as exc:
             if self._fresh_layers_tried is not True:
                 return self._with_fresh_layers(args, kwargs, exc)
-            if not self._growing:
-                self._growing = True
-                logger.info("%s: called with a %s, whose layout changes every call; running "
-                            "it through torch.compile(backend=\"ltc_cache\")",
-                            self._target.name, exc)
-            return self._fallback(args, kwargs)
+            return self._growing_layout(args, kwargs, exc)
         owner = self._target.owner
         call = Call(layout, args, kwargs, (owner, *args) if owner is not None else args)
         program = self._pick(call)  # the steady call: no lock
@@ -102,14 +97,20 @@ class Programs:
         def again(same_args: tuple[Any, ...], same_kwargs: dict[str, Any]) -> Any:
             if used:  # the stand-in did not do: never tried again for this function
                 self._fresh_layers_tried = True
-            if not self._growing:
-                self._growing = True
-                logger.info("%s: called with a %s, whose layout changes every call; running "
-                            "it through torch.compile(backend=\"ltc_cache\")",
-                            self._target.name, growing)
-            return self._fallback(same_args, same_kwargs)
+            return self._growing_layout(same_args, same_kwargs, growing)
 
         return with_fresh_layers(self._target.owner, args, kwargs, run, again)
+
+    def _growing_layout(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                        growing: GrowingLayout) -> Any:
+        """A call whose layout changes every call, through torch.compile
+        (said once a function)."""
+        if not self._growing:
+            self._growing = True
+            logger.info("%s: called with a %s, whose layout changes every call; running "
+                        "it through torch.compile(backend=\"ltc_cache\")",
+                        self._target.name, growing)
+        return self._fallback(args, kwargs)
 
     def _pick(self, call: Call) -> Program | None:
         """The program of the call's layout whose guards and checks hold

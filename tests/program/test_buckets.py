@@ -314,34 +314,23 @@ def _train(lengths: list[int], *options: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# The warm process's lengths, none of them met cold: three, or ten where
+# the batches come without an attention mask (a causal LM fed input_ids and
+# labels alone).
+WARM_LENGTHS = {"": [12, 45, 10], "--no-mask": [12, 45, 10, 35, 14, 41, 11, 47, 13, 33]}
+
+
 @pytest.mark.slow  # two processes training
-def test_a_warm_training_process_meets_lengths_it_never_met_with_no_capture(cache_dir):
+@pytest.mark.parametrize("option", list(WARM_LENGTHS), ids=["with masks", "without masks"])
+def test_a_warm_training_process_meets_lengths_it_never_met_with_no_capture(cache_dir, option):
     """Dynamic padding: each batch its own length. The cold process trains
-    on lengths 9 and 40 (buckets 16 and 48); the warm one on 12, 45 and 10,
-    none of them met: no Dynamo capture, AOTAutograd or LTC trace, and
-    losses equal to eager's unpadded ones within 1e-5."""
-    cold = _train([9, 40])
+    on lengths 9 and 40 (buckets 16 and 48); the warm one on lengths it
+    never met, in those buckets: no Dynamo capture, AOTAutograd or LTC
+    trace, and losses equal to eager's on the unpadded batches within 1e-5."""
+    options = [option] if option else []
+    cold = _train([9, 40], *options)
     assert cold["stats"]["program_captures"] == 2
-    warm = _train([12, 45, 10])
-    stats = warm["stats"]
-    assert stats.get("program_captures", 0) == 0 and warm["frames"] == 0
-    assert stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
-    assert stats["program_hits"] == 2
-    for run in (cold, warm):
-        torch.testing.assert_close(run["losses"], run["eager"], rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.slow  # two processes training
-def test_a_warm_training_process_without_attention_masks_meets_new_lengths_with_no_trace(
-        cache_dir):
-    """A causal LM fed ``input_ids`` and ``labels`` alone (no mask), each
-    batch its own length: the cold process trains on 9 and 40 (buckets 16
-    and 48); the warm one on ten lengths it never met, in those buckets,
-    with no capture and no trace, and losses equal to eager's on the
-    unpadded batches."""
-    cold = _train([9, 40], "--no-mask")
-    assert cold["stats"]["program_captures"] == 2
-    warm = _train([12, 45, 10, 35, 14, 41, 11, 47, 13, 33], "--no-mask")
+    warm = _train(WARM_LENGTHS[option], *options)
     stats = warm["stats"]
     assert stats.get("program_captures", 0) == 0 and warm["frames"] == 0
     assert stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
