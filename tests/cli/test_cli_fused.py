@@ -686,7 +686,8 @@ def test_fuse_compiles_a_real_library_and_ctrl_c_stops_it(tmp_path, env, capsys)
     store.close()
     assert entry.payload["compile_seconds"] > 0 and entry.payload["script_ms"] > 0
     if compiled:
-        library = library_of(entry, program_secret(None, directory), keys["mlp"])
+        library = library_of(entry, program_secret(None, directory),
+                             source_key(graph_entry(directory, keys["mlp"])))
         assert library.data.startswith(b"\x7fELF") and library.isa == machine_isa()
     code, out, _ = cli(capsys, directory, "fuse", "--dry-run")
     assert code == 0 and "already" in out and "0 of 1 graph to compile" in out
