@@ -48,10 +48,12 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
     """Compile what ``queue`` holds until it is empty, plans first; each
     key taken off once its fused entries are stored (or it is skipped)."""
     entries: dict[str, Entry | None] = {}  # each queued entry read once, however many passes
+    jobs: dict[str, str] = {}  # and what its compile is claimed by, worked out once
     while keys := queue.pending():
         for key in keys:
             if key not in entries:
                 entries[key] = cache.lookup_entry(CacheKey(key, {}), count=False)
+                jobs[key] = _job(entries[key], key)
         plans = [entries[k] for k in keys
                  if entries[k] is not None and entries[k].kind == EntryKind.PLAN]
         did = False
@@ -75,7 +77,7 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
             entry = entries[key]
             if entry is not None and entry.kind == EntryKind.PLAN:
                 continue
-            with queue.claimed(_job(entry, key)) as mine:
+            with queue.claimed(jobs[key]) as mine:
                 if not mine:
                     continue
                 if entry is not None and _region_digest(entry) in covered:

@@ -189,7 +189,7 @@ class PlanFunction:
         if plan is None:
             logger.info("%s: no plan library (the plan is gone)", self._name)
             return self._per_region
-        slot = LibrarySlot(cache, key, plan, self._name, _COUNTERS,
+        slot = LibrarySlot(cache, key, plan, self._plan_key.digest, self._name, _COUNTERS,
                            instead="running its regions", quiet=_QUIET,
                            refused_warning="fused-plan-refused")
         library = slot.library(stored)

@@ -78,14 +78,15 @@ def with_fresh_layers(owner: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     stand-in would change. The cache must be a top-level argument."""
     if not torch.is_grad_enabled():
         return again(args, kwargs)
-    found = [(i, None) for i, a in enumerate(args) if _fresh_cache_layers(a) is not None]
-    found += [(None, k) for k, v in kwargs.items() if _fresh_cache_layers(v) is not None]
+    found = [(i, None, held) for i, a in enumerate(args)
+             if (held := _fresh_cache_layers(a)) is not None]
+    found += [(None, k, held) for k, v in kwargs.items()
+              if (held := _fresh_cache_layers(v)) is not None]
     layers = _written_layers(owner)
     if len(found) != 1 or not layers:
         return again(args, kwargs)
-    index, name = found[0]
+    index, name, held = found[0]
     cache = args[index] if index is not None else kwargs[name]
-    held = _fresh_cache_layers(cache) or []
     if any(i < len(held) and held[i].is_initialized for i in layers):
         return again(args, kwargs)
     stand_in = FreshLayers()

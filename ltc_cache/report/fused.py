@@ -126,11 +126,12 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
     graph = cache.lookup_entry(CacheKey(graph_key, {}), count=False)
     if graph is None:
         return FuseOutcome(graph_key, graph_name, GONE, None, time.monotonic() - started)
-    key = fused_key(source_key(graph))
+    source = source_key(graph)
+    key = fused_key(source)
     stored = cache.lookup_entry(key, count=False)
     replaced = None
     if stored is not None:
-        replaced = _unusable(cache, stored, source_key(graph))
+        replaced = _unusable(cache, stored, source)
         if replaced is None and ("library" in stored.payload or not retry):
             status = ALREADY_FUSED if "library" in stored.payload else ALREADY_REFUSED
             return FuseOutcome(graph_key, graph_name, status, fused_info(stored.payload),

@@ -81,7 +81,7 @@ def test_each_cpu_feature_set_has_keys_of_its_own(monkeypatch):
     any of them an AVX2 machine."""
     keys = {}
     for name, features in CPU_KINDS.items():
-        monkeypatch.setattr(cpu_isa, "_probed", lambda features=features: features)
+        _as_cpu(monkeypatch, features)
         keys[name] = fused_key("a" * 64).digest
         assert fused_key("a" * 64).digest == keys[name]
     assert len(set(keys.values())) == len(CPU_KINDS)
@@ -208,6 +208,9 @@ def test_a_library_moved_under_another_graphs_key_is_dropped_unloaded(tmp_path, 
 
 
 def _as_cpu(monkeypatch, features) -> None:
+    """This process as a CPU of ``features``, uncapped (whatever
+    ATEN_CPU_CAPABILITY the tests run under)."""
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     monkeypatch.setattr(cpu_isa, "_probed", lambda: frozenset(features))
 
 

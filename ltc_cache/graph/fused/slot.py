@@ -28,7 +28,6 @@ from ...diagnostics import count_event, warn_once
 from ...errors import EntryError, NotForThisCpu
 from ...signing import program_secret
 from .library_entries import Library, refusal_entry, usable_library, warn_not_for_this_cpu
-from .platform import source_key
 from .runner import FusedFunction, mismatch
 from .verdicts import RTOL, keep_verdict, verdict_held
 
@@ -53,13 +52,16 @@ class SlotCounters:
 @dataclass(frozen=True)
 class LibrarySlot:
     """The library stored under ``key`` for ``of`` (a graph entry, or a
-    plan's), named ``name`` in messages; ``instead`` says what runs where it
+    plan's), which is the library of ``source`` (what
+    :func:`~.platform.source_key` says of ``of``, worked out once by the
+    caller), named ``name`` in messages; ``instead`` says what runs where it
     is not used ("replaying with TorchScript"), ``quiet`` the refusal
     reasons that are no failure."""
 
     cache: GraphCache
     key: CacheKey
     of: Entry
+    source: str
     name: str
     counters: SlotCounters
     instead: str
@@ -72,7 +74,7 @@ class LibrarySlot:
         config = self.cache.config
         try:
             library = usable_library(stored, program_secret(config.secret, config.directory),
-                                     source_key(self.of))
+                                     self.source)
         except NotForThisCpu as exc:  # a miss here, never replaced: no rebuild loop
             warn_not_for_this_cpu(self.name, exc)
             return None
@@ -94,7 +96,7 @@ class LibrarySlot:
         otherwise."""
         signature = bytes(stored.payload["hmac"])  # verified by library()
         count_event(self.counters.loads)
-        checked = verdict_held(self.cache, self.key.digest, source_key(self.of), signature)
+        checked = verdict_held(self.cache, self.key.digest, self.source, signature)
         return FusedFunction(runner, reference, aliases=library.aliases,
                              restride=library.restride, writes=writes, checked=checked,
                              check=lambda expected, got, error: self._checked(
@@ -108,7 +110,7 @@ class LibrarySlot:
         count_event(self.counters.checks)
         problem = mismatch(expected, got, rtol=RTOL, error=error)
         if problem is None:
-            keep_verdict(self.cache, self.key.digest, source_key(self.of), signature)
+            keep_verdict(self.cache, self.key.digest, self.source, signature)
             return True
         count_event(self.counters.refused)
         warn_once(f"fused:{self.key.digest}", f"the fused library of {self.name} "

@@ -103,44 +103,44 @@ class FusedTier:
         config = self._cache.config
         if not fusable_here() or "input_specs" not in entry.meta:
             return script  # nothing to compile it for: an older entry, or not on the CPU
-        key = fused_key(source_key(entry))
-        stored = self._cache.lookup_entry(key, count=False)
+        source = source_key(entry)
+        slot = LibrarySlot(self._cache, fused_key(source), entry, source, entry.graph_name,
+                           _COUNTERS, instead="replaying with TorchScript",
+                           quiet=(NOT_FASTER, DATA_DEPENDENT), refused_warning="fused-refused")
+        stored = self._cache.lookup_entry(slot.key, count=False)
         if stored is None and config.fuse == "sync" and not self._cache.readonly:
             stored = in_a_clean_thread(fuse_graph, self._cache, entry.key, graph=entry)
         if stored is not None:
-            return self._loaded(entry, key, stored, script)
+            return self._loaded(slot, stored, script)
         queued = self.queue(entry.key)
         if queued is None:
             return script
-        return PendingFunction(script, queued, lambda: self._picked_up(entry, key, script))
+        return PendingFunction(script, queued, lambda: self._picked_up(slot, script))
 
-    def _picked_up(self, entry: Entry, key: CacheKey, script: GraphFunction) -> GraphFunction:
+    def _picked_up(self, slot: LibrarySlot, script: GraphFunction) -> GraphFunction:
         """What replays a queued graph once the worker is done with it: its
         library, loaded as any other, and from then on for every binding
         of the graph in this process."""
         def obtain(entry: Entry, script: GraphFunction) -> GraphFunction:
-            stored = self._cache.lookup_entry(key, count=False)
+            stored = self._cache.lookup_entry(slot.key, count=False)
             if stored is None:  # taken off the queue uncompiled (a cleared queue)
                 return script
-            function = self._loaded(entry, key, stored, script)
+            function = self._loaded(slot, stored, script)
             if function is not script:
                 count_event(FUSED_PICKUPS)
                 logger.info("picked up the fused library of %s (%s)", entry.graph_name,
                             entry.key[:12])
             return function
 
-        function = self._guarded(obtain, entry, script)
+        function = self._guarded(obtain, slot.of, script)
         with self._lock:
-            self._functions[entry.key] = function
+            self._functions[slot.of.key] = function
         return function
 
-    def _loaded(self, entry: Entry, key: CacheKey, stored: Entry,
-                script: GraphFunction) -> GraphFunction:
+    @staticmethod
+    def _loaded(slot: LibrarySlot, stored: Entry, script: GraphFunction) -> GraphFunction:
         """The library of the fused entry ``stored``, loaded, or ``script``
         where it has none to be used."""
-        slot = LibrarySlot(self._cache, key, entry, entry.graph_name, _COUNTERS,
-                           instead="replaying with TorchScript",
-                           quiet=(NOT_FASTER, DATA_DEPENDENT), refused_warning="fused-refused")
         library = slot.library(stored)
         if library is None:
             return script
