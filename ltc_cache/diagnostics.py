@@ -12,7 +12,7 @@ import threading
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .counter_names import (
     AOT_TRACES,
@@ -25,13 +25,11 @@ from .counter_names import (
     TRACES,
 )
 
-if TYPE_CHECKING:
-    from .store.base import Store
-
 __all__ = [
     "BACKEND_EVENTS",
     "COUNTER_NAMES",
     "LEDGER_EVENTS",
+    "EventRecorder",
     "ProcessCounters",
     "count_event",
     "counters",
@@ -82,7 +80,15 @@ class ProcessCounters:
 counters = ProcessCounters()
 
 
-def count_event(event: str, store: Store | None = None, key: str | None = None) -> None:
+class EventRecorder(Protocol):
+    """What keeps counts across processes: a store (``Store.record``), named
+    by shape so that this ground module imports no layer above it."""
+
+    def record(self, event: str, key: str | None) -> None: ...
+
+
+def count_event(event: str, store: EventRecorder | None = None, key: str | None = None
+                ) -> None:
     """Count one ``event`` (of entry ``key``) for this process and, where
     it is one of LEDGER_EVENTS, in ``store``'s ledger. Every such event is
     counted through here, so ``ltc_cache.stats()`` and ``ltc-cache stats``

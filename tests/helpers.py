@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import torch
     from torch import fx
 
-    from ltc_cache.graph.entry import Entry
+    from ltc_cache.entries.entry import Entry
     from ltc_cache.store import DiskStore
 
 # x86 CPU kinds by the vector features the fused tier reads (cpu_isa.FEATURES).
@@ -277,7 +277,7 @@ def envelope(body: bytes, *, schema: int | None = None, **extra: Any) -> bytes:
     current one unless given)."""
     import msgpack
 
-    from ltc_cache.wire import FORMAT, SCHEMA_VERSION
+    from ltc_cache.entries.wire import FORMAT, SCHEMA_VERSION
 
     return msgpack.packb({"format": FORMAT, "schema": SCHEMA_VERSION if schema is None else schema,
                           "sha256": hashlib.sha256(body).digest(), "body": body, **extra},
@@ -347,8 +347,8 @@ def recorded_warnings() -> Iterator[list[str]]:
 
 def decode_all(store: DiskStore) -> tuple[int, list[str]]:
     """Decode every entry in ``store``: (how many, problems)."""
-    from ltc_cache.graph.entry import decode
-    from ltc_cache.wire import is_entry_key
+    from ltc_cache.entries.entry import decode
+    from ltc_cache.entries.wire import is_entry_key
 
     count, problems = 0, []
     for key in list(store.keys()):

@@ -2,7 +2,7 @@
 ``verify``, one function each, taking the parsed arguments, the opened tier
 and the configuration and returning the exit status. What they show comes
 from the report package; what an entry of each kind shows and how it is
-verified, from its kind's registration (kinds.py)."""
+verified, from its kind's registration (entries/kind_registry.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from ..config import CacheConfig
 from ..counter_names import HITS, MISSES
+from ..entries.kinds import EntryKind
 from ..errors import EntryError
-from ..kinds import EntryKind
 from ..report import (
     STAT_LABELS,
     STAT_NAMES,

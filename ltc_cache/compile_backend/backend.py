@@ -34,9 +34,10 @@ from torch import fx
 
 from ..counter_names import ATEN_OPS, DYNAMO_GRAPHS, ERRORS
 from ..diagnostics import counters, warn_once
+from ..entries.keys import CacheKey
 from ..errors import first_line
 from ..graph.cache import GraphCache, default_cache
-from ..graph.keys import CacheKey, graph_parts, key_of
+from ..graph.graph_keys import graph_parts, key_of
 from ..threads import compile_lock
 from .first_call import Guarded
 from .model_names import model_name
@@ -278,7 +279,7 @@ def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModu
 
 
 def static_graph_parts(gm: fx.GraphModule) -> dict[str, str] | None:
-    """The :func:`~ltc_cache.graph.keys.graph_parts` of the graph
+    """The :func:`~ltc_cache.graph.graph_keys.graph_parts` of the graph
     :class:`LtcBackend` keys when ``gm`` is compiled, whatever the call:
     for a static graph, :func:`canonical` reads only the recorded values;
     None where the key depends on the call (symbolic shapes, ``.item()``

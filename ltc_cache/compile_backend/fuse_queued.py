@@ -25,14 +25,14 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from ..entries.keys import CacheKey
+from ..entries.kinds import EntryKind
 from ..graph.fused.platform import fused_key, source_key
-from ..graph.keys import CacheKey
-from ..kinds import EntryKind
 from .plan_library import fuse_plan_part, fuse_stored, part_key, plan_part_graph, plan_parts
 
 if TYPE_CHECKING:
+    from ..entries.entry import Entry
     from ..graph.cache import GraphCache
-    from ..graph.entry import Entry
     from ..graph.fused.queue import FuseQueue
 
 __all__ = ["fuse_queued"]

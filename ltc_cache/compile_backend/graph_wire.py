@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..entries.entry import tensor_from_wire, tensor_to_wire
+from ..entries.wire import PLAN_FORMAT
 from ..errors import EntryError, LtcCacheError
-from ..graph.entry import tensor_from_wire, tensor_to_wire
-from ..wire import PLAN_FORMAT
 from .nodes import is_symbolic
 
 __all__ = ["PLAN_VERSION", "PlanError", "StoredRegion", "graph_from_wire", "graph_to_wire",

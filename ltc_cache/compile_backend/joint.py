@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..entries.entry import Entry
 from ..errors import EntryError
-from ..graph.entry import Entry
 from .boxed import boxed
 from .graph_wire import PlanError
 from .partition import Partitioned

@@ -36,11 +36,12 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..entries.entry import Entry, new_meta
+from ..entries.keys import CacheKey, code_digest, derived_key
+from ..entries.kinds import EntryKind
+from ..entries.wire import PLAN_FORMAT
 from ..errors import EntryError
-from ..graph.entry import Entry, new_meta
-from ..graph.keys import CacheKey, code_digest, derived_key, graph_digest
-from ..kinds import EntryKind
-from ..wire import PLAN_FORMAT
+from ..graph.graph_keys import graph_digest
 from .graph_wire import PLAN_VERSION, StoredRegion, graph_from_wire, graph_to_wire
 from .partition import REGION_PREFIX, Partitioned
 

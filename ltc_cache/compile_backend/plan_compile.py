@@ -24,15 +24,19 @@ from torch import fx
 from ..collector import holding_off
 from ..counter_names import AOT_GRAPHS, AOT_TRACES, ATEN_OPS, PLAN_HITS, PLAN_MISSES
 from ..diagnostics import counters, warn_once
+from ..entries.keys import CacheKey
 from ..errors import EntryError, UncacheableGraph
 from ..graph.cache import GraphCache
-from ..graph.keys import CacheKey, compute_key
+from ..graph.graph_keys import compute_key
 from ..threads import compile_lock
-from . import aot_autograd
+from . import (
+    aot_autograd,
+    plan_kind,  # noqa: F401 - registers the plan kind
+)
 from .first_call import Guarded, bind_regions
 
 if TYPE_CHECKING:  # support imports FX's partitioner: only when partitioning
-    from ..graph.entry import Entry
+    from ..entries.entry import Entry
     from .joint_switch import PlanInProgress
     from .partition import Partitioned
     from .support import OpSupport

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..wire import RECORD_PREFIX, read_record, write_record
+from ..entries.wire import RECORD_PREFIX, read_record, write_record
 
 if TYPE_CHECKING:
     from ..graph.cache import GraphCache

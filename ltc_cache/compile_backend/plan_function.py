@@ -25,7 +25,7 @@ from ..counter_names import (
     FUSED_PLAN_REFUSED,
 )
 from ..diagnostics import warn_once
-from ..graph.entry import Entry
+from ..entries.entry import Entry
 from ..graph.fused.library_entries import DATA_DEPENDENT, NOT_FASTER
 from ..graph.fused.platform import fusable_here
 from ..graph.fused.runner import FusedFunction, load_runner
@@ -46,8 +46,8 @@ from .plan_rng import RANDOM_RECOMPUTED, rng_state_outputs
 if TYPE_CHECKING:
     from torch import fx
 
+    from ..entries.keys import CacheKey
     from ..graph.cache import GraphCache
-    from ..graph.keys import CacheKey
 
 logger = logging.getLogger("ltc_cache.fused")
 

@@ -1,5 +1,6 @@
-"""The plan entry kind as ``ltc-cache`` handles it (its registration:
-kinds.py).
+"""The plan entry kind as ``ltc-cache`` handles it (its registration,
+passed to entries/kind_registry.py's ``register`` when this module is
+imported: plan_compile.py and ltc_cache.report import it).
 
 A plan holds AOTAutograd's graphs split into LTC regions and an eager rest,
 as data (:func:`~ltc_cache.compile_backend.plan.partitioned_to_wire`); a
@@ -16,11 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..entries.kind_registry import KindHandlers, KindView, ShowContext, register
+from ..entries.kinds import EntryKind
 from ..graph.graph_kind import no_fields
-from ..kinds import EntryKind, KindHandlers, KindView, ShowContext
 
 if TYPE_CHECKING:
-    from ..graph.entry import Entry
+    from ..entries.entry import Entry
 
 __all__ = ["PLAN"]
 
@@ -66,5 +68,5 @@ def _show(entry: Entry, context: ShowContext) -> KindView:
         "The graphs: --json.")])
 
 
-PLAN = KindHandlers(EntryKind.PLAN, verify=_verify, show=_show, summarise=no_fields,
-                    fuses=True)
+PLAN = register(KindHandlers(EntryKind.PLAN, verify=_verify, show=_show, summarise=no_fields,
+                             fuses=True))

@@ -48,12 +48,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..entries.entry import Entry
+from ..entries.keys import CacheKey, derived_key
+from ..entries.kinds import EntryKind
 from ..errors import LtcCacheError
-from ..graph.entry import Entry
 from ..graph.fused.library_entries import fused_entry, refusal_entry
 from ..graph.fused.platform import compiler_id, fused_key
-from ..graph.keys import CacheKey, derived_key
-from ..kinds import EntryKind
 from ..signing import program_secret
 from .plan_examples import example_values
 from .plan_rng import Unrepeatable, rng_state_outputs, unwrap_rng

@@ -18,10 +18,10 @@ import torch
 from torch import fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from ..entries.wire import SUPPORT_RECORD_FORMAT, read_record, write_record
 from ..errors import first_line
 from ..store import Store
 from ..threads import trace_lock
-from ..wire import SUPPORT_RECORD_FORMAT, read_record, write_record
 from .aot_autograd import real_tensors
 from .nodes import is_symbolic, node_value
 

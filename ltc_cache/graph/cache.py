@@ -11,7 +11,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -19,15 +19,18 @@ from torch import fx
 
 from ..collector import holding_off
 from ..config import CacheConfig
-from ..counter_names import ERRORS, HITS, MISSES, NEGATIVE_HITS, STORES, TRACES
-from ..diagnostics import count_event, counters, warn_once
-from ..errors import EntryError, LockTimeout, RememberedFailure, UncacheableGraph, is_graph_failure
-from ..kinds import EntryKind
-from ..store import Store, TieredStore, open_tiers
+from ..counter_names import HITS, MISSES, NEGATIVE_HITS, TRACES
+from ..diagnostics import counters, warn_once
+from ..entries.entry import Entry, decode, input_specs, new_meta
+from ..entries.entry_cache import EntryCache
+from ..entries.keys import CacheKey
+from ..entries.kinds import EntryKind
+from ..errors import EntryError, RememberedFailure, UncacheableGraph, is_graph_failure
+from ..store import Store
 from ..threads import trace_lock
-from .entry import Entry, decode, encode, input_specs, new_meta
+from . import graph_kind  # noqa: F401 - registers the graph and negative kinds
 from .fused.tier import FusedTier
-from .keys import CacheKey, compute_key, module_tensors
+from .graph_keys import compute_key, module_tensors
 from .replay import CompiledGraph, GraphFunction, build_function, check_usable, count_nodes
 
 # Tracing (extract, rewrites: torch._lazy with them) and miss reports (names)
@@ -47,8 +50,10 @@ class Built(NamedTuple):
     function: GraphFunction | None  # None for an entry without a graph (negative)
 
 
-class GraphCache:
-    """Compiled graphs of one cache configuration.
+class GraphCache(EntryCache):
+    """Compiled graphs of one cache configuration, over its entries
+    (:class:`~ltc_cache.entries.entry_cache.EntryCache`, which every product
+    uses).
 
     ``store`` overrides the tiers ``config`` would open (tests use a
     MemoryStore). Decoded entries and their parsed functions are kept per
@@ -56,43 +61,9 @@ class GraphCache:
     """
 
     def __init__(self, config: CacheConfig | None = None, store: Store | None = None) -> None:
-        self.config = config or CacheConfig.from_env()
-        self._store = store
-        self._store_opened = store is not None
-        self._open_lock = threading.Lock()
-        # Set too when the directory turns out not to be writable.
-        self._readonly = self.config.readonly
+        super().__init__(config, store)
         self._built: dict[str, Built] = {}
         self.fused = FusedTier(self)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> GraphCache:
-        return self  # one open store per directory, shared as the backend is
-
-    @property
-    def store(self) -> Store | None:
-        """The storage tiers, opened on first use; None when they cannot be."""
-        with self._open_lock:
-            if not self._store_opened:
-                self._store_opened = True
-                self._open_store()
-            return self._store
-
-    @property
-    def readonly(self) -> bool:
-        """Whether this cache writes nothing: LTC_CACHE_READONLY, or (once
-        ``store`` has been opened) a directory that turned out unwritable."""
-        return self._readonly
-
-    def _open_store(self) -> None:
-        # A remote hit is decoded (checksum, signature, key) before it is
-        # copied to disk, so a bad entry in the shared tier never lands in
-        # the local one.
-        secret = self.config.secret
-        tiers = open_tiers(self.config, verify=lambda key, data: decode(
-            data, expected_key=key, secret=secret))
-        self._store, self._readonly = tiers.store, tiers.readonly
-        for topic, message in tiers.errors:  # counted in the store opened, if any
-            self._error(topic, message)
 
     def extract_compiled_graph(self, model: fx.GraphModule | Callable[[], fx.GraphModule],
                                example_inputs: Sequence[Any], *, name: str | None = None,
@@ -100,7 +71,7 @@ class GraphCache:
                                tensors: Mapping[str, torch.Tensor] | None = None
                                ) -> CompiledGraph:
         """See :func:`ltc_cache.extract_compiled_graph`; ``digest`` and
-        ``tensors``: see :func:`~ltc_cache.graph.keys.graph_parts`. Given
+        ``tensors``: see :func:`~ltc_cache.graph.graph_keys.graph_parts`. Given
         both, ``model`` may be what builds the graph, called only where it
         is traced (a stored plan's region,
         docs/torch/aot-autograd.md#stored-regions-built-only-when-needed)."""
@@ -123,14 +94,14 @@ class GraphCache:
         if built is None:
             # One trace of a key: at a time in the process (trace_lock,
             # ltc_cache/threads.py), and across processes (the file lock).
-            with trace_lock, self._single_flight(store, key.digest):
+            with trace_lock, self.single_flight(store, key.digest):
                 # Another thread or process may have made it while we waited.
                 built = self._lookup(store, key.digest, tensors, len(example_inputs))
                 if built is None:
                     self.record(MISSES, key.digest)
                     model = _built(model)
                     graph_name = name or type(model).__name__
-                    from .miss_reasons import explain_miss
+                    from ..entries.miss_reasons import explain_miss
 
                     logger.info("miss %s (%s): %s", key.digest[:12], graph_name,
                                 explain_miss(store, key, graph_name))
@@ -146,58 +117,6 @@ class GraphCache:
         self.record(HITS, key.digest)
         logger.info("hit %s (%s)", key.digest[:12], built.entry.graph_name)
         return self._bind(built, tensors)
-
-    def lookup_entry(self, key: CacheKey, *, local_only: bool = False,
-                     count: bool = True) -> Entry | None:
-        """The entry stored under ``key``, decoded and checked, for entries
-        that hold no graph of their own (a partitioning plan, a program, a
-        fused library), or read to be compiled. None on a miss; a bad entry
-        is warned about and dropped, as a graph's is. ``local_only`` leaves
-        the shared tier out; ``count`` counts a hit."""
-        store = self._tier(local_only)
-        if store is None:
-            return None
-        try:
-            data = store.get(key.digest)
-            entry = decode(data, expected_key=key.digest,
-                           secret=self.config.secret) if data is not None else None
-        except EntryError as exc:
-            return self._corrupt(store, key.digest, str(exc))
-        except Exception as exc:
-            return self._error("read", f"cannot read the cache ({exc}); continuing without it"
-                               f"{self._where()}")
-        if entry is not None and count:
-            self.record(HITS, key.digest)
-        return entry
-
-    def store_entry(self, entry: Entry, key: CacheKey, *, local_only: bool = False) -> None:
-        """Store an entry made outside :meth:`extract_compiled_graph` under
-        ``key`` (unless the cache is read-only); ``local_only`` leaves the
-        shared tier out."""
-        store = self._tier(local_only)
-        if store is not None:
-            self._put(store, entry)
-            self._remember_name(store, key, entry.graph_name)
-
-    def record(self, event: str, key: str | None = None) -> None:
-        """Count ``event`` (of entry ``key``) for this process and, for the
-        events a ledger keeps, in the store too (through
-        :func:`~ltc_cache.diagnostics.count_event`). A read-only cache writes
-        nothing, counters included."""
-        count_event(event, None if self._readonly else self._store, key)
-
-    def _tier(self, local_only: bool) -> Store | None:
-        store = self.store
-        return store.local if local_only and isinstance(store, TieredStore) else store
-
-    def drop_entry(self, key: CacheKey, problem: str, *, local_only: bool = False,
-                   remade: str = "traced") -> None:
-        """Warn about and delete an entry found unusable after decoding
-        (``local_only``: from the tier it was read from, not the shared one;
-        ``remade``: how it will be made again, for the warning)."""
-        store = self._tier(local_only)
-        if store is not None:
-            self._corrupt(store, key.digest, problem, remade)
 
     def _trace(self, model: fx.GraphModule, example_inputs: Sequence[Any], name: str | None,
                key: CacheKey | None, tensors: Mapping[str, torch.Tensor]) -> Built:
@@ -261,25 +180,6 @@ class GraphCache:
         self._built[key] = built = Built(entry, function)
         return built
 
-    def _corrupt(self, store: Store, key: str, problem: str, remade: str = "traced") -> None:
-        """Warn, count, and drop a bad entry, so the look after the lock
-        misses cleanly and the trace replaces it."""
-        self._error("corrupt", f"{problem}; it will be {remade} again{self._where()}")
-        if not self._readonly:
-            with contextlib.suppress(Exception):
-                store.delete(key)
-
-    def _put(self, store: Store, entry: Entry) -> None:
-        if self._readonly:
-            return
-        try:
-            store.put(entry.key, encode(entry, secret=self.config.secret))
-        except Exception as exc:
-            self._error("write", f"cannot write the cache ({exc}); continuing uncached"
-                        f"{self._where()}")
-            return
-        self.record(STORES, entry.key)
-
     def _remember_failure(self, store: Store, key: CacheKey, graph_name: str,
                           exc: BaseException) -> None:
         """Store a negative entry: no later process traces this graph again."""
@@ -304,27 +204,6 @@ class GraphCache:
         self._remember_failure(store, key, entry.graph_name,
                                RuntimeError(f"replay failed: {type(exc).__name__}: {exc}"))
 
-    def _remember_name(self, store: Store, key: CacheKey, graph_name: str) -> None:
-        if not self._readonly:
-            from .miss_reasons import remember_name
-
-            remember_name(store, key, graph_name)
-
-    @contextlib.contextmanager
-    def _single_flight(self, store: Store, key: str) -> Iterator[None]:
-        """One process traces a key while the others wait, then load."""
-        with contextlib.ExitStack() as held:
-            if not self._readonly:
-                try:
-                    held.enter_context(store.lock(key, self.config.lock_timeout))
-                except LockTimeout as exc:
-                    warn_once("lock-timeout", f"{exc}; tracing in this process too "
-                              "(LTC_CACHE_LOCK_TIMEOUT sets the wait)")
-                except OSError as exc:
-                    self._error("lock", f"cannot lock in the cache directory ({exc}); "
-                                f"tracing without the lock{self._where()}")
-            yield
-
     def _bind(self, built: Built, tensors: Mapping[str, torch.Tensor]) -> CompiledGraph:
         entry = built.entry
         if entry.kind == EntryKind.NEGATIVE:
@@ -333,16 +212,6 @@ class GraphCache:
             raise RememberedFailure(f"{reason} (remembered in entry {entry.key[:12]})")
         return CompiledGraph(entry, self.fused.function(entry, built.function), None,
                              tensors=tensors)
-
-    def _where(self) -> str:
-        """Which settings name the cache a warning is about."""
-        remote = ", over LTC_CACHE_REMOTE" if self.config.remote else ""
-        return f" (the cache: LTC_CACHE_DIR={self.config.directory}{remote})"
-
-    def _error(self, topic: str, message: str) -> None:
-        self.record(ERRORS)
-        warn_once(topic, message)
-        return None
 
 
 def _built(model: fx.GraphModule | Callable[[], fx.GraphModule]) -> fx.GraphModule:

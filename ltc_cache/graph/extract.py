@@ -21,10 +21,10 @@ import torch
 from torch import fx
 from torch.nn.utils.stateless import _reparametrize_module
 
+from ..entries.layout import Source, Update
 from ..errors import GraphNotExtractable, LtcUnavailable
 from . import lazy_bindings as ltc
-from .keys import module_tensors
-from .layout import Source, Update
+from .graph_keys import module_tensors
 
 __all__ = ["Extraction", "init_lazy_backend", "normalize_ir", "trace"]
 

@@ -1,5 +1,6 @@
 """The graph and negative entry kinds as ``ltc-cache`` handles them (their
-registration: kinds.py).
+registration, passed to entries/kind_registry.py's ``register`` when this
+module is imported: graph/cache.py and ltc_cache.report import it).
 
 A graph entry holds a replayable graph: its IR and the layout of its
 inputs, outputs and in-place updates, which ``show`` lists. A negative
@@ -16,10 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..kinds import EntryKind, KindHandlers, KindView, ShowContext
+from ..entries.kind_registry import KindHandlers, KindView, ShowContext, register
+from ..entries.kinds import EntryKind
 
 if TYPE_CHECKING:
-    from .entry import Entry
+    from ..entries.entry import Entry
 
 __all__ = ["GRAPH", "NEGATIVE", "describe_source", "no_fields", "nothing_more"]
 
@@ -78,7 +80,7 @@ def _summarise_graph(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"source": source_of_body(body)}
 
 
-GRAPH = KindHandlers(EntryKind.GRAPH, verify=nothing_more, show=_show_graph,
-                     summarise=_summarise_graph, fuses=True)
-NEGATIVE = KindHandlers(EntryKind.NEGATIVE, verify=nothing_more, show=_show_negative,
-                        summarise=no_fields)
+GRAPH = register(KindHandlers(EntryKind.GRAPH, verify=nothing_more, show=_show_graph,
+                              summarise=_summarise_graph, fuses=True))
+NEGATIVE = register(KindHandlers(EntryKind.NEGATIVE, verify=nothing_more, show=_show_negative,
+                                 summarise=no_fields))

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from ..entries.entry import Entry, check_layout
+from ..entries.layout import Source
 from ..errors import EntryError
-from .entry import Entry, check_layout
-from .keys import module_tensors
-from .layout import Source
+from .graph_keys import module_tensors
 from .torchscript_ir import executor_optimize, function_from_graph, parse_ir, set_executor_optimize
 
 __all__ = ["CompiledGraph", "GraphFunction", "build_function", "check_usable", "count_nodes"]

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from ..entries.keys import code_digest
 from ..errors import Unportable
-from ..graph.keys import code_digest
 
 # How deep a function's closure and defaults are described.
 _DEPTH = 12
@@ -141,7 +141,7 @@ def _unchanged_files(stats: Sequence[Any]) -> set[str]:
 
 @functools.lru_cache(maxsize=4096)
 def _code_digest(code: types.CodeType) -> str:
-    """What a code object computes (:func:`ltc_cache.graph.keys.code_digest`) and
+    """What a code object computes (:func:`ltc_cache.entries.keys.code_digest`) and
     which function it is (qualified name and file)."""
     parts = [code_digest(code), code.co_qualname, code.co_filename]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()

@@ -41,12 +41,13 @@ from typing import Any
 import msgpack
 import torch
 
+from ..entries.entry import Entry, new_meta
+from ..entries.keys import CacheKey, hash_lines, key_from_parts
+from ..entries.kinds import EntryKind
+from ..entries.wire import PROGRAM_FORMAT
 from ..errors import EntryError, UncacheableGraph
-from ..graph.entry import Entry, new_meta
-from ..graph.keys import CacheKey, hash_lines, key_from_parts, tensor_signature
-from ..kinds import EntryKind
+from ..graph.graph_keys import tensor_signature
 from ..signing import key_path, read_key
-from ..wire import PROGRAM_FORMAT
 from .describe import OBJECT_DEPTH, plain_object, source_stats
 
 __all__ = ["VERSION", "ProgramParts", "check_program", "negative_program_entry", "program_entry",

@@ -1,5 +1,6 @@
-"""The program entry kind as ``ltc-cache`` handles it (its registration:
-kinds.py).
+"""The program entry kind as ``ltc-cache`` handles it (its registration,
+passed to entries/kind_registry.py's ``register`` when this module is
+imported: single_graph.py, frames/stored.py and ltc_cache.report import it).
 
 A program entry holds what Dynamo captured of a function: the records of
 the sources it inlined, its portable checks and a signed pickle
@@ -15,12 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..entries.kind_registry import KindHandlers, KindView, ShowContext, register
+from ..entries.kinds import EntryKind
 from ..graph.graph_kind import no_fields
-from ..kinds import EntryKind, KindHandlers, KindView, ShowContext
 from ..units import format_size
 
 if TYPE_CHECKING:
-    from ..graph.entry import Entry
+    from ..entries.entry import Entry
 
 __all__ = ["PROGRAM"]
 
@@ -68,4 +70,5 @@ def _show(entry: Entry, context: ShowContext) -> KindView:
         "entries of their own.")])
 
 
-PROGRAM = KindHandlers(EntryKind.PROGRAM, verify=_verify, show=_show, summarise=no_fields)
+PROGRAM = register(KindHandlers(EntryKind.PROGRAM, verify=_verify, show=_show,
+                                summarise=no_fields))

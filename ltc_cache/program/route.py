@@ -12,9 +12,9 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from ..entries.keys import CacheKey
 from ..errors import UncacheableGraph
 from ..graph.cache import GraphCache, default_cache
-from ..graph.keys import CacheKey
 from .fallback import TorchCompileFallback
 from .program_entries import program_key
 

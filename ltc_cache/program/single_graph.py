@@ -20,11 +20,12 @@ from ..dynamo_package import (
     program_graph,
     serialize_program,
 )
+from ..entries.keys import CacheKey, derived_key
+from ..entries.kinds import EntryKind
 from ..errors import EntryError, Unportable, first_line
 from ..graph.cache import GraphCache
-from ..graph.keys import CacheKey, derived_key
-from ..kinds import EntryKind
 from ..signing import program_secret
+from . import program_kind  # noqa: F401 - registers the program kind
 from .capture import (
     once_logging,
     recording_traced_code,

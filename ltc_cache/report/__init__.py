@@ -8,20 +8,24 @@ an abort.
 - listing.py: ``scan`` into EntryInfo rows (``ls``)
 - stats.py: totals and every process's counters (``stats``)
 - selection.py: ``--filter``, ``--sort``, key prefixes
-- entries.py: reading whole entries (``show``, ``verify``), each kind's
-  part of them by its registration (kinds.py)
+- show_and_verify.py: reading whole entries (``show``, ``verify``), each
+  kind's part of them by its registration (entries/kind_registry.py)
 - deletion.py: deletion plans (``prune``, ``clear``)
 - bundles.py: ``export`` and ``import``
 - fused.py: ``fuse``
 - remote.py: the Redis tier, shaped for the same reports
 
-Only entries.py (and the kinds' handlers it calls), deletion.py
+Only show_and_verify.py (and the kinds' handlers it calls), deletion.py
 (``--stale``), bundles.py and fused.py import torch, and only inside the
 calls that decode entries, compile or need torch's version, so ``ls`` and
 ``stats`` never do.
 """
 
+from ..compile_backend import plan_kind
+from ..graph import graph_kind
+from ..graph.fused import fused_kind
 from ..graph.fused.fused_kind import FusedInfo, check_fused, fused_info, signature_str
+from ..program import program_kind
 from .bundles import ImportReport, export_bundle, import_bundle
 from .deletion import DeletePlan, plan_clear, plan_prune, remove_free_lock_files
 from .fused import FuseOutcome, FuseTarget, fuse_one, plan_fuse
@@ -44,6 +48,10 @@ from .show_and_verify import (
     verify,
 )
 from .stats import STAT_LABELS, STAT_NAMES, KindTotal, StatsReport, collect_stats
+
+# Every kind's registration (entries/kind_registry.py), made as each is
+# imported: whatever reads a cache knows every kind.
+KIND_REGISTRATIONS = (graph_kind, fused_kind, plan_kind, program_kind)
 
 __all__ = [
     "SORT_FIELDS",

@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..entries.wire import is_entry_key
 from ..errors import EntryError
 from ..store.bundle import BundleError, read_bundle, write_bundle
 from ..store.disk import DiskStore
-from ..wire import is_entry_key
 from .show_and_verify import EntryProblem, Progress, decode_entry
 
 __all__ = ["ImportReport", "export_bundle", "import_bundle"]

@@ -68,7 +68,7 @@ def plan_prune(report: CacheReport, *, max_size: int | None = None,
     if stale:
         import torch
 
-        from ..wire import SCHEMA_VERSION
+        from ..entries.wire import SCHEMA_VERSION
 
         for e in report.entries:
             if e.problem:

@@ -13,16 +13,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..entries.kind_registry import handlers_of
+from ..entries.kinds import EntryKind
 from ..errors import EntryError
 from ..graph.fused.fused_kind import FusedInfo, fused_info
-from ..kinds import EntryKind, handlers_of
 from ..signing import program_secret
 from ..store.disk import DiskStore
 from .listing import EntryInfo
 
 if TYPE_CHECKING:
+    from ..entries.entry import Entry
     from ..graph.cache import GraphCache
-    from ..graph.entry import Entry
 
 __all__ = ["FuseOutcome", "FuseTarget", "fuse_one", "plan_fuse"]
 
@@ -116,8 +117,8 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
     A stored library whose signature does not hold here is deleted and
     compiled again: no process here would ever load it."""
     from ..compile_backend.plan_library import fuse_stored
+    from ..entries.keys import CacheKey
     from ..graph.fused.platform import fused_key, source_key
-    from ..graph.keys import CacheKey
 
     store = cache.store
     if not isinstance(store, DiskStore):

@@ -14,13 +14,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from ..entries.kind_registry import handlers_of, summarise
+from ..entries.kinds import EntryKind
+from ..entries.wire import is_entry_key
 from ..graph.fused.cpu_isa import isa_runs_here
 from ..graph.fused.fused_kind import REFUSAL
-from ..kinds import EntryKind, handlers_of
 from ..store.disk import DiskStore
 from ..store.ledger import EntryRecord
 from ..units import format_age, format_size
-from ..wire import is_entry_key, summarise
 
 __all__ = ["CacheReport", "EntryInfo", "ago", "scan", "shown", "summary_of"]
 
@@ -54,7 +55,7 @@ class EntryInfo(NamedTuple):
     last_used: float  # last hit, or when stored if never hit
     hits: int
     graph_name: str = "?"
-    kind: str | None = None  # what the entry holds (kinds.py); None where unreadable
+    kind: str | None = None  # what the entry holds (entries/kinds.py); None where unreadable
     node_count: int = 0
     inputs: Mapping[str, int] = MappingProxyType({})  # source kind -> count
     torch_version: str = "?"

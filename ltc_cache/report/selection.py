@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..entries.kinds import EntryKind
+from ..entries.wire import is_entry_key
 from ..errors import LtcCacheError
-from ..kinds import EntryKind
 from ..units import parse_age, parse_size
-from ..wire import is_entry_key
 from .listing import EntryInfo
 
 __all__ = ["SORT_FIELDS", "AmbiguousKey", "EntryFilter", "parse_filter", "resolve_key",

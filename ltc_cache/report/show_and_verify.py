@@ -1,7 +1,7 @@
 """Reading whole entries: ``show`` and ``verify``, each kind's part of them
-by its registration (kinds.py).
+by its registration (entries/kind_registry.py).
 
-These decode entry bodies, and decoding imports torch (ltc_cache.graph.entry);
+These decode entry bodies, and decoding imports torch (ltc_cache.entries.entry);
 the import happens on the first call, so a listing never pays for it.
 """
 
@@ -11,14 +11,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..entries.kind_registry import KindView, ShowContext, handlers
 from ..errors import EntryError
 from ..graph.graph_kind import describe_source
-from ..kinds import KindView, ShowContext, handlers
 from ..store.disk import DiskStore
 from .listing import EntryInfo
 
 if TYPE_CHECKING:
-    from ..graph.entry import Entry
+    from ..entries.entry import Entry
 
 __all__ = ["EntryProblem", "Progress", "VerifyReport", "decode_entry", "describe_source",
            "kind_view", "load_entry", "verify"]
@@ -35,7 +35,7 @@ class EntryProblem:
 
 def decode_entry(data: bytes, key: str, secret: bytes | None) -> Entry:
     """Entry bytes -> Entry; raises EntryError unless they are a good entry of ``key``."""
-    from ..graph.entry import decode
+    from ..entries.entry import decode
 
     return decode(data, expected_key=key, secret=secret)
 

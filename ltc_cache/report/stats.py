@@ -11,10 +11,11 @@ from typing import Any
 
 from ..counter_names import COUNTERS, EVICTIONS, HITS, MISSES
 from ..diagnostics import BACKEND_EVENTS, COUNTER_NAMES
-from ..kinds import EntryKind, SummaryParts, handlers_of
+from ..entries.kind_registry import SummaryParts, handlers_of
+from ..entries.kinds import EntryKind
+from ..entries.wire import KINDS, is_entry_key
 from ..store.disk import DiskStore, StoredRow
 from ..units import format_size
-from ..wire import KINDS, is_entry_key
 from .listing import ago, shown, summary_of
 
 __all__ = ["STAT_LABELS", "STAT_NAMES", "KindTotal", "StatsReport", "collect_stats"]
@@ -28,7 +29,7 @@ STAT_LABELS = {name: COUNTERS[name].label for name in STAT_NAMES if COUNTERS[nam
 
 @dataclass(frozen=True)
 class KindTotal:
-    """The entries of one kind (kinds.py; "unreadable" for entries that
+    """The entries of one kind (entries/kinds.py; "unreadable" for entries that
     are not) and their bytes; the parts its kind counts apart (a fused
     entry's libraries and refusals: SummaryParts) in ``parts``."""
 

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
-__all__ = ["Store"]
+__all__ = ["MAX_ENTRY_BYTES", "Store", "is_entry_key"]
+
+# No entry is decoded, and no stored value read, past this many bytes; no
+# entry ltc_cache writes comes near it.
+MAX_ENTRY_BYTES = 1 << 30
+
+# Entry keys are hex sha256 digests (ltc_cache/entries/keys.py); any other
+# key is an internal record (ltc_cache/entries/wire.py).
+_ENTRY_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def is_entry_key(key: object) -> bool:
+    """Whether ``key`` names an entry rather than an internal record."""
+    return isinstance(key, str) and len(key) == 64 and _ENTRY_KEY.fullmatch(key) is not None
 
 
 class Store(abc.ABC):

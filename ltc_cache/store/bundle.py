@@ -19,11 +19,13 @@ from typing import Any
 import msgpack
 
 from ..errors import LtcCacheError
-from ..wire import BUNDLE_FORMAT, MAX_ENTRY_BYTES
+from .base import MAX_ENTRY_BYTES
 
-__all__ = ["BUNDLE_VERSION", "BundleError", "BundleHeader", "read_bundle",
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "BundleError", "BundleHeader", "read_bundle",
            "write_bundle"]
 
+# An exported bundle of entries, and the version of its layout.
+BUNDLE_FORMAT = "ltc_cache.bundle"
 BUNDLE_VERSION = 1
 # One [key, bytes] pair: an entry, and room for its framing and key.
 _MAX_RECORD_BYTES = MAX_ENTRY_BYTES + (1 << 20)

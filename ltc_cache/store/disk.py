@@ -24,8 +24,7 @@ import diskcache
 from ..counter_names import ERRORS, EVICTIONS
 from ..diagnostics import count_event, warn_once
 from ..errors import EntryError, LockTimeout
-from ..wire import MAX_ENTRY_BYTES, is_entry_key
-from .base import Store
+from .base import MAX_ENTRY_BYTES, Store, is_entry_key
 from .ledger import LEDGER_NAME, Ledger
 from .safety import (
     UnsafeDirectory,

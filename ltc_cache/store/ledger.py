@@ -22,20 +22,30 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgpack
 
 from ..counter_names import HITS
-from ..wire import summarise
 
-__all__ = ["LEDGER_NAME", "EntryRecord", "Ledger"]
+__all__ = ["LEDGER_NAME", "EntryRecord", "Ledger", "summarise_entries_with"]
 
 logger = logging.getLogger("ltc_cache.store.ledger")
 
 LEDGER_NAME = "ledger.db"
+
+# What an entry's listing summary is, given its bytes: the entries layer's
+# (ltc_cache/entries/kind_registry.py gives it when imported, as every
+# process that makes entries does). Until then an entry is stored without a
+# summary, and a listing reads the entry instead.
+_summarisers: list[Callable[[bytes], Mapping[str, Any]]] = []
+
+
+def summarise_entries_with(summarise: Callable[[bytes], Mapping[str, Any]]) -> None:
+    """Summarise every entry stored from now on with ``summarise``."""
+    _summarisers[:] = [summarise]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -139,7 +149,8 @@ class Ledger:
         """Write the listing summary of newly stored bytes; a new entry under
         a known key starts with no hits."""
         try:
-            summary = msgpack.packb(summarise(data), use_bin_type=True)
+            summary = (msgpack.packb(dict(_summarisers[0](data)), use_bin_type=True)
+                       if _summarisers else None)
             con = self._connect(create=True)
             with self._writing, con:
                 con.execute("BEGIN IMMEDIATE")

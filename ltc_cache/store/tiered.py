@@ -24,8 +24,7 @@ from typing import TypeVar
 from ..counter_names import ERRORS
 from ..diagnostics import count_event, warn_once
 from ..errors import LockTimeout
-from ..wire import is_entry_key
-from .base import Store
+from .base import Store, is_entry_key
 
 __all__ = ["TieredStore"]
 

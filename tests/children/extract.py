@@ -18,7 +18,7 @@ import torch._lazy
 import torch._lazy.metrics as metrics
 
 import ltc_cache
-from ltc_cache.graph.keys import compute_key
+from ltc_cache.graph.graph_keys import compute_key
 from zoo.corner_models import build, check_against_eager, random_inputs
 
 # Count syncs and lazy tensors made, across the metric resets a trace does.

@@ -27,8 +27,8 @@ from helpers import matches_eager, padded, recorded_warnings
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.graph.entry import Entry, decode, encode
-from ltc_cache.graph.keys import compute_key
+from ltc_cache.entries.entry import Entry, decode, encode
+from ltc_cache.graph.graph_keys import compute_key
 from ltc_cache.store import DiskStore, Store
 from zoo.reliability_models import MODELS, build
 

@@ -20,12 +20,12 @@ import pytest
 from helpers import child_env, run_child
 
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.graph.entry import decode, encode
+from ltc_cache.entries.entry import decode, encode
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.report import AmbiguousKey, resolve_key, scan
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.store.bundle import write_bundle
 from ltc_cache.units import format_size
-from ltc_cache.wire import is_entry_key
 from zoo.corner_models import build, random_inputs
 
 SCRIPT = Path(sys.executable).with_name("ltc-cache")

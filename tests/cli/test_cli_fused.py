@@ -32,15 +32,15 @@ from test_cli import SCRIPT, age, imported_modules
 import ltc_cache
 from ltc_cache.cli import main
 from ltc_cache.config import CacheConfig
+from ltc_cache.entries.entry import Entry, decode, encode
+from ltc_cache.entries.keys import CacheKey
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.graph.cache import GraphCache, default_cache
-from ltc_cache.graph.entry import Entry, decode, encode
 from ltc_cache.graph.fused.library_entries import fused_entry, library_of, refusal_entry
 from ltc_cache.graph.fused.platform import fused_key, machine_isa, source_key
-from ltc_cache.graph.keys import CacheKey
 from ltc_cache.signing import key_path, program_secret
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.units import format_size
-from ltc_cache.wire import is_entry_key
 
 # A fake library: big enough to dwarf the graph entries, as real ones do.
 LIBRARY = b"\x7fELF" + hashlib.sha256(b"fake").digest() * 6000

@@ -15,7 +15,7 @@ import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.cli import main
 from ltc_cache.diagnostics import LEDGER_EVENTS
-from ltc_cache.graph.keys import compute_key
+from ltc_cache.graph.graph_keys import compute_key
 from ltc_cache.graph.replay import CompiledGraph
 from ltc_cache.store import DiskStore
 from zoo.corner_models import build, check_against_eager, random_inputs

@@ -1,6 +1,8 @@
-"""Each entry kind's registration (ltc_cache/kinds.py, HANDLED_BY): every
-kind has one, in the product that makes its entries, with every handler;
-resolving them imports no torch (``ls`` and ``stats`` resolve them); the
+"""Each entry kind's registration (ltc_cache/entries/kind_registry.py): every
+kind has one, declared by the product that makes its entries (registered
+when its module is imported, by the product's modules that make such
+entries and by ltc_cache.report), with every handler; resolving them
+imports no torch (``ls`` and ``stats`` resolve them); the
 report and cli packages name no kind but the default one, and dispatch
 instead; and each kind's handlers do on an entry of it what ``show``,
 ``verify`` and ``ls`` print (tests/cli compares the whole output)."""
@@ -17,22 +19,23 @@ import msgpack
 import pytest
 import torch
 
-from ltc_cache.errors import EntryError
-from ltc_cache.graph.entry import Entry, encode
-from ltc_cache.graph.fused.library_entries import FUSED_FORMAT
-from ltc_cache.graph.fused.platform import FUSED_VERSION
-from ltc_cache.graph.layout import Source, Update
-from ltc_cache.kinds import (
-    HANDLED_BY,
-    KINDS,
-    EntryKind,
+from ltc_cache.entries.entry import Entry, encode
+from ltc_cache.entries.kind_registry import (
     KindHandlers,
     KindView,
     ShowContext,
     handlers,
     handlers_of,
+    register,
+    registered,
+    summarise,
 )
-from ltc_cache.wire import summarise
+from ltc_cache.entries.kinds import KINDS, EntryKind
+from ltc_cache.entries.layout import Source, Update
+from ltc_cache.errors import EntryError
+from ltc_cache.graph.fused.library_entries import FUSED_FORMAT
+from ltc_cache.graph.fused.platform import FUSED_VERSION
+from ltc_cache.report import KIND_REGISTRATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ltc_cache"
@@ -42,29 +45,61 @@ PRODUCTS = ("graph", "compile_backend", "program")
 
 
 def test_every_kind_has_a_registration_with_every_handler():
-    assert set(HANDLED_BY) == set(EntryKind)
+    assert set(registered()) == set(EntryKind)  # ltc_cache.report imported them all
+    assert {module.__name__ for module in KIND_REGISTRATIONS} == {
+        handled.show.__module__ for handled in registered().values()}
     for kind in KINDS:
-        registered = handlers(kind)
-        assert isinstance(registered, KindHandlers) and registered.kind is kind
+        handled = handlers(kind)
+        assert isinstance(handled, KindHandlers) and handled.kind is kind
         for name in ("verify", "show", "summarise"):
-            assert callable(getattr(registered, name)), (kind, name)
-        if registered.parts is not None:
-            assert registered.parts.field and len(set(registered.parts.names)) > 1
-        assert handlers(kind.value) is registered  # the stored string finds it too
+            assert callable(getattr(handled, name)), (kind, name)
+        if handled.parts is not None:
+            assert handled.parts.field and len(set(handled.parts.names)) > 1
+        assert handlers(kind.value) is handled  # the stored string finds it too
 
 
 def test_registrations_live_in_the_products_and_import_no_torch():
-    for kind, target in HANDLED_BY.items():
-        module, _, name = target.partition(":")
-        assert module.split(".")[0] in PRODUCTS and name.isidentifier(), (kind, target)
-        assert (PACKAGE / Path(*module.split("."))).with_suffix(".py").is_file(), target
-    code = ("import sys\nfrom ltc_cache.kinds import KINDS, handlers\n"
+    for kind, handled in registered().items():
+        # Its registration module, named after its kind: the module of its handlers.
+        module = handled.show.__module__
+        assert module.split(".")[1] in PRODUCTS and module.endswith("_kind"), (kind, module)
+        assert handled in vars(sys.modules[module]).values(), (kind, module)
+        assert (PACKAGE.parent / Path(*module.split("."))).with_suffix(".py").is_file()
+    code = ("import sys\nimport ltc_cache.report\n"
+            "from ltc_cache.entries.kinds import KINDS\n"
+            "from ltc_cache.entries.kind_registry import handlers\n"
             "[handlers(kind) for kind in KINDS]\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_each_product_registers_the_kinds_it_makes_when_imported():
+    code = ("import ltc_cache.entries.entry_cache\n"
+            "from ltc_cache.entries.kind_registry import registered\n"
+            "def kinds(): return sorted(str(kind) for kind in registered())\n"
+            "seen = [kinds()]\n"
+            "import ltc_cache.graph.cache\nseen.append(kinds())\n"
+            "import ltc_cache.compile_backend.plan_compile\nseen.append(kinds())\n"
+            "import ltc_cache.program.single_graph\nseen.append(kinds())\n"
+            "print(seen)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == str([
+        [], ["fused", "graph", "negative"], ["fused", "graph", "negative", "plan"],
+        ["fused", "graph", "negative", "plan", "program"]])
+
+
+def test_a_kind_has_one_registration():
+    handled = handlers(EntryKind.GRAPH)
+    assert register(handled) is handled  # the same one again: nothing changes
+    with pytest.raises(TypeError, match="registered already"):
+        register(KindHandlers(EntryKind.GRAPH, verify=handled.verify, show=handled.show,
+                              summarise=handled.summarise))
+    assert handlers(EntryKind.GRAPH) is handled
 
 
 def test_what_is_no_kind_has_no_handlers():

@@ -1,4 +1,4 @@
-"""One vocabulary of entry kinds (ltc_cache/kinds.py): every kind the
+"""One vocabulary of entry kinds (ltc_cache/entries/kinds.py): every kind the
 package builds or compares an entry's kind with is an EntryKind, whose
 values are the strings stored entries and ``ltc-cache`` output carry."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import msgpack
 
-from ltc_cache import wire
-from ltc_cache.kinds import KINDS, EntryKind
+from ltc_cache.entries import wire
+from ltc_cache.entries.kinds import KINDS, EntryKind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "ltc_cache"
 # Today's strings, as stored: changing one orphans every stored entry of it.
@@ -71,7 +71,7 @@ def _kind_literals(tree: ast.AST) -> list[tuple[int, str]]:
     return [(c.lineno, c.value) for c in found]
 
 
-# Source kinds (graph/layout.py) and other things called "kind" that are not
+# Source kinds (entries/layout.py) and other things called "kind" that are not
 # an entry's: where a kind string is one of these, it is not an entry kind.
 NOT_ENTRY_KINDS = {"arg", "attr", "const", "out", "none", "value", "in", "forward",
                    "backward", "local", "same", "eq", "type", "len", "object", "node",
@@ -104,7 +104,7 @@ def test_the_check_sees_kind_literals():
 
 
 def test_an_entry_of_a_member_is_stored_as_one_of_its_string():
-    from ltc_cache.graph.entry import Entry, decode, encode
+    from ltc_cache.entries.entry import Entry, decode, encode
 
     for kind, text in zip(EntryKind, STORED, strict=True):
         made = Entry("0" * 64, "", (), (), (), {"graph_name": "g"}, kind=kind, payload={"a": 1})

@@ -1,8 +1,10 @@
-"""The package's layers, as its imports draw them (README, "Layout"): no
-module imports from a layer above its own, no modules import one another in
-a circle (imports inside functions included), no module imports or reads
-another module's private names, and nothing outside the package imports
-one of its private names."""
+"""The package's layers, as its imports draw them (docs/development.md,
+"Layout"): no module imports from a layer above its own, no modules import
+one another in a circle, no module imports or reads another module's private
+names, and nothing outside the package imports one of its private names.
+
+Every import counts: inside functions, under ``TYPE_CHECKING``, and by
+string (``importlib.import_module``, ``__import__``)."""
 from __future__ import annotations
 
 import ast
@@ -15,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ltc_cache"
 # Bottom to top; a module may import from its own rank or any lower one.
-RANKS = {"ground": 0, "store": 1, "graph": 2, "compile_backend": 3, "program": 4,
-         "report": 5, "cli": 6, "top": 7}
+RANKS = {"ground": 0, "store": 1, "entries": 2, "graph": 3, "compile_backend": 4, "program": 5,
+         "report": 6, "cli": 7, "top": 8}
 
 
 def _module(path: Path) -> str:
@@ -31,25 +33,68 @@ def _layer(module: str) -> str:
     return parts[1] if parts[1] in RANKS else "ground"
 
 
-def _type_checking_lines(tree: ast.Module) -> set[int]:
-    lines = set()
+def _package(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+_IMPORTERS = ("import_module", "__import__")
+
+
+def _string_imports(module: str, path: Path, tree: ast.Module) -> list[tuple[str, int]]:
+    """The ltc_cache modules ``tree`` imports by name: ``import_module`` or
+    ``__import__`` of a string, absolute or relative to its package. Where the
+    name is computed (``import_module(f".{name}", __package__)``), every
+    string in the module that names a module counts: a table of names is
+    what such a call reads."""
+    strings = [(node, node.value) for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+    def named(text: str, package: str) -> str | None:
+        text = text.partition(":")[0]  # "module:NAME"
+        if not text.strip("."):  # a bare "." of an f-string names nothing
+            return None
+        if text.startswith("."):
+            level = len(text) - len(text.lstrip("."))
+            parts = package.split(".")
+            text = ".".join([*parts[: len(parts) - (level - 1)], text.lstrip(".")]).rstrip(".")
+        return text if text in MODULES else None
+
+    found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.body:
-                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
-    return lines
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name not in _IMPORTERS or not node.args:
+            continue
+        first, anchor = node.args[0], node.args[1] if len(node.args) > 1 else None
+        # What a relative name is relative to: import_module's package.
+        if isinstance(anchor, ast.Constant) and isinstance(anchor.value, str):
+            package = anchor.value
+        else:
+            named_by = getattr(anchor, "id", None)
+            package = module if named_by == "__name__" else _package(module, path)
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            texts = [(first.value, node.lineno)]
+        else:  # computed: whatever the module's strings name
+            texts = [(text, node.lineno) for string, value in strings if string is not anchor
+                     for text in (value, f".{value}")]
+        found += [(target, line) for text, line in texts
+                  if (target := named(text, package)) is not None]
+    return found
 
 
 def _imports(path: Path, *, top_level_only: bool) -> list[tuple[str, int]]:
-    """The ltc_cache modules ``path`` imports (type-checking imports left out)."""
+    """The ltc_cache modules ``path`` imports (type-checking imports
+    included; with ``top_level_only`` the ones at the top of the module
+    alone, else by string too)."""
     tree = ast.parse(path.read_text())
     module = _module(path)
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    skip = _type_checking_lines(tree)
+    package = _package(module, path)
     nodes = tree.body if top_level_only else list(ast.walk(tree))
-    found = []
+    found = [] if top_level_only else _string_imports(module, path, tree)
     for node in nodes:
-        if not isinstance(node, ast.ImportFrom) or not node.level or node.lineno in skip:
+        if not isinstance(node, ast.ImportFrom) or not node.level:
             continue
         base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
         target = ".".join([*base, node.module] if node.module else base)
@@ -97,7 +142,8 @@ def test_the_checks_see_the_layers():
     assert "ltc_cache.graph.cache" in {t for t, _ in _imports(backend, top_level_only=True)}
     assert _layer("ltc_cache.program.precompile") == "program"
     assert _layer("ltc_cache.config") == "ground"
-    assert RANKS[_layer("ltc_cache.program.frames")] > RANKS[_layer("ltc_cache.graph.keys")]
+    assert RANKS[_layer("ltc_cache.program.frames")] > RANKS[_layer("ltc_cache.graph.graph_keys")]
+    assert RANKS[_layer("ltc_cache.graph.cache")] > RANKS[_layer("ltc_cache.entries.entry_cache")]
 
 
 # Every import in the package, function-level ones included, read once: the
@@ -112,28 +158,24 @@ def _private(name: str) -> bool:
 def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module or ""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    parts = package.split(".")
+    parts = _package(module, path).split(".")
     base = parts[: len(parts) - (node.level - 1)]
     return ".".join([*base, node.module] if node.module else base)
 
 
 def _uses(path: Path) -> tuple[set[str], list[str]]:
     """The ltc_cache modules ``path`` imports anywhere in it (type-checking
-    imports left out), and each private name of another ltc_cache module it
+    and string imports included), and each private name of another ltc_cache module it
     imports or reads as ``module._name``."""
     return _uses_in(_module(path), path, path.read_text())
 
 
 def _uses_in(module: str, path: Path, text: str) -> tuple[set[str], list[str]]:
     tree = ast.parse(text)
-    skip = _type_checking_lines(tree)
-    targets: set[str] = set()
+    targets = {target for target, _ in _string_imports(module, path, tree)}
     private: list[str] = []
     bound: dict[str, str] = {}  # a local name -> the ltc_cache module it is bound to
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name in MODULES:
@@ -225,10 +267,27 @@ def test_the_checks_see_private_names_and_circles():
         "if TYPE_CHECKING:\n    from ..program.precompile import _hidden\n"
         "def f():\n    from ..graph.cache import GraphCache\n"
         "    return s._table, s.__name__, _own\n"))
-    assert targets == {"ltc_cache.compile_backend.support", "ltc_cache.graph.cache"}
+    # A type-checking import counts, a private name in it too.
+    assert targets == {"ltc_cache.compile_backend.support", "ltc_cache.graph.cache",
+                       "ltc_cache.program.precompile"}
     support = "ltc_cache.compile_backend.support"
-    assert private == [f"ltc_cache.compile_backend.plan:2 imports {support}._rules",
-                       f"ltc_cache.compile_backend.plan:8 reads {support}._table"]
+    assert sorted(private) == [
+        f"ltc_cache.compile_backend.plan:2 imports {support}._rules",
+        "ltc_cache.compile_backend.plan:5 imports ltc_cache.program.precompile._hidden",
+        f"ltc_cache.compile_backend.plan:8 reads {support}._table"]
+    # So do imports by string: a name, or a table of names a computed one reads.
+    targets, _ = _uses_in("ltc_cache.graph.fused.tier", PACKAGE / "graph" / "fused" / "tier.py", (
+        "import importlib\n"
+        "def f():\n    return importlib.import_module('ltc_cache.cli.output')\n"
+        "def g():\n    return __import__('ltc_cache.cli.parser')\n"
+        "TABLE = {'a': 'graph.replay:GRAPH', 'b': 'not a module'}\n"
+        "def h(name):\n    return importlib.import_module(f'.{TABLE[name]}', 'ltc_cache')\n"))
+    assert targets == {"ltc_cache.cli.output", "ltc_cache.cli.parser", "ltc_cache.graph.replay"}
+    upward = PACKAGE / "store" / "base.py"
+    assert _layer("ltc_cache.entries.kinds") == "entries"
+    assert RANKS["store"] < RANKS["entries"] < RANKS["graph"]
+    assert ("ltc_cache.cli.output", 3) in _string_imports("ltc_cache.store.base", upward, ast.parse(
+        "import importlib\ndef f():\n    importlib.import_module('ltc_cache.cli.output')\n"))
 
 
 # -- torch-private surfaces: one module each ---------------------------------------------------

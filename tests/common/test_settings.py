@@ -126,8 +126,8 @@ def test_a_failure_of_the_process_never_becomes_a_negative_entry(cache_dir, monk
 def test_a_negative_entry_that_remembers_the_process_is_dropped(cache_dir):
     # As stored before such failures were told apart (issue 14, item 15).
     from ltc_cache import GraphCache
-    from ltc_cache.graph.entry import Entry, encode, new_meta
-    from ltc_cache.graph.keys import compute_key
+    from ltc_cache.entries.entry import Entry, encode, new_meta
+    from ltc_cache.graph.graph_keys import compute_key
     from zoo.corner_models import build, random_inputs
 
     gm, shapes = build("weighted")

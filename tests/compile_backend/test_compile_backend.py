@@ -18,7 +18,7 @@ from helpers import delta
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.compile_backend.support import OpSupport, support_record_key
-from ltc_cache.graph.entry import decode
+from ltc_cache.entries.entry import decode
 
 torch.manual_seed(0)
 
@@ -51,7 +51,7 @@ def fresh_backend() -> LtcBackend:
     return LtcBackend(GraphCache(CacheConfig.from_env()))
 
 
-def entries(directory) -> dict[str, ltc_cache.graph.entry.Entry]:
+def entries(directory) -> dict[str, ltc_cache.entries.entry.Entry]:
     store = GraphCache(CacheConfig.from_env()).store
     out = {}
     keys = list(store.keys())  # entries and internal records

@@ -11,9 +11,9 @@ import torch
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.compile_backend import fuse_queued as worker
 from ltc_cache.compile_backend.plan_library import part_key
+from ltc_cache.entries.kinds import EntryKind
 from ltc_cache.graph.fused.library_entries import fused_entry, refusal_entry
 from ltc_cache.graph.fused.queue import FuseQueue
-from ltc_cache.kinds import EntryKind
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 

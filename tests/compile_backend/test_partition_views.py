@@ -11,7 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ltc_cache import CacheConfig, GraphCache, LtcBackend
 from ltc_cache.compile_backend.partition import partition
 from ltc_cache.compile_backend.support import OpSupport
-from ltc_cache.graph.entry import decode
+from ltc_cache.entries.entry import decode
 
 aten = torch.ops.aten
 VIEWS = {aten.view.default, aten.transpose.int, aten.permute.default, aten.unsqueeze.default}

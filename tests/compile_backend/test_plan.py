@@ -22,10 +22,10 @@ from ltc_cache.compile_backend.graph_wire import graph_from_wire, graph_to_wire
 from ltc_cache.compile_backend.partition import partition
 from ltc_cache.compile_backend.plan import partitioned_from_wire, partitioned_to_wire
 from ltc_cache.compile_backend.support import OpSupport
+from ltc_cache.entries.entry import Entry, decode, encode
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.errors import EntryError
-from ltc_cache.graph.entry import Entry, decode, encode
-from ltc_cache.graph.keys import compute_key, graph_digest
-from ltc_cache.wire import is_entry_key
+from ltc_cache.graph.graph_keys import compute_key, graph_digest
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 
@@ -268,7 +268,7 @@ def test_a_plan_holds_its_regions_key_digests(cache_dir):
     and no region's graph built for them
     (docs/torch/aot-autograd.md#stored-regions-built-only-when-needed)."""
     from ltc_cache.compile_backend.graph_wire import StoredRegion
-    from ltc_cache.graph.keys import module_tensors
+    from ltc_cache.graph.graph_keys import module_tensors
 
     model, x = Mixed().eval(), torch.randn(3, 4)
     gm, _ = inference_graph(model, x)
@@ -426,7 +426,7 @@ def test_the_plan_key_follows_the_partitioners_code_and_constants(monkeypatch):
     key, rather than serving plans made by the old one."""
     import ltc_cache.compile_backend.partition
     import ltc_cache.compile_backend.plan
-    from ltc_cache.graph.keys import key_from_parts
+    from ltc_cache.entries.keys import key_from_parts
 
     base = key_from_parts({"graph": "0" * 64})
 

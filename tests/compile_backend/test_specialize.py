@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ltc_cache.compile_backend.specialize import Unspecializable, scalar_inputs, specialize
-from ltc_cache.graph.keys import compute_key
+from ltc_cache.graph.graph_keys import compute_key
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 

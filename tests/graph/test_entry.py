@@ -6,8 +6,8 @@ import msgpack
 import pytest
 import torch
 
-from ltc_cache.graph.entry import Entry, EntryError, decode, encode
-from ltc_cache.graph.layout import Source, Update
+from ltc_cache.entries.entry import Entry, EntryError, decode, encode
+from ltc_cache.entries.layout import Source, Update
 
 CONSTANTS = [torch.tensor(2.5, dtype=torch.float64), torch.tensor(1),
              torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), torch.empty(0, 4),

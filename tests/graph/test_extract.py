@@ -14,10 +14,10 @@ from helpers import CHILDREN, child_env, delta, run_child
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.graph.entry import decode
-from ltc_cache.graph.keys import compute_key
+from ltc_cache.entries.entry import decode
+from ltc_cache.entries.wire import FORMAT
+from ltc_cache.graph.graph_keys import compute_key
 from ltc_cache.store import DiskStore
-from ltc_cache.wire import FORMAT
 from zoo.corner_models import CASES, ORIGINAL_CASES, build, check_against_eager, random_inputs
 
 ALL_CASES = list(CASES)

@@ -19,16 +19,16 @@ from torch import fx, nn
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.diagnostics import counters
+from ltc_cache.entries.keys import CacheKey
+from ltc_cache.entries.wire import read_record, write_record
 from ltc_cache.errors import EntryError
 from ltc_cache.graph.fused import cpu_isa, pickup, platform, tier, verdicts
 from ltc_cache.graph.fused.library_entries import fused_entry, library_of, refusal_entry
 from ltc_cache.graph.fused.pickup import PendingFunction
 from ltc_cache.graph.fused.platform import fused_key, source_key
 from ltc_cache.graph.fused.runner import FusedFunction, mismatch
-from ltc_cache.graph.keys import CacheKey
 from ltc_cache.graph.replay import build_function
 from ltc_cache.store import MemoryStore
-from ltc_cache.wire import read_record, write_record
 
 SECRET = b"s" * 32
 
@@ -107,8 +107,8 @@ def test_a_librarys_key_is_the_graphs_content_not_its_names(tmp_path):
     """Layers that differ only in their parameters' names are entries of
     their own and one library; another layout is another library. The
     listing reads the same digest from the stored bytes, without torch."""
-    from ltc_cache.graph.entry import encode
-    from ltc_cache.wire import summarise
+    from ltc_cache.entries.entry import encode
+    from ltc_cache.entries.kind_registry import summarise
 
     cache = cache_over(MemoryStore(), tmp_path, "off")
 

@@ -80,7 +80,7 @@ def _no_wider_registers_than_recorded(cache_dir: Path, tmp_path: Path) -> None:
     """Each stored library uses no vector register wider than the ISA it
     records: one for AVX2 (an AVX-512 machine made an AVX2 one, above)
     holds no zmm, which an AVX2 CPU would die on."""
-    from ltc_cache.graph.entry import decode
+    from ltc_cache.entries.entry import decode
     from ltc_cache.store import ReadOnlyDiskStore
 
     if shutil.which("objdump") is None:

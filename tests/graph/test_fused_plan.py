@@ -17,10 +17,10 @@ from helpers import child_env, json_child, once_per_run
 
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.compile_backend import plan_library, plan_rng
-from ltc_cache.graph.entry import decode, encode
+from ltc_cache.entries.entry import decode, encode
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.graph.fused.library_entries import usable_library
 from ltc_cache.signing import program_secret
-from ltc_cache.wire import is_entry_key
 
 needs_a_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
                                       reason="no C++ compiler")

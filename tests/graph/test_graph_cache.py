@@ -14,11 +14,12 @@ from helpers import delta
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.compile_backend.plan_compile import lookup_plan
+from ltc_cache.entries.entry import Entry, decode, new_meta
+from ltc_cache.entries.keys import derived_key
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.errors import GraphNotExtractable, RememberedFailure, is_graph_failure
-from ltc_cache.graph.entry import Entry, decode, new_meta
-from ltc_cache.graph.keys import compute_key, derived_key
+from ltc_cache.graph.graph_keys import compute_key
 from ltc_cache.store import MemoryStore
-from ltc_cache.wire import is_entry_key
 from zoo.corner_models import build, check_against_eager, random_inputs
 
 

@@ -7,8 +7,9 @@ import torch
 import torch._lazy.config
 from helpers import run_child
 
-import ltc_cache.graph.keys as keys
-from ltc_cache.graph.keys import compute_key, differing_parts
+import ltc_cache.graph.graph_keys as keys
+from ltc_cache.entries.keys import differing_parts
+from ltc_cache.graph.graph_keys import compute_key
 from zoo.corner_models import build, random_inputs
 
 

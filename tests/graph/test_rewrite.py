@@ -23,10 +23,10 @@ import torch
 from torch import fx, nn
 
 import ltc_cache
-from ltc_cache.graph.entry import decode
+from ltc_cache.entries.entry import decode
+from ltc_cache.entries.layout import Source
 from ltc_cache.graph.extract import Extraction
-from ltc_cache.graph.keys import compute_key, module_tensors
-from ltc_cache.graph.layout import Source
+from ltc_cache.graph.graph_keys import compute_key, module_tensors
 from ltc_cache.graph.rewrites import (
     drop_dead_code,
     linears,

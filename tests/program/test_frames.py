@@ -20,9 +20,9 @@ import pytest
 import torch
 from helpers import CHILDREN, captured_models, child_env, free_port, on_import_path
 
-from ltc_cache.graph.entry import decode, encode
+from ltc_cache.entries.entry import decode, encode
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
-from ltc_cache.wire import is_entry_key
 
 MODELS = '''\
 import torch
@@ -313,8 +313,8 @@ def test_a_poisoned_frame_never_runs(stored, cache_dir, tmp_path):
 
 
 def test_frames_entries_are_signed_with_their_frames(tmp_path):
+    from ltc_cache.entries.keys import CacheKey
     from ltc_cache.errors import EntryError
-    from ltc_cache.graph.keys import CacheKey
     from ltc_cache.program.program_entries import program_entry, program_parts
 
     key = CacheKey("ab" * 32, {"inputs": "x"})

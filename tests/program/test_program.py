@@ -25,9 +25,9 @@ import pytest
 from helpers import CHILDREN, captured_models, child_env, on_import_path
 
 import ltc_cache
-from ltc_cache.graph.entry import decode, encode
+from ltc_cache.entries.entry import decode, encode
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
-from ltc_cache.wire import is_entry_key
 
 MODELS = '''\
 import torch
@@ -610,8 +610,8 @@ def test_the_per_user_key_is_private_and_outside_the_cache(tmp_path, monkeypatch
 
 
 def test_program_signatures_bind_every_part_and_the_key(tmp_path):
+    from ltc_cache.entries.keys import key_from_parts
     from ltc_cache.errors import EntryError
-    from ltc_cache.graph.keys import key_from_parts
     from ltc_cache.program.program_entries import program_entry, program_parts
 
     key = key_from_parts({"a": "1" * 64})
@@ -672,8 +672,8 @@ def test_a_source_file_with_its_recorded_stat_is_not_read_again(tmp_path, monkey
     import linecache
     import os
 
+    from ltc_cache.entries.keys import key_from_parts
     from ltc_cache.errors import EntryError
-    from ltc_cache.graph.keys import key_from_parts
     from ltc_cache.program import describe
     from ltc_cache.program.describe import changed_source, code_record, source_stats
     from ltc_cache.program.program_entries import program_entry, program_parts

@@ -10,7 +10,7 @@ from helpers import child_env
 from test_program import MARKER, Payload, assert_captured, assert_warm, run
 from test_program import models as models
 
-from ltc_cache.graph.entry import decode, encode
+from ltc_cache.entries.entry import decode, encode
 from ltc_cache.store import RedisStore
 
 SECRET = "fleet-secret-for-tests"

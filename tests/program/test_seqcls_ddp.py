@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import CHILDREN, child_env, free_port, on_import_path
 
-from ltc_cache.graph.entry import decode
+from ltc_cache.entries.entry import decode
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.store import ReadOnlyDiskStore
-from ltc_cache.wire import is_entry_key
 
 # A module that sets an attribute of its config on its first call and reads
 # it, as GPT2ForSequenceClassification sets config.problem_type. The config's
@@ -105,7 +105,7 @@ def signing_key(tmp_path, cache_dir, monkeypatch) -> Path:
 
 
 DIGEST = '''\
-from ltc_cache.graph.keys import code_digest
+from ltc_cache.entries.keys import code_digest
 
 
 def f(x):
@@ -132,7 +132,7 @@ def test_a_code_digest_is_the_same_under_every_hash_seed():
 def test_constants_other_than_sets_are_digested_as_before():
     """Digests of code without a frozenset constant did not change (no
     stored entry keyed by one goes stale)."""
-    from ltc_cache.graph.keys import constant_text
+    from ltc_cache.entries.keys import constant_text
 
     for value in (None, 1, 2.5, "a", ("x", 1), b"b", (("y",),)):
         assert constant_text(value) == f"{type(value).__name__}:{value!r}"

@@ -18,10 +18,10 @@ from helpers import CHILDREN, child_env, delta, free_port, ledger_counts, run_ch
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache, LockTimeout
-from ltc_cache.graph.entry import decode
-from ltc_cache.graph.keys import compute_key
+from ltc_cache.entries.entry import decode
+from ltc_cache.entries.wire import read_envelope
+from ltc_cache.graph.graph_keys import compute_key
 from ltc_cache.store import DiskStore, RedisStore, TieredStore
-from ltc_cache.wire import read_envelope
 from zoo.corner_models import build, check_against_eager, random_inputs
 
 redis = pytest.importorskip("redis", reason="the redis package (test extra) is not installed")

@@ -25,9 +25,9 @@ from helpers import (
 import ltc_cache
 from ltc_cache import CacheConfig, EntryError, GraphCache
 from ltc_cache.diagnostics import counters
-from ltc_cache.graph.entry import decode
+from ltc_cache.entries.entry import decode
+from ltc_cache.entries.wire import SCHEMA_VERSION, is_entry_key
 from ltc_cache.store import DiskStore
-from ltc_cache.wire import SCHEMA_VERSION, is_entry_key
 from zoo.reliability_models import build
 
 # "scaled" stores two constants (inline in SQLite), "deep" is a value file.
@@ -245,8 +245,8 @@ def test_entry_of_another_version_is_a_miss_never_loaded(tmp_path, monkeypatch, 
         if skew == "torch version":
             patched.setattr(torch, "__version__", "2.12.0")
         else:
-            patched.setattr("ltc_cache.graph.keys.SCHEMA_VERSION", SCHEMA_VERSION + 1)
-            patched.setattr("ltc_cache.wire.SCHEMA_VERSION", SCHEMA_VERSION + 1)
+            patched.setattr("ltc_cache.graph.graph_keys.SCHEMA_VERSION", SCHEMA_VERSION + 1)
+            patched.setattr("ltc_cache.entries.wire.SCHEMA_VERSION", SCHEMA_VERSION + 1)
         delta, _ = run(directory, "scaled")
         assert delta["stores"] == 1
     store = DiskStore(directory)

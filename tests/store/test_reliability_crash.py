@@ -25,10 +25,10 @@ from helpers import RELIABILITY_CHILD, decode_all, matches_eager, padded
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.graph.entry import encode
+from ltc_cache.entries.entry import encode
+from ltc_cache.entries.wire import is_entry_key
 from ltc_cache.report import verify
 from ltc_cache.store import DiskStore
-from ltc_cache.wire import is_entry_key
 from zoo.reliability_models import build
 
 KILLS = 50

@@ -26,13 +26,13 @@ from helpers import (
 
 import ltc_cache
 from ltc_cache import CacheConfig, EntryError, GraphCache
-from ltc_cache.graph.entry import decode, encode
-from ltc_cache.graph.keys import compute_key
+from ltc_cache.entries.entry import decode, encode
+from ltc_cache.entries.wire import MAX_ENTRY_BYTES, read_envelope
+from ltc_cache.graph.graph_keys import compute_key
 from ltc_cache.store import DiskStore
 from ltc_cache.store import bundle as bundle_module
 from ltc_cache.store import disk as disk_module
 from ltc_cache.store.safety import UnsafeDirectory
-from ltc_cache.wire import MAX_ENTRY_BYTES, read_envelope
 from zoo.reliability_models import build
 
 NOBODY = 65534
@@ -321,7 +321,7 @@ def test_msgpack_bombs_are_refused_at_once(data):
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(monkeypatch):
-    monkeypatch.setattr("ltc_cache.wire.MAX_ENTRY_BYTES", 1000)
+    monkeypatch.setattr("ltc_cache.entries.wire.MAX_ENTRY_BYTES", 1000)
     with pytest.raises(EntryError, match="over the 1000 byte bound"):
         decode(b"\x00" * 1001)
 
@@ -347,7 +347,7 @@ def test_an_oversized_value_file_is_refused_unread(tmp_path, monkeypatch):
 
 
 def test_store_and_entry_bounds_agree():
-    # One bound (wire.py): the disk tier reads no value past it, and a
+    # One bound (store/base.py): the disk tier reads no value past it, and a
     # bundle takes any entry under it.
     assert disk_module.MAX_ENTRY_BYTES == MAX_ENTRY_BYTES
     assert bundle_module._MAX_RECORD_BYTES > MAX_ENTRY_BYTES

@@ -8,8 +8,8 @@ from torch import fx
 
 import ltc_cache
 from ltc_cache import CacheConfig, GraphCache
-from ltc_cache.graph.entry import Entry, decode, encode, new_meta
-from ltc_cache.graph.layout import Source
+from ltc_cache.entries.entry import Entry, decode, encode, new_meta
+from ltc_cache.entries.layout import Source
 from ltc_cache.graph.replay import CompiledGraph, build_function
 from ltc_cache.store import DiskStore
 

@@ -92,7 +92,7 @@ def one_real_entry(workdir: Path) -> bytes:
 
 def fill(directory: Path, template: bytes, count: int) -> float:
     """``count`` entries like ``template`` under distinct keys; returns seconds."""
-    from ltc_cache.graph.entry import decode, encode
+    from ltc_cache.entries.entry import decode, encode
     from ltc_cache.store import DiskStore
 
     entry = decode(template)
@@ -120,7 +120,7 @@ def in_process(argv: list[str]) -> None:
 
 def decode_everything(directory: Path) -> int:
     """The listing without summaries: read and decode every entry body."""
-    from ltc_cache.graph.entry import decode
+    from ltc_cache.entries.entry import decode
     from ltc_cache.store import ReadOnlyDiskStore
 
     store = ReadOnlyDiskStore(directory)

@@ -45,7 +45,7 @@ from torch import fx
 torch.set_num_threads(1)
 from zoo.fx_models import build
 import ltc_cache, ltc_cache.graph.cache, ltc_cache.compile_backend.backend
-import ltc_cache.graph.entry, ltc_cache.graph.keys
+import ltc_cache.entries.entry, ltc_cache.graph.graph_keys
 from ltc_cache.store import DiskStore
 if os.environ.get("BENCH_IR_AS_TRACED"):  # store the IR unrewritten, to compare
     import ltc_cache.graph.rewrites  # the cache imports rewrites when it traces, from here
@@ -64,8 +64,8 @@ with torch.no_grad():
         report["cpu_ms"] = (time.process_time() - cpu) * 1e3
         report["stats"] = ltc_cache.stats()
     elif mode == "floor":
-        from ltc_cache.graph.entry import decode
-        from ltc_cache.graph.keys import module_tensors
+        from ltc_cache.entries.entry import decode
+        from ltc_cache.graph.graph_keys import module_tensors
         from ltc_cache.graph.replay import build_function
         key = sys.argv[4]
         start, cpu = clock(), time.process_time()
@@ -87,8 +87,8 @@ with torch.no_grad():
                             "first call": (done - bound) * 1e3}
     elif mode == "breakdown":
         from ltc_cache import CacheConfig, GraphCache
-        from ltc_cache.graph.entry import decode
-        from ltc_cache.graph.keys import compute_key, module_tensors
+        from ltc_cache.entries.entry import decode
+        from ltc_cache.graph.graph_keys import compute_key, module_tensors
         from ltc_cache.graph.replay import CompiledGraph, build_function, check_usable
         stages = {}
         def stage(name, start):  # CPU time: steadier than wall time on a busy machine
@@ -163,7 +163,7 @@ def summary(runs: list[dict], field: str = "ms") -> tuple[float, float]:
 def key_of(model: str, width: int) -> str:
     from torch import fx
 
-    from ltc_cache.graph.keys import compute_key
+    from ltc_cache.graph.graph_keys import compute_key
     from zoo.fx_models import build
 
     module, example = build(model, width)

@@ -27,10 +27,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ...entries.entry import Entry
+from ...entries.keys import CacheKey
+from ...entries.kinds import EntryKind
 from ...errors import LtcCacheError
-from ...kinds import EntryKind
-from ..entry import Entry
-from ..keys import CacheKey
 from ..replay import build_function
 from .aoti import UnexpectedPackage, compile_library
 from .aten_graph import as_tuple, aten_graph, exported_program

@@ -1,7 +1,9 @@
-"""The fused entry kind as ``ltc-cache`` handles it (its registration:
-kinds.py): what ``show`` and ``verify`` say of a fused entry
-(:mod:`~ltc_cache.graph.fused.library_entries`), and how ``ls`` and ``stats`` tell
-its libraries from its refusals.
+"""The fused entry kind as ``ltc-cache`` handles it (its registration,
+passed to entries/kind_registry.py's ``register`` when this module is
+imported: graph/fused/tier.py and ltc_cache.report import it): what
+``show`` and ``verify`` say of a fused entry
+(:mod:`~ltc_cache.graph.fused.library_entries`), and how ``ls`` and
+``stats`` tell its libraries from its refusals.
 
 No torch at import: ``ls`` and ``stats`` resolve this. Nothing here loads
 a library.
@@ -14,15 +16,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...entries.kind_registry import (
+    KindHandlers,
+    KindView,
+    ShowContext,
+    SummaryParts,
+    register,
+)
+from ...entries.kinds import EntryKind
+from ...entries.wire import is_entry_key
 from ...errors import EntryError
-from ...kinds import EntryKind, KindHandlers, KindView, ShowContext, SummaryParts
 from ...signing import key_path, read_key
 from ...units import format_size
-from ...wire import is_entry_key
 from .cpu_isa import isa_runs_here, missing_features
 
 if TYPE_CHECKING:
-    from ..entry import Entry
+    from ...entries.entry import Entry
 
 __all__ = ["FUSED", "FUSED_PARTS", "LIBRARY", "OTHER_CPU", "REFUSAL", "FusedInfo", "check_fused",
            "fused_info", "signature_str"]
@@ -238,5 +247,5 @@ def _show(entry: Entry, context: ShowContext) -> KindView:
         "inputs, outputs or IR.")], {"fused": fused.as_dict(), "signature": signature})
 
 
-FUSED = KindHandlers(EntryKind.FUSED, verify=_verify, show=_show, summarise=_summarise,
-                     parts=FUSED_PARTS)
+FUSED = register(KindHandlers(EntryKind.FUSED, verify=_verify, show=_show,
+                              summarise=_summarise, parts=FUSED_PARTS))

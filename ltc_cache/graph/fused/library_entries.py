@@ -39,10 +39,10 @@ from typing import Any, NamedTuple
 import msgpack
 
 from ...diagnostics import warn_once
+from ...entries.entry import Entry, new_meta
+from ...entries.keys import CacheKey
+from ...entries.kinds import EntryKind
 from ...errors import EntryError, NotForThisCpu
-from ...kinds import EntryKind
-from ..entry import Entry, new_meta
-from ..keys import CacheKey
 from .cpu_isa import missing_features, unknown_words
 from .platform import FUSED_VERSION, source_key
 

@@ -23,9 +23,9 @@ import subprocess
 
 import torch
 
-from ...kinds import EntryKind
-from ..entry import Entry, source_to_wire
-from ..keys import CacheKey, hash_lines, key_from_parts
+from ...entries.entry import Entry, source_to_wire
+from ...entries.keys import CacheKey, hash_lines, key_from_parts
+from ...entries.kinds import EntryKind
 from .aoti import runner_available
 from .cpu_isa import isa_runs_here, machine_isa, x86_machine
 from .source import library_source
@@ -120,7 +120,7 @@ def compiler_version() -> str:
 def _device_text() -> str:
     # The design holds for CUDA libraries too: there the device capability
     # takes the ISA's place. The TorchScript backend runs on CUDA when
-    # LTC_TS_CUDA is set at all (keys.py).
+    # LTC_TS_CUDA is set at all (graph_keys.py).
     if "LTC_TS_CUDA" in os.environ and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return f"cuda sm_{major}{minor}"

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...wire import is_entry_key
+from ...entries.wire import is_entry_key
 from .governor import register_client
 
 __all__ = ["FuseQueue", "start_worker"]

@@ -32,9 +32,9 @@ from .runner import FusedFunction, mismatch
 from .verdicts import RTOL, keep_verdict, verdict_held
 
 if TYPE_CHECKING:
-    from ..cache import GraphCache
-    from ..entry import Entry
-    from ..keys import CacheKey
+    from ...entries.entry import Entry
+    from ...entries.entry_cache import EntryCache
+    from ...entries.keys import CacheKey
 
 __all__ = ["LibrarySlot", "SlotCounters"]
 
@@ -58,7 +58,7 @@ class LibrarySlot:
     is not used ("replaying with TorchScript"), ``quiet`` the refusal
     reasons that are no failure."""
 
-    cache: GraphCache
+    cache: EntryCache
     key: CacheKey
     of: Entry
     source: str

@@ -44,11 +44,12 @@ from ...counter_names import (
     FUSED_REFUSED,
 )
 from ...diagnostics import count_event, warn_once
-from ...kinds import EntryKind
+from ...entries.entry import Entry
+from ...entries.keys import CacheKey
+from ...entries.kinds import EntryKind
 from ...signing import program_secret
-from ..entry import Entry
-from ..keys import CacheKey
 from ..replay import GraphFunction
+from . import fused_kind  # noqa: F401 - registers the fused kind
 from .deadline import CompileTimeout, running_deadline
 from .library_entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry
 from .pickup import PendingFunction
@@ -58,7 +59,7 @@ from .runner import load_runner
 from .slot import LibrarySlot, SlotCounters
 
 if TYPE_CHECKING:
-    from ..cache import GraphCache
+    from ...entries.entry_cache import EntryCache
 
 __all__ = ["FusedTier", "built_within", "fuse_graph", "in_a_clean_thread"]
 
@@ -70,9 +71,11 @@ _COUNTERS = SlotCounters(loads=FUSED_LOADS, checks=FUSED_CHECKS, refused=FUSED_R
 
 
 class FusedTier:
-    """The fused libraries of one :class:`~ltc_cache.graph.cache.GraphCache`."""
+    """The fused libraries of one cache's entries
+    (:class:`~ltc_cache.entries.entry_cache.EntryCache`; a
+    :class:`~ltc_cache.graph.cache.GraphCache` builds one over its own)."""
 
-    def __init__(self, cache: GraphCache) -> None:
+    def __init__(self, cache: EntryCache) -> None:
         self._cache = cache
         self._lock = threading.Lock()
         self._functions: dict[str, GraphFunction] = {}
@@ -166,7 +169,7 @@ class FusedTier:
             return None
         return str(queued)
 
-def fuse_graph(cache: GraphCache, graph_key: str, *, graph: Entry | None = None,
+def fuse_graph(cache: EntryCache, graph_key: str, *, graph: Entry | None = None,
                retry: bool = False, timeout: float | None = None) -> Entry | None:
     """Compile and store the library of the graph stored under
     ``graph_key`` (``graph``: that entry, where the caller has it), unless

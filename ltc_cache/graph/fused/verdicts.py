@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
+from ...entries.wire import RECORD_PREFIX, read_record, write_record
 from ...signing import program_secret
 from ...store import Store
-from ...wire import RECORD_PREFIX, read_record, write_record
 from .platform import FUSED_VERSION
 
 if TYPE_CHECKING:
-    from ..cache import GraphCache
+    from ...entries.entry_cache import EntryCache
 
 __all__ = ["CHECKED_PREFIX", "RTOL", "holds_verdict", "keep_verdict", "store_verdict",
            "verdict_held", "verdict_key"]
@@ -94,7 +94,7 @@ def store_verdict(store: Store, fused_digest: str, graph_key: str, library_signa
         logger.debug("cannot write the verdict of %s: %s", fused_digest[:12], exc)
 
 
-def verdict_held(cache: GraphCache, fused_digest: str, graph_key: str,
+def verdict_held(cache: EntryCache, fused_digest: str, graph_key: str,
                  library_signature: bytes) -> bool:
     """:func:`holds_verdict` in ``cache``'s store, under its program key."""
     config = cache.config
@@ -103,7 +103,7 @@ def verdict_held(cache: GraphCache, fused_digest: str, graph_key: str,
         program_secret(config.secret, config.directory))
 
 
-def keep_verdict(cache: GraphCache, fused_digest: str, graph_key: str,
+def keep_verdict(cache: EntryCache, fused_digest: str, graph_key: str,
                  library_signature: bytes) -> None:
     """:func:`store_verdict` in ``cache``'s store, unless it is read-only."""
     if cache.store is None or cache.readonly:

@@ -48,8 +48,8 @@ import dataclasses
 import logging
 
 from ...diagnostics import warn_once
+from ...entries.layout import Source
 from ..extract import Extraction
-from ..layout import Source
 from ..torchscript_ir import Graph, parse_ir, remove_dead_code
 from .fusions import silu_backwards, tanh_gelus
 from .ir import parse_traced

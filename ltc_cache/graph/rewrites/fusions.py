@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..layout import Source
+from ...entries.layout import Source
 from ..torchscript_ir import Graph, Value
 from .ir import is_real_dtype, nodes_calling, op_facts, scalar_value, stored_constants, swap_in
 

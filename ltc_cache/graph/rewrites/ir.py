@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..layout import Source
+from ...entries.layout import Source
 from ..torchscript_ir import Graph, Node, TensorType, Value, parse_ir, parse_schema
 
 # Ops that read an input's strides or storage rather than its values, or

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..layout import Source
+from ...entries.layout import Source
 from ..torchscript_ir import BoolType, Graph, JitType, ListType, Value
 from .ir import (
     is_real_dtype,

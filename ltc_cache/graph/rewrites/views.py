@@ -4,7 +4,7 @@ stored tensor that would keep a graph from it (:func:`functional_aranges`)."""
 
 from __future__ import annotations
 
-from ..layout import Source
+from ...entries.layout import Source
 from ..torchscript_ir import Graph, Node, TensorType, Value
 from .ir import (
     CONTAINERS,

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ...diagnostics import warn_once
+from ...entries.keys import CacheKey
 from ...errors import first_line
-from ...graph.keys import CacheKey
 from ...threads import compile_lock
 from ..guards import GuardFilter
 from ..program_entries import ProgramParts

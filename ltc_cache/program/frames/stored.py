@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...dynamo_package import guard_managers_built_by
+from ...entries.keys import CacheKey
 from ...errors import Unportable, first_line
-from ...graph.keys import CacheKey
 from ...signing import program_secret
+from .. import program_kind  # noqa: F401 - registers the program kind
 from ..load_costs import loading
 from ..program_entries import ProgramParts, program_entry
 from ..program_graph import LtcProgramGraph

@@ -29,8 +29,8 @@ from tools.bench.fused.variants import (
 def stored(kind: str) -> Iterator[Any]:
     """The entries of ``kind`` in the environment's cache directory."""
     import ltc_cache
-    from ltc_cache.graph.keys import CacheKey
-    from ltc_cache.wire import is_entry_key
+    from ltc_cache.entries.keys import CacheKey
+    from ltc_cache.entries.wire import is_entry_key
 
     cache = ltc_cache.default_cache()
     store = cache.store

@@ -123,7 +123,7 @@ def executor(name: str, width: int, rounds: int) -> str:
              "steady (best)"]]
     with torch.no_grad():
         compiled = cache.extract_compiled_graph(gm, example)
-        from ltc_cache.graph.keys import module_tensors
+        from ltc_cache.graph.graph_keys import module_tensors
         live = module_tensors(gm)
         inputs = [example[s.ref] if s.kind == "arg" else live[s.ref] if s.kind == "attr"
                   else s.ref for s in compiled.entry.inputs]
@@ -156,8 +156,8 @@ def executor(name: str, width: int, rounds: int) -> str:
 
 def lookup(counts: list[int], rounds: int, width: int) -> str:
     from ltc_cache import CacheConfig, GraphCache
-    from ltc_cache.graph.entry import decode, encode
-    from ltc_cache.graph.keys import compute_key
+    from ltc_cache.entries.entry import decode, encode
+    from ltc_cache.graph.graph_keys import compute_key
     from ltc_cache.store import DiskStore, MemoryStore
 
     model, example = build("mlp32", width)

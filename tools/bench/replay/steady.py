@@ -22,7 +22,7 @@ from zoo.fx_models import build
 
 
 def compiled_from(extraction: Any, gm: fx.GraphModule) -> Any:
-    from ltc_cache.graph.entry import Entry
+    from ltc_cache.entries.entry import Entry
     from ltc_cache.graph.replay import CompiledGraph, build_function
 
     entry = Entry("", extraction.ir, extraction.inputs, extraction.outputs, extraction.updates,
@@ -152,7 +152,7 @@ def kernel_floor(compiled: Any, gm: fx.GraphModule, example: list[torch.Tensor],
     which time lost to other processes on a busy machine does not inflate.
     Returns the best CPU seconds per call of the kernels and of the whole
     graph, and the count of each op counted."""
-    from ltc_cache.graph.keys import module_tensors
+    from ltc_cache.graph.graph_keys import module_tensors
 
     live = module_tensors(gm)
     inputs = [example[s.ref] if s.kind == "arg" else live[s.ref] if s.kind == "attr" else s.ref

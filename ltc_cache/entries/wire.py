@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import re
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import msgpack
 
-from .errors import EntryError
-from .kinds import KINDS, handlers_of
+from ..errors import EntryError
+from ..store.base import MAX_ENTRY_BYTES, is_entry_key
+from .kinds import KINDS
 
 __all__ = [
-    "BUNDLE_FORMAT",
     "FORMAT",
     "KINDS",
     "MAX_ENTRY_BYTES",
@@ -45,7 +43,6 @@ __all__ = [
     "pack_envelope",
     "read_envelope",
     "read_record",
-    "summarise",
     "unpack",
     "write_record",
 ]
@@ -54,18 +51,17 @@ __all__ = [
 # another schema is never decoded (the key hashes the schema too).
 FORMAT = "ltc_cache.entry"
 # 2: an entry's kind and its payload are fields of their own (1 kept them in
-# its meta). A new schema makes new keys (keys.py hashes it): entries of the
+# its meta). A new schema makes new keys (graph/graph_keys.py hashes it): entries of the
 # old one are never decoded, only misses, and ``ltc-cache prune --stale``
 # removes them.
 SCHEMA_VERSION = 2
 # What an entry holds, KINDS: kinds.py's EntryKind, stored as its string.
-# No entry is decoded, and no stored value read, past this many bytes; no
-# entry we write comes near it.
-MAX_ENTRY_BYTES = 1 << 30
+# No entry is decoded, and no stored value read, past MAX_ENTRY_BYTES (the
+# store's bound, store/base.py); no entry we write comes near it.
 
 # Internal records: store keys under RECORD_PREFIX are never entry keys.
 RECORD_PREFIX = "ltc_cache:"
-NAMES_PREFIX = RECORD_PREFIX + "names:"  # + graph name: graph/miss_reasons.py
+NAMES_PREFIX = RECORD_PREFIX + "names:"  # + graph name: miss_reasons.py
 NAMES_FORMAT = "ltc_cache.names"
 # The op-support record (support.py).
 SUPPORT_RECORD_FORMAT = "ltc_cache.op-support"
@@ -73,17 +69,6 @@ SUPPORT_RECORD_FORMAT = "ltc_cache.op-support"
 # each with a version of its own.
 PLAN_FORMAT = "ltc_cache.plan"
 PROGRAM_FORMAT = "ltc_cache.program"
-# An exported bundle of entries (store/bundle.py).
-BUNDLE_FORMAT = "ltc_cache.bundle"
-
-# Entry keys are hex sha256 digests (keys.py); any other key is a record.
-_ENTRY_KEY = re.compile(r"[0-9a-f]{64}")
-
-
-def is_entry_key(key: object) -> bool:
-    """Whether ``key`` names an entry rather than an internal record."""
-    return isinstance(key, str) and len(key) == 64 and _ENTRY_KEY.fullmatch(key) is not None
-
 
 def unpack(data: bytes) -> Any:
     """msgpack ``data``, bounded: msgpack limits every container and string
@@ -136,36 +121,6 @@ def read_envelope(data: bytes, *, secret: bytes | None = None) -> dict[str, Any]
         if not hmac.compare_digest(signature, _signature(secret, SCHEMA_VERSION, body)):
             raise EntryError("signature mismatch: tampered with, or signed with another secret")
     return envelope
-
-
-def summarise(data: bytes) -> dict[str, Any]:
-    """The listing fields of entry bytes, read leniently (any schema, no
-    checksum): graph_name, kind, node_count, inputs (count per source kind),
-    created, torch_version, schema and size; and the fields of the entry's
-    kind (its registration's ``summarise``: a fused entry's ``fused``,
-    whether it holds a ``library`` or is a ``refusal``). ``problem`` where
-    the bytes are not an entry at all. For display only: ``ltc-cache
-    verify`` checks."""
-    try:
-        envelope = unpack(data)
-        body = unpack(envelope["body"])
-        meta = body["meta"]
-        kind = body.get("kind", meta.get("kind"))  # schema 1: in meta
-        handled = handlers_of(kind)
-        own = handled.summarise(body) if handled is not None else {}
-        return {
-            "graph_name": str(meta.get("graph_name", "?")),
-            "kind": kind,
-            "node_count": int(meta.get("node_count", 0)),
-            "inputs": dict(Counter(str(source[0]) for source in body.get("inputs") or ())),
-            "created": float(meta.get("created", 0.0)),
-            "torch_version": str(meta.get("torch_version", "?")),
-            "schema": envelope.get("schema"),
-            "size": len(data),
-            **own,
-        }
-    except Exception as exc:  # any shape of garbage
-        return {"size": len(data), "problem": f"unreadable entry ({type(exc).__name__}: {exc})"}
 
 
 def write_record(record_format: str, fields: Mapping[str, Any]) -> bytes:

@@ -20,9 +20,9 @@ import msgpack
 import torch
 
 from ..errors import EntryError
-from ..kinds import EntryKind
-from ..wire import KINDS, pack_envelope, read_envelope, unpack
+from .kinds import KINDS, EntryKind
 from .layout import INPUT_KINDS, OUTPUT_KINDS, Source, Update
+from .wire import pack_envelope, read_envelope, unpack
 
 __all__ = ["Entry", "check_layout", "decode", "encode", "input_specs", "source_to_wire",
            "tensor_from_wire", "tensor_to_wire"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from ..store import Store
-from ..wire import NAMES_FORMAT, NAMES_PREFIX, read_record, write_record
 from .keys import CacheKey, differing_parts
+from .wire import NAMES_FORMAT, NAMES_PREFIX, read_record, write_record
 
 __all__ = ["explain_miss", "remember_name"]
 
