@@ -20,10 +20,10 @@ from ..dynamo_package import (
     program_graph,
     serialize_program,
 )
+from ..entries.entry_cache import EntryCache
 from ..entries.keys import CacheKey, derived_key
 from ..entries.kinds import EntryKind
 from ..errors import EntryError, Unportable, first_line
-from ..graph.cache import GraphCache
 from ..signing import program_secret
 from . import program_kind  # noqa: F401 - registers the program kind
 from .capture import (
@@ -66,7 +66,7 @@ class _Store(NamedTuple):
     first slot's), the key programs are signed with, and whether they stay
     off the shared tier (they do unless the fleet shares a key)."""
 
-    cache: GraphCache
+    cache: EntryCache
     key: CacheKey
     secret: bytes
     local_only: bool

@@ -65,30 +65,31 @@ def test_registrations_live_in_the_products_and_import_no_torch():
         assert module.split(".")[1] in PRODUCTS and module.endswith("_kind"), (kind, module)
         assert handled in vars(sys.modules[module]).values(), (kind, module)
         assert (PACKAGE.parent / Path(*module.split("."))).with_suffix(".py").is_file()
-    code = ("import sys\nimport ltc_cache.report\n"
-            "from ltc_cache.entries.kinds import KINDS\n"
-            "from ltc_cache.entries.kind_registry import handlers\n"
-            "[handlers(kind) for kind in KINDS]\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert _last_line_of("import sys\nimport ltc_cache.report\n"
+                         "from ltc_cache.entries.kinds import KINDS\n"
+                         "from ltc_cache.entries.kind_registry import handlers\n"
+                         "[handlers(kind) for kind in KINDS]\n"
+                         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+                         ) == "[]"
 
 
-def test_each_product_registers_the_kinds_it_makes_when_imported():
-    code = ("import ltc_cache.entries.entry_cache\n"
-            "from ltc_cache.entries.kind_registry import registered\n"
-            "def kinds(): return sorted(str(kind) for kind in registered())\n"
-            "seen = [kinds()]\n"
-            "import ltc_cache.graph.cache\nseen.append(kinds())\n"
-            "import ltc_cache.compile_backend.plan_compile\nseen.append(kinds())\n"
-            "import ltc_cache.program.single_graph\nseen.append(kinds())\n"
-            "print(seen)")
+def _last_line_of(code: str) -> str:
+    """What a fresh interpreter running ``code`` prints last."""
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == str([
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_each_product_registers_the_kinds_it_makes_when_imported():
+    assert _last_line_of("import ltc_cache.entries.entry_cache\n"
+                         "from ltc_cache.entries.kind_registry import registered\n"
+                         "def kinds(): return sorted(str(kind) for kind in registered())\n"
+                         "seen = [kinds()]\n"
+                         "import ltc_cache.graph.cache\nseen.append(kinds())\n"
+                         "import ltc_cache.compile_backend.plan_compile\nseen.append(kinds())\n"
+                         "import ltc_cache.program.single_graph\nseen.append(kinds())\n"
+                         "print(seen)") == str([
         [], ["fused", "graph", "negative"], ["fused", "graph", "negative", "plan"],
         ["fused", "graph", "negative", "plan", "program"]])
 

@@ -25,7 +25,7 @@ from .portable_checks import add_checks
 from .program import FramesProgram
 
 if TYPE_CHECKING:
-    from ...graph.cache import GraphCache
+    from ...entries.entry_cache import EntryCache
 
 __all__ = ["describe_breaks", "load_frames", "load_program", "store_program"]
 
@@ -127,7 +127,7 @@ def load_program(fn: types.FunctionType, name: str, backend: Callable[..., Any],
     return program
 
 
-def store_program(frames: FramesProgram, key: CacheKey, local_only: bool, cache: GraphCache,
+def store_program(frames: FramesProgram, key: CacheKey, local_only: bool, cache: EntryCache,
                   name: str, first: bool) -> None:
     """Store the frames as a signed program entry under ``key``; where they
     cannot be saved, say so (``first``: at INFO, else at DEBUG) and keep
