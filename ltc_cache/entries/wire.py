@@ -6,7 +6,8 @@ envelope is read first, so an entry of another schema is recognised as such
 even when its body changed shape, and the body is decoded only once its
 checksum (and signature) holds. What the body means (tensors, the input
 layout) is ``entry.py``'s, which needs torch; listing a cache, its
-statistics and bundles need only what is here.
+statistics and bundles need only what is here (and an entry's listing
+summary, ``kind_registry.summarise``, which needs no torch either).
 
 Besides entries, a store holds internal records: small msgpack maps tagged
 with their format, under keys that are not 64 hex digits (``is_entry_key``).
