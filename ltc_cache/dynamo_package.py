@@ -245,13 +245,18 @@ def _served(convert: ConvertFrame, frame: Any) -> Any:
             if taken is None:
                 continue
             call, guard_manager = taken
-            name = f"__ltc_cache_served_{next(_served_names)}"
+            number = next(_served_names)
+            name = f"__ltc_cache_served_{number}"
             serving = _calling(code, name)
             if serving is None:
                 return None
             frame.f_globals[name] = torch.compiler.disable(call, recursive=True)
+            # What Dynamo records of a code it made: its recompilation reasons
+            # name the frame's code by it.
+            convert_frame.orig_code_map[serving] = code
+            convert_frame.output_codes.add(serving)
             made = GuardedCode(serving, guard_manager,
-                               convert_frame.CompileId(frame_id=None, frame_compile_id=None),
+                               convert_frame.CompileId(frame_id=-1, frame_compile_id=number),
                                "ltc_cache")
             _logger.debug("%s (%s:%d): served by %s", code.co_name, code.co_filename,
                           code.co_firstlineno, getattr(server, "__qualname__", server))

@@ -91,6 +91,9 @@ def checked_by(check: Callable[[Mapping[str, Any]], bool], said: str) -> Any:
 
     manager = GuardManagerWrapper()
     manager.root.add_lambda_guard(check, [said], None)
+    # What Dynamo's recompilation reasons read of a manager whose guard failed.
+    manager.global_scope, manager.closure_vars = {"G": {}}, {}
+    manager.args, manager.code_parts, manager.verbose_code_parts = [], [said], [said]
     return manager
 
 

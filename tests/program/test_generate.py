@@ -143,6 +143,27 @@ def test_a_warm_worker_through_the_compiled_forward_serves_new_prompt_lengths(ca
         assert len(request["tokens"][0]) == request["length"] + 8
 
 
+@pytest.mark.slow  # two processes generating
+def test_a_warm_worker_through_the_torch_compile_backend_serves_new_prompt_lengths(cache_dir):
+    """``model.forward = torch.compile(model.forward, backend="ltc_cache")``,
+    as transformers' static-cache guide writes it, and the model's own
+    ``generate()`` with the static cache: the calls into the static cache
+    are served by the programs and buckets ``ltc_cache.compile(model.forward)``
+    has, before Dynamo would capture them. The cold worker meets 5 and 20
+    and stores a program for each bucket and one for decoding; a warm
+    worker meeting five lengths it never met captures, AOTAutograd-traces
+    and LTC-traces nothing, with eager's greedy tokens."""
+    cold = generate("gpt2", [5, 20], "--route", "torch", "--cache", "static")
+    assert cold["stats"]["program_captures"] == 3  # two buckets and decoding
+    warm = generate("gpt2", [30, 7, 3, 25, 18], "--route", "torch", "--cache", "static")
+    stats = warm["stats"]
+    assert warm["captures"] == 0 and stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
+    assert stats.get("dynamo_graphs", 0) == 0 and stats["program_hits"] == 3
+    for request in warm["requests"]:  # generate() checked them against eager's
+        assert len(request["tokens"][0]) == request["length"] + 8
+        assert request["first_token"] is not None
+
+
 @pytest.mark.slow  # a fleet of two workers, then one
 def test_serve_example_answers_generation_requests_warm(cache_dir, tmp_path, monkeypatch):
     """``examples/serve.py --model lm``: a cold fleet of two workers, two
