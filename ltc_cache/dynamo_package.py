@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import inspect
 import itertools
 import logging
 import threading
@@ -43,7 +44,7 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.output_graph import OutputGraph
 from torch._dynamo.package import CompilePackage, SourceInfo
 from torch._dynamo.symbolic_convert import InstructionTranslator
-from torch._dynamo.types import ConvertFrameReturn
+from torch._dynamo.types import ConvertFrameReturn, GuardedCode
 
 __all__ = ["SKIP", "AOTCompiledFunction", "CompilePackage", "ConvertFrame", "OptimizedModule",
            "OutputGraph", "SerializableCallable", "SourceInfo", "aot_compiled",
@@ -51,7 +52,8 @@ __all__ = ["SKIP", "AOTCompiledFunction", "CompilePackage", "ConvertFrame", "Opt
            "compiling_frame", "deserialize_program",
            "guard_managers_built_by", "look_again_before_capture", "optimized",
            "program_graph", "program_guards",
-           "run_as_is", "serialize_program", "side_effect_pieces", "skipped_recursively",
+           "run_as_is", "serialize_program", "serve_frames", "side_effect_pieces",
+           "skipped_recursively",
            "traced_fn", "unique_ids_from"]
 
 _logger = logging.getLogger("ltc_cache.dynamo")
@@ -164,13 +166,24 @@ def look_again_before_capture(opted_in: Callable[[Any], bool]) -> None:
     the code is, as calls past that limit do."""
     with _looking_again:
         _opted_in.append(opted_in)
+    _wrap_convert_frame()
+
+
+def _wrap_convert_frame() -> None:
+    """Wrap ``ConvertFrame.__call__`` once: frames a server takes
+    (:func:`serve_frames`) are served, and frames of the opted-in backends
+    (:func:`look_again_before_capture`) looked at again before a capture."""
+    with _looking_again:
         if getattr(ConvertFrame.__call__, "_ltc_cache_looks_again", False):
             return
         capture = ConvertFrame.__call__
 
         def __call__(self: ConvertFrame, frame: Any, cache_entry: Any, hooks: Any,
                      frame_state: Any, skip: int = 0) -> Any:
-            opted = _is_opted_in(self)
+            served = _served(self, frame)
+            if served is not None:
+                return served
+            opted = bool(_opted_in) and _is_opted_in(self)
             if opted and _made_meanwhile(frame):
                 return ConvertFrameReturn(
                     frame_exec_strategy=_FrameExecStrategy(_FrameAction.DEFAULT,
@@ -187,6 +200,100 @@ def look_again_before_capture(opted_in: Callable[[Any], bool]) -> None:
 
         __call__._ltc_cache_looks_again = True  # type: ignore[attr-defined]
         ConvertFrame.__call__ = __call__  # type: ignore[method-assign]
+
+
+# --- a frame served by other code than Dynamo's capture --------------------------
+
+# What serve_frames was given: (opted_in, server), in order.
+_servers: list[tuple[Callable[[Any], bool], Callable[..., Any]]] = []
+_served_names = itertools.count()
+
+
+def serve_frames(opted_in: Callable[[Any], bool], server: Callable[..., Any]) -> None:
+    """From now on, before Dynamo captures a frame for a backend that
+    ``opted_in`` accepts, ``server(code, f_locals)`` may take the frame:
+    it returns None (Dynamo captures as it would), or ``(call, guard_manager)``:
+    the frame's code then has a cache entry, checked by ``guard_manager`` (a
+    Dynamo guard manager, :func:`ltc_cache.program.guards.checked_by`) on
+    every call, whose code is ``call(args, kwargs)``, the frame's arguments
+    as they were passed (its code takes ``self, *args, **kwargs`` alone),
+    run with Dynamo's frame hook off. A call the guard manager refuses is
+    captured by Dynamo, as any other. Idempotent per server; anything that
+    goes wrong in the server leaves the frame to Dynamo."""
+    with _looking_again:
+        if not any(known is server for _, known in _servers):
+            _servers.append((opted_in, server))
+    _wrap_convert_frame()
+
+
+def _served(convert: ConvertFrame, frame: Any) -> Any:
+    """What :func:`serve_frames`'s servers make of ``frame``: a
+    ``ConvertFrameReturn`` with the entry that serves it, or None."""
+    if not _servers:
+        return None
+    try:
+        code = frame.f_code
+        if code.co_argcount != 1 or code.co_kwonlyargcount \
+                or code.co_flags & _ARGUMENT_FLAGS != _ARGUMENT_FLAGS:
+            return None  # not (self, *args, **kwargs): the call cannot be passed on as it came
+        backend = eval_frame.innermost_backend(convert)
+        inner = getattr(backend, "compiler_fn", backend)
+        for opted_in, server in list(_servers):
+            if not (opted_in(backend) or opted_in(inner)):
+                continue
+            taken = server(code, frame.f_locals)
+            if taken is None:
+                continue
+            call, guard_manager = taken
+            number = next(_served_names)
+            name = f"__ltc_cache_served_{number}"
+            serving = _calling(code, name)
+            if serving is None:
+                return None
+            frame.f_globals[name] = torch.compiler.disable(call, recursive=True)
+            # What Dynamo records of a code it made: its recompilation reasons
+            # name the frame's code by it.
+            convert_frame.orig_code_map[serving] = code
+            convert_frame.output_codes.add(serving)
+            made = GuardedCode(serving, guard_manager,
+                               convert_frame.CompileId(frame_id=-1, frame_compile_id=number),
+                               "ltc_cache")
+            _logger.debug("%s (%s:%d): served by %s", code.co_name, code.co_filename,
+                          code.co_firstlineno, getattr(server, "__qualname__", server))
+            return ConvertFrameReturn(
+                frame_exec_strategy=_FrameExecStrategy(_FrameAction.DEFAULT,
+                                                       _FrameAction.DEFAULT),
+                guarded_code=made)
+    except Exception as exc:  # Dynamo captures the frame, as it would
+        _logger.debug("serving a frame failed: %s: %s", type(exc).__name__, exc)
+    return None
+
+
+def _calling(code: types.CodeType, name: str) -> types.CodeType | None:
+    """A code with ``code``'s arguments (self, args, kwargs) and free
+    variables that returns ``name((self, *args), kwargs)``: the eval-frame
+    hook copies a frame's arguments and free variables into the code of its
+    entry by position, so they must be the same; None where ``code`` has
+    cell variables (they would need to be the same too)."""
+    if code.co_cellvars:
+        return None
+    me, args, kwargs = code.co_varnames[:3]
+    frees = code.co_freevars
+    text = (f"def _outer({', '.join(frees)}):\n"
+            f"    def {code.co_name}({me}, *{args}, **{kwargs}):\n"
+            + (f"        {', '.join(frees)}\n" if frees else "")
+            + f"        return {name}(({me}, *{args}), {kwargs})\n"
+            f"    return {code.co_name}\n")
+    scope: dict[str, Any] = {}
+    exec(compile(text, code.co_filename, "exec"), scope)
+    made: types.CodeType = scope["_outer"](*([None] * len(frees))).__code__
+    if made.co_freevars != frees or made.co_varnames[:3] != (me, args, kwargs) \
+            or made.co_cellvars or made.co_argcount != 1 or made.co_kwonlyargcount:
+        return None
+    return made.replace(co_firstlineno=code.co_firstlineno)
+
+
+_ARGUMENT_FLAGS = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
 
 
 # Guard managers of entries a capture made, by code, until the eval-frame

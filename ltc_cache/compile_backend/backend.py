@@ -24,6 +24,7 @@ graph of that shape has too (:mod:`ltc_cache.compile_backend.specialize`).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -267,6 +268,30 @@ def _capture_frames_once() -> None:
             look_again_before_capture(lambda fn: isinstance(fn, LtcBackend))
         except Exception:  # a torch without the pieces: each thread captures, as before
             logger.debug("Dynamo does not look again before a capture", exc_info=True)
+
+
+def _serve_transformers_calls() -> None:
+    """Let the programs serve the frames ``torch.compile(backend="ltc_cache")``
+    would capture for a transformers model's calls into a static cache, with
+    the prompt buckets (:mod:`ltc_cache.program.backend_route`), from this
+    module's import on: a process's first frame comes before any graph."""
+    try:
+        from ..dynamo_package import serve_frames
+
+        serve_frames(lambda fn: isinstance(fn, LtcBackend) and fn._from_dynamo, _served_by_programs)
+    except Exception:  # a torch without the pieces: Dynamo captures, as before
+        logger.debug("the programs serve no frame of the backend", exc_info=True)
+
+
+def _served_by_programs(code: Any, f_locals: Mapping[str, Any]) -> Any:
+    # Named, not imported, as kinds.py names its registrations: the program
+    # layer stands above this one, and is imported only once a frame of
+    # this backend comes.
+    route = importlib.import_module("..program.backend_route", __package__)
+    return route.serve(code, f_locals)
+
+
+_serve_transformers_calls()
 
 
 def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["UNPADDED_LENGTHS", "Buckets", "pad_forward", "pad_generate"]
+__all__ = ["UNPADDED_LENGTHS", "Buckets", "into_static_cache", "is_transformers_model",
+           "pad_forward", "pad_generate"]
 
 logger = logging.getLogger("ltc_cache.buckets")
 
@@ -128,9 +129,18 @@ def resolve(buckets: Buckets | str | None) -> Buckets | None:
 # --- what is known about a model ------------------------------------------------
 
 
-def _is_transformers_model(module: Any) -> bool:
+def is_transformers_model(module: Any) -> bool:
+    """Whether ``module`` is a transformers model (a ``PreTrainedModel``)."""
     # By name: transformers need not be imported for a plain module's call.
     return any(cls.__name__ == "PreTrainedModel" for cls in type(module).__mro__)
+
+
+def into_static_cache(kwargs: Mapping[str, Any]) -> bool:
+    """Whether a forward's keyword arguments pass one key/value cache, and
+    it is transformers' static one (what ``generate()`` makes with
+    ``cache_implementation="static"``)."""
+    caches = [kwargs[name] for name in _CACHE_NAMES if kwargs.get(name) is not None]
+    return len(caches) == 1 and _static_layers(caches[0]) is not None
 
 
 def _pad_token(module: Any, kwargs: Mapping[str, Any]) -> int | None:
@@ -205,7 +215,7 @@ def _forward_padding(buckets: Buckets, module: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> _Padded | str | None:
     """How to pad the call; else why not (None: it needs no padding, or
     has no sequence to pad)."""
-    if not _is_transformers_model(module):
+    if not is_transformers_model(module):
         return None
     if args:
         return "positional arguments"

@@ -83,6 +83,20 @@ def state_pickler() -> Any:
     return GuardsStatePickler
 
 
+def checked_by(check: Callable[[Mapping[str, Any]], bool], said: str) -> Any:
+    """A Dynamo guard manager whose one guard is ``check(f_locals)``
+    (``said``: how Dynamo's recompilation reasons name it): what a frame
+    served by :func:`ltc_cache.dynamo_package.serve_frames` is checked by."""
+    from torch._dynamo.guards import GuardManagerWrapper
+
+    manager = GuardManagerWrapper()
+    manager.root.add_lambda_guard(check, [said], None)
+    # What Dynamo's recompilation reasons read of a manager whose guard failed.
+    manager.global_scope, manager.closure_vars = {"G": {}}, {}
+    manager.args, manager.code_parts, manager.verbose_code_parts = [], [said], [said]
+    return manager
+
+
 class GuardFilter:
     """The ``guard_filter_fn`` of a capture. Keeps every guard Dynamo can
     save; each one it cannot (an object identity), and each guard reached

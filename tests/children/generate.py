@@ -3,9 +3,9 @@ models of ``zoo/generate_models.py`` through ltc_cache against eager.
 
 ``python tests/children/generate.py MODEL --lengths 5,9 [--route forward]
 [--cache static] [--then-sample] [--new 16]`` prints one JSON
-line: each request's tokens (and eager's, for greedy decoding), its time
-(``--then-sample``: a sampled request of the first length after the
-greedy ones, in the same process), and the
+line: each request's tokens (and eager's, for greedy decoding), its time and
+its latency to the first new token (``--then-sample``: a sampled request of
+the first length after the greedy ones, in the same process), and the
 process's counters (ltc_cache's, Dynamo's captures).
 ``tests/program/test_generate.py`` runs it in fresh processes, cold then warm.
 """
@@ -44,6 +44,27 @@ def compiled(model: torch.nn.Module, route: str) -> Callable[..., Any]:
         model.forward = torch.compile(model.forward)
         return model.generate
     raise SystemExit(f"unknown route {route!r}")
+
+
+def first_token_clock() -> Any:
+    """A streamer that notes when the first new token comes (the first
+    ``put`` is the prompt)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Clock(BaseStreamer):
+        def __init__(self) -> None:
+            self.puts = 0
+            self.first: float | None = None
+
+        def put(self, value: Any) -> None:
+            self.puts += 1
+            if self.puts == 2:
+                self.first = time.perf_counter()
+
+        def end(self) -> None:
+            pass
+
+    return Clock()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,10 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("always", RuntimeWarning)
         for n, request_kwargs, eager in runs:
             torch.manual_seed(n)
+            clock = first_token_clock()
             start = time.perf_counter()
             with torch.no_grad():
-                tokens = generate(prompt(n), **request_kwargs).tolist()
+                tokens = generate(prompt(n), streamer=clock, **request_kwargs).tolist()
             requests.append({"length": n, "seconds": time.perf_counter() - start,
+                             "first_token": clock.first - start if clock.first else None,
                              "tokens": tokens, "eager": eager,
                              "eager_padded": padded.get(n) if eager else None})
     warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]

@@ -433,6 +433,60 @@ def test_what_looking_again_before_a_capture_relies_on(dynamo_reset):
     assert not entry.guard_manager.check({"x": torch.zeros(3, 3)})
 
 
+def test_what_serving_a_frame_relies_on(dynamo_reset):
+    """ltc_cache.dynamo_package.serve_frames: a ``ConvertFrameReturn`` with
+    a ``GuardedCode`` (code, guard manager, ``CompileId``, annotation) that
+    Dynamo did not make is added as the frame's entry and run, with the
+    frame's arguments and free variables copied by position (so the code
+    has the frame's), from the frame's globals; a guard manager with one
+    lambda guard on the root checks each call (ltc_cache.program.guards.checked_by)."""
+    from torch._dynamo import convert_frame
+    from torch._dynamo.types import GuardedCode
+
+    from ltc_cache.dynamo_package import serve_frames
+    from ltc_cache.program.guards import checked_by
+
+    assert [f.name for f in dataclasses.fields(GuardedCode)][:4] == [
+        "code", "guard_manager", "compile_id", "trace_annotation"]
+    assert str(convert_frame.CompileId(frame_id=-1, frame_compile_id=0)) == "-1/0"
+    assert callable(convert_frame.orig_code_map.__setitem__)
+    assert callable(convert_frame.output_codes.add)
+
+    def wraps(fn):
+        def wrapper(self, *args, **kwargs):
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    class Toy(torch.nn.Module):
+        @wraps
+        def forward(self, x, scale=1.0):
+            return x * scale
+
+    calls = []
+
+    def backend(gm, example_inputs):
+        return gm.forward
+
+    def taken(f_locals):
+        return "scale" in f_locals["kwargs"]
+
+    def server(code, f_locals):
+        if code is not Toy.forward.__code__ or not taken(f_locals):
+            return None
+        return (lambda args, kwargs: calls.append((args[1:], kwargs)) or "served",
+                checked_by(taken, "scale given"))
+
+    serve_frames(lambda fn: getattr(fn, "compiler_fn", fn) is backend, server)
+    toy = Toy()
+    compiled = torch.compile(toy.forward, backend=backend)
+    assert compiled(torch.ones(2), scale=3.0) == "served"
+    assert compiled(torch.ones(2), scale=4.0) == "served"
+    assert len(calls) == 2 and calls[1][1] == {"scale": 4.0}
+    # The guard refuses: Dynamo captures the frame, as it would.
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.ones(2))
+    assert len(calls) == 2
+
+
 # --- Dynamo's guards: ltc_cache/program/guards.py ---------------------------------------
 
 

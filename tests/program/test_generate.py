@@ -143,6 +143,68 @@ def test_a_warm_worker_through_the_compiled_forward_serves_new_prompt_lengths(ca
         assert len(request["tokens"][0]) == request["length"] + 8
 
 
+@pytest.mark.slow  # two processes generating
+def test_a_warm_worker_through_the_torch_compile_backend_serves_new_prompt_lengths(cache_dir):
+    """``model.forward = torch.compile(model.forward, backend="ltc_cache")``,
+    as transformers' static-cache guide writes it, and the model's own
+    ``generate()`` with the static cache: the calls into the static cache
+    are served by the programs and buckets ``ltc_cache.compile(model.forward)``
+    has, before Dynamo would capture them. The cold worker meets 5 and 20
+    and stores a program for each bucket and one for decoding; a warm
+    worker meeting five lengths it never met captures, AOTAutograd-traces
+    and LTC-traces nothing, with eager's greedy tokens."""
+    cold = generate("gpt2", [5, 20], "--route", "torch", "--cache", "static")
+    assert cold["stats"]["program_captures"] == 3  # two buckets and decoding
+    warm = generate("gpt2", [30, 7, 3, 25, 18], "--route", "torch", "--cache", "static")
+    stats = warm["stats"]
+    assert warm["captures"] == 0 and stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
+    assert stats.get("dynamo_graphs", 0) == 0 and stats["program_hits"] == 3
+    for request in warm["requests"]:  # generate() checked them against eager's
+        assert len(request["tokens"][0]) == request["length"] + 8
+        assert request["first_token"] is not None
+
+
+@pytest.mark.slow  # two programs captured and traced
+def test_the_compiled_module_of_the_torch_compile_backend_pads_prompts_into_a_static_cache(
+        cache_dir, dynamo_reset):
+    """``torch.compile(model, backend="ltc_cache")`` called as a server calls
+    it, into transformers' static cache: two prompts of one bucket (5 and 7
+    tokens: 8) are one program, with no Dynamo capture of the frame, and
+    their logits, cut back to the prompt, and the next step's are eager's."""
+    import warnings
+
+    from transformers import StaticCache
+
+    import ltc_cache
+    from tools.probes import captures
+    from zoo.generate_models import build, prompt
+
+    warnings.simplefilter("ignore", UserWarning)
+    model = build("gpt2")
+    compiled = torch.compile(model, backend="ltc_cache")
+    before, captured = ltc_cache.stats(), captures()
+    for n in (5, 7):
+        ids = prompt(n)
+        with torch.no_grad():
+            cache = StaticCache(config=model.config, max_cache_len=32)
+            want = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+            token, at = want[:, -1:].argmax(-1), torch.tensor([[n]])
+            want_next = model(input_ids=token, past_key_values=cache, use_cache=True,
+                              position_ids=at).logits
+            cache = StaticCache(config=model.config, max_cache_len=32)
+            got = compiled(input_ids=ids, past_key_values=cache, use_cache=True).logits
+            got_next = compiled(input_ids=token, past_key_values=cache, use_cache=True,
+                                position_ids=at).logits
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_next, want_next)
+    after = ltc_cache.stats()
+    made = {name: after.get(name, 0) - before.get(name, 0)
+            for name in ("program_captures", "dynamo_graphs")}
+    # The bucket of 8 and the decoding step, captured as programs alone.
+    assert made == {"program_captures": 2, "dynamo_graphs": 2}
+    assert captures() - captured == 2
+
+
 @pytest.mark.slow  # a fleet of two workers, then one
 def test_serve_example_answers_generation_requests_warm(cache_dir, tmp_path, monkeypatch):
     """``examples/serve.py --model lm``: a cold fleet of two workers, two
