@@ -22,7 +22,7 @@ _EXPORTS = {
     "LtcBackend": "compile_backend.backend",
     "LtcCacheError": "errors",
     "UncacheableGraph": "errors",
-    "backend": "compile_backend.backend",
+    "backend": "program.backend_route",
     "compile": "program.precompile",
     "default_cache": "graph.cache",
     "extract_compiled_graph": "graph.cache",
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     # ``X as X``: an explicit re-export, which type checkers honour without
     # reading __all__.
     from .compile_backend.backend import LtcBackend as LtcBackend
-    from .compile_backend.backend import backend as backend
     from .config import CacheConfig as CacheConfig
     from .errors import EntryError as EntryError
     from .errors import LockTimeout as LockTimeout
@@ -46,6 +45,7 @@ if TYPE_CHECKING:
     from .graph.cache import extract_compiled_graph as extract_compiled_graph
     from .graph.cache import stats as stats
     from .graph.replay import CompiledGraph as CompiledGraph
+    from .program.backend_route import backend as backend
     from .program.buckets import Buckets as Buckets
     from .program.compiled_module import CompiledModule as CompiledModule
     from .program.precompile import compile as compile

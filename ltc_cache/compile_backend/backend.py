@@ -24,7 +24,6 @@ graph of that shape has too (:mod:`ltc_cache.compile_backend.specialize`).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -283,12 +282,21 @@ def _serve_transformers_calls() -> None:
         logger.debug("the programs serve no frame of the backend", exc_info=True)
 
 
+# What serves a frame before Dynamo captures it: set from above, by
+# ltc_cache.program.backend_route when it is imported (the entry point
+# torch.compile finds this backend by), so this layer names nothing above it.
+_frame_server: Callable[[Any, Mapping[str, Any]], Any] | None = None
+
+
+def serve_frames_by(server: Callable[[Any, Mapping[str, Any]], Any]) -> None:
+    """Let ``server(code, f_locals)`` take the frames of this backend
+    before Dynamo captures them (None: Dynamo's)."""
+    global _frame_server
+    _frame_server = server
+
+
 def _served_by_programs(code: Any, f_locals: Mapping[str, Any]) -> Any:
-    # Named, not imported, as kinds.py names its registrations: the program
-    # layer stands above this one, and is imported only once a frame of
-    # this backend comes.
-    route = importlib.import_module("..program.backend_route", __package__)
-    return route.serve(code, f_locals)
+    return _frame_server(code, f_locals) if _frame_server is not None else None
 
 
 _serve_transformers_calls()

@@ -39,12 +39,13 @@ from typing import Any
 
 import torch
 
+from ..compile_backend.backend import backend, serve_frames_by
 from ..diagnostics import warn_once
 from ..errors import first_line
 from .buckets import into_static_cache, is_transformers_model
 from .guards import checked_by
 
-__all__ = ["serve"]
+__all__ = ["backend", "serve"]
 
 logger = logging.getLogger("ltc_cache.dynamo")
 
@@ -129,3 +130,9 @@ def _compiled_for(module: torch.nn.Module, spelling: str) -> Callable[..., Any]:
                 types.MethodType(type(module).forward, module)
             compiled = made[spelling] = ltc_compile(target)
     return compiled
+
+
+# torch.compile finds the "ltc_cache" backend here (the package's entry
+# point, and ltc_cache.backend): importing this module is what lets the
+# backend's frames be served.
+serve_frames_by(serve)
