@@ -35,22 +35,23 @@ __all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version
 
 # A library of the whole TorchScript graph, inputs and outputs as its
 # function's, with the outputs it aliases or lays out otherwise beside it.
-# 4: a graph's library keyed by what it is compiled from (.source), and
-# compiled for the recorded ISA alone (no -march=native); 3: generated
-# loops on one thread; 2: only the outputs laid out otherwise are recorded
+# 5: generated loops parallel where Inductor's own are; 4: a graph's library
+# keyed by what it is compiled from (.source), and compiled for the recorded
+# ISA alone (no -march=native); 3: generated loops on one thread; 2: only the outputs laid out otherwise are recorded
 # (1: every output's).
-FUSED_VERSION = 4
+FUSED_VERSION = 5
 
 # The Inductor settings a library is compiled with; part of the key, as is
 # any TORCHINDUCTOR_* variable of the compiling process that changes code.
 INDUCTOR_OPTIONS: dict[str, object] = {
     "compile_threads": 1,  # one g++ at a time: the compile runs beside training
-    # Generated loops run on the calling thread; the matrix products a library
-    # calls are torch's, parallel as they are in a replay. Parallel generated
-    # loops made a decoding step 3-6x slower than the replay at two threads on
-    # a loaded machine (an OpenMP team waits for its slowest thread on every
-    # small loop), and would take the compiling process's thread count.
-    "cpp.threads": 1,
+    # Generated loops are parallel as Inductor's own are (cpp.threads left at
+    # its default): a loop is split across threads only where each thread
+    # gets enough work, decided for the compiling process's thread count
+    # (the worker inherits its client's OMP_NUM_THREADS), and the team is the
+    # calling thread's at run time. Loops kept on one thread made a small
+    # GPT's training step 1.3x slower than its per-region path at two threads
+    # (docs/how-it-works.md#fused-libraries).
 }
 
 
