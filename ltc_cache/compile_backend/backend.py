@@ -36,6 +36,7 @@ from ..counter_names import ATEN_OPS, DYNAMO_GRAPHS, ERRORS
 from ..diagnostics import counters, warn_once
 from ..entries.keys import CacheKey
 from ..errors import first_line
+from ..fx_ops import HigherOrderOperator
 from ..graph.cache import GraphCache, default_cache
 from ..graph.graph_keys import graph_parts, key_of
 from ..threads import compile_lock
@@ -152,7 +153,7 @@ class LtcBackend:
                     return compiled
             return self._planned(cache).inference(gm, example_inputs, name)
         except Exception as exc:
-            from torch._dynamo.exc import RestartAnalysis
+            from ..dynamo_package import RestartAnalysis
 
             if isinstance(exc, RestartAnalysis):  # Dynamo's own control flow
                 raise
@@ -171,7 +172,7 @@ class LtcBackend:
             # eager (docs/torch/ltc.md#ltc-as-strided-strides-elements).
             logger.info("%s: not lowered whole (it calls as_strided); partitioning", name)
             return None
-        if any(isinstance(node.target, torch._ops.HigherOrderOperator) for node in gm.graph.nodes):
+        if any(isinstance(node.target, HigherOrderOperator) for node in gm.graph.nodes):
             # A checkpointed block (tag_activation_checkpoint) would run
             # torch.utils.checkpoint on LTC's device, which it has no module
             # for; AOTAutograd inlines such blocks.

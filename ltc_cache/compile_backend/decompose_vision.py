@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..fx_ops import decompositions_of
 from .decompose_where import masked_where
 
 __all__ = ["vision_decompositions"]
@@ -201,11 +202,9 @@ def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..
 def vision_decompositions() -> dict[Any, Callable[..., Any]]:
     """Ours for the vision ops LTC does not lower; merged into
     :func:`ltc_cache.compile_backend.decompose.decompositions`."""
-    from torch._decomp import get_decompositions
-
     functional = aten._native_batch_norm_legit_functional.default
     return {
-        functional: _batch_norm_training(get_decompositions([functional])[functional]),
+        functional: _batch_norm_training(decompositions_of([functional])[functional]),
         aten.hardtanh.default: _hardtanh,
         aten.hardtanh_backward.default: _hardtanh_backward,
         aten.hardswish.default: _hardswish,

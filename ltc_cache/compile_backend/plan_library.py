@@ -52,6 +52,7 @@ from ..entries.entry import Entry
 from ..entries.keys import CacheKey, derived_key
 from ..entries.kinds import EntryKind
 from ..errors import LtcCacheError
+from ..fx_ops import OpOverload
 from ..graph.fused.library_entries import fused_entry, refusal_entry
 from ..graph.fused.platform import compiler_id, fused_key
 from ..signing import program_secret
@@ -240,7 +241,7 @@ def written_inputs(graph: fx.GraphModule) -> list[int]:
     writes: list[int] = []
     for node in graph.graph.nodes:
         target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+        if node.op != "call_function" or not isinstance(target, OpOverload) \
                 or not target._schema.is_mutable:
             continue
         for argument, value in zip(target._schema.arguments, node.args, strict=False):
@@ -257,7 +258,7 @@ def written_inputs(graph: fx.GraphModule) -> list[int]:
 def _is_view(node: Any) -> bool:
     """Whether ``node`` is an op's output that shares its input's storage."""
     target = getattr(node, "target", None)
-    return isinstance(target, torch._ops.OpOverload) and any(
+    return isinstance(target, OpOverload) and any(
         r.alias_info is not None for r in target._schema.returns)
 
 

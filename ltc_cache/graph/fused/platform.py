@@ -26,7 +26,7 @@ import torch
 from ...entries.entry import Entry, source_to_wire
 from ...entries.keys import CacheKey, hash_lines, key_from_parts
 from ...entries.kinds import EntryKind
-from .aoti import runner_available
+from .aoti import cxx11_abi, runner_available
 from .cpu_isa import isa_runs_here, machine_isa, x86_machine
 from .source import library_source
 
@@ -152,7 +152,7 @@ def fused_key(graph_key: str) -> CacheKey:
         "format": hash_lines([f"ltc_cache.fused:{FUSED_VERSION}"]),
         "graph": graph_key,
         "torch": hash_lines([torch.__version__, str(torch.version.git_version),
-                             f"cxx11abi={torch._C._GLIBCXX_USE_CXX11_ABI}",
+                             f"cxx11abi={cxx11_abi()}",
                              f"debug={torch.version.debug}"]),
         "compiler": hash_lines([compiler_id()]),
         "device": hash_lines([_device_text()]),
