@@ -35,11 +35,11 @@ from torch import fx
 
 from ..entries.entry import tensor_from_wire, tensor_to_wire
 from ..entries.wire import PLAN_FORMAT
-from ..errors import EntryError, LtcCacheError
+from ..errors import EntryError, PlanError
 from ..fx_ops import HigherOrderOperator, OpOverload, lazy_module_class, rng_wrapper
 from .nodes import is_symbolic
 
-__all__ = ["PLAN_VERSION", "PlanError", "StoredRegion", "graph_from_wire", "graph_to_wire",
+__all__ = ["PLAN_VERSION", "StoredRegion", "graph_from_wire", "graph_to_wire",
            "rng_wrapper_name"]
 
 # The version of a plan's payload, written into each graph's wire form and
@@ -69,11 +69,6 @@ _ENUMS = {
     "memory_format": torch.memory_format,
     "layout": torch.layout,
 }
-
-
-class PlanError(LtcCacheError, ValueError):
-    """A graph that cannot be stored as a plan (a node or value of a kind a
-    plan does not hold)."""
 
 
 # --- to the wire ---------------------------------------------------------------

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..dynamo_package import OptimizedModule
+from ..errors import UnpickledForward, Unreplaceable
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward, pad_generate
 from .fsdp2 import refuse_sharding_the_stand_in
@@ -109,7 +110,7 @@ class CompiledModule(OptimizedModule):
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "_orig_mod" and value is not self.__dict__["_modules"].get("_orig_mod"):
             # The programs compute with the module they were made for.
-            raise AttributeError("ltc_cache.compile(module): its module cannot be replaced; "
+            raise Unreplaceable("ltc_cache.compile(module): its module cannot be replaced; "
                                  "compile the new module instead")
         if name == "__class__":  # fully_shard(stand-in) sets FSDP's class last
             refuse_sharding_the_stand_in(value)
@@ -251,7 +252,7 @@ class _ProgramsForward:
 
 def _saved_forward() -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a forward that ran through ltc_cache programs, unpickled: "
+        raise UnpickledForward("a forward that ran through ltc_cache programs, unpickled: "
                            "compile the module again with ltc_cache.compile")
 
     return forward

@@ -5,6 +5,8 @@ the stand-in's refusal to be sharded itself
 
 from __future__ import annotations
 
+from ..errors import WrongType
+
 __all__ = ["fsdp_module_class", "refuse_sharding_the_stand_in"]
 
 
@@ -23,7 +25,7 @@ def refuse_sharding_the_stand_in(cls: type) -> None:
     class, its last step, with the order that works."""
     fsdp = fsdp_module_class()
     if fsdp is not None and isinstance(cls, type) and issubclass(cls, fsdp):
-        raise TypeError(
+        raise WrongType(
             "fully_shard(ltc_cache.compile(model)) is not supported: FSDP2 must shard the "
             "model itself. Call fully_shard on the blocks and on the model first, then "
             "ltc_cache.compile(model) (docs/recipes.md, FSDP2)")

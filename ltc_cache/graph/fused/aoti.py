@@ -25,13 +25,9 @@ from typing import Any
 
 import torch
 
-from ...errors import LtcCacheError
+from ...errors import UnexpectedPackage
 
-__all__ = ["UnexpectedPackage", "compile_library", "cpu_runner", "cxx11_abi", "runner_available"]
-
-
-class UnexpectedPackage(LtcCacheError, RuntimeError):
-    """AOTInductor's package holds something other than one library."""
+__all__ = ["compile_library", "cpu_runner", "cxx11_abi", "runner_available"]
 
 
 def cxx11_abi() -> bool:
