@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..fx_ops import decompositions_of
-from .decompose_where import masked_where
+from .decompose_vision import masked_where
 
 __all__ = ["decompositions"]
 

@@ -35,8 +35,12 @@ import torch
 from ..errors import BadArgument, first_line
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward
-from .compiled_module import CompiledModule, class_named_like, forward_replaced
-from .fsdp2 import fsdp_module_class
+from .compiled_module import (
+    CompiledModule,
+    class_named_like,
+    forward_replaced,
+    fsdp_module_class,
+)
 
 __all__ = ["CompiledFullyShardedModule", "compiled_fully_sharded", "compiled_units",
            "is_fully_sharded", "sharded_modules"]
