@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from .errors import BadArgument
 from .units import parse_age, parse_size
 
 __all__ = ["CacheConfig", "default_cache_dir"]
@@ -37,21 +38,21 @@ def _flag(text: str) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+    raise BadArgument("expected one of 1/0, true/false, yes/no, on/off")
 
 
 def _seconds(text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError("not a number of seconds") from None
+        raise BadArgument("not a number of seconds") from None
 
 
 def _positive(parse: Callable[[str], float]) -> Callable[[str], float]:
     def positive(text: str) -> float:
         value = parse(text)
         if not math.isfinite(value) or value <= 0:
-            raise ValueError("must be a positive, finite number")
+            raise BadArgument("must be a positive, finite number")
         return value
     return positive
 
@@ -63,7 +64,7 @@ FUSE_MODES = ("background", "sync", "off")
 def _fuse_mode(text: str) -> str:
     mode = text.strip().lower()
     if mode not in FUSE_MODES:
-        raise ValueError(f"expected one of {', '.join(FUSE_MODES)}")
+        raise BadArgument(f"expected one of {', '.join(FUSE_MODES)}")
     return mode
 
 
@@ -71,7 +72,7 @@ def _size_limit(text: str) -> int:
     # 0 would evict every entry as it is stored; no limit is the variable unset.
     limit = parse_size(text)
     if limit <= 0:
-        raise ValueError("a limit of 0 bytes keeps nothing (unset it for no limit)")
+        raise BadArgument("a limit of 0 bytes keeps nothing (unset it for no limit)")
     return limit
 
 
@@ -81,19 +82,19 @@ def _secret(environ: Mapping[str, str], directory: Path) -> bytes | None:
     would sign whatever someone who can write there plants, so it is refused."""
     value, path = environ.get("LTC_CACHE_SECRET"), environ.get("LTC_CACHE_SECRET_FILE")
     if value and path:
-        raise ValueError("set LTC_CACHE_SECRET or LTC_CACHE_SECRET_FILE, not both")
+        raise BadArgument("set LTC_CACHE_SECRET or LTC_CACHE_SECRET_FILE, not both")
     if not path:
         return value.encode() if value else None
     secret_file = Path(path).expanduser().resolve()
     if secret_file.is_relative_to(directory.resolve()):
-        raise ValueError(f"LTC_CACHE_SECRET_FILE={path} is inside the cache directory "
+        raise BadArgument(f"LTC_CACHE_SECRET_FILE={path} is inside the cache directory "
                          f"{directory}: keep the key where the cache's writers cannot read it")
     try:
         secret = secret_file.read_bytes().strip()
     except OSError as exc:
-        raise ValueError(f"LTC_CACHE_SECRET_FILE={path}: cannot read it ({exc})") from None
+        raise BadArgument(f"LTC_CACHE_SECRET_FILE={path}: cannot read it ({exc})") from None
     if not secret:
-        raise ValueError(f"LTC_CACHE_SECRET_FILE={path} is empty")
+        raise BadArgument(f"LTC_CACHE_SECRET_FILE={path} is empty")
     return secret
 
 
@@ -147,7 +148,7 @@ class CacheConfig:
                 return read(text)
             except ValueError as exc:
                 if strict:
-                    raise ValueError(f"{name}={text!r}: {exc}") from None
+                    raise BadArgument(f"{name}={text!r}: {exc}") from None
                 _bad_setting(name, text, exc, said)
                 return fallback
 
@@ -156,7 +157,7 @@ class CacheConfig:
             directory = Path(env.get("LTC_CACHE_DIR") or default_cache_dir(env)).expanduser()
         except RuntimeError as exc:  # no home directory to put the default in, nor ~ to expand
             if strict:
-                raise ValueError(f"LTC_CACHE_DIR: {exc}") from None
+                raise BadArgument(f"LTC_CACHE_DIR: {exc}") from None
             _bad_setting("LTC_CACHE_DIR", env.get("LTC_CACHE_DIR", ""), ValueError(str(exc)),
                          "the cache is off (LTC_CACHE_DISABLE=1)")
             directory, disable = Path(), True

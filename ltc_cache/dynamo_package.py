@@ -2,10 +2,13 @@
 the package of Dynamo's AOT precompile (``torch._dynamo.aot_compile``,
 ``aot_compile_types``), its ``CompilePackage`` (``package``), the frame
 conversion around them (``convert_frame``, ``eval_frame``, ``output_graph``,
-``bytecode_transformation``, ``side_effects``, ``variables``) and the
-eval-frame hook (``torch._C._dynamo``) goes through this module, and no
-other. It sits at the ground of the layers because ``threads.py`` (Dynamo's
-compile lock) and ``compile_backend/model_names.py`` (the frame Dynamo is
+``bytecode_transformation``, ``side_effects``, ``variables``, ``types``),
+the eval-frame hook (``torch._C._dynamo``), Dynamo's settings, counters and
+errors (``config``, ``utils.counters``, ``exc``), torch's structured trace
+(``torch._logging``) and the graph pickler packages use
+(``torch.fx._graph_pickler``) goes through this module, and no other. It
+sits at the ground of the layers because ``threads.py`` (Dynamo's compile
+lock) and ``compile_backend/model_names.py`` (the frame Dynamo is
 compiling) need it too; ``program/`` is its main user.
 
 Written against torch 2.13.0. None of it is public torch API: each piece is
@@ -36,25 +39,31 @@ from torch._C._dynamo.eval_frame import (
     _FrameExecStrategy,
     set_code_exec_strategy,
 )
-from torch._dynamo import bytecode_transformation, convert_frame, eval_frame, package
+from torch._dynamo import bytecode_transformation, config, convert_frame, eval_frame, package
 from torch._dynamo.aot_compile import AOTCompiledFunction
 from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._dynamo.convert_frame import ConvertFrame, compile_lock
 from torch._dynamo.eval_frame import OptimizedModule
+from torch._dynamo.exc import PackageError, RestartAnalysis, Unsupported, UserError
 from torch._dynamo.output_graph import OutputGraph
 from torch._dynamo.package import CompilePackage, SourceInfo
 from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._dynamo.types import ConvertFrameReturn, GuardedCode
+from torch._dynamo.utils import counters as dynamo_counters
+from torch._logging import trace_structured
 
 __all__ = ["SKIP", "AOTCompiledFunction", "CompilePackage", "ConvertFrame", "OptimizedModule",
-           "OutputGraph", "SerializableCallable", "SourceInfo", "aot_compiled",
+           "OutputGraph", "PackageError", "RestartAnalysis", "SerializableCallable", "SourceInfo",
+           "Unsupported", "UserError", "aot_compiled",
            "backend_wrapped_by", "bypassed_entry", "cache_entries", "compile_lock",
-           "compiling_frame", "deserialize_program",
-           "guard_managers_built_by", "look_again_before_capture", "optimized",
+           "compiling_frame", "ddp_optimizer_off", "ddp_optimizer_on", "deserialize_program",
+           "graph_break_counts", "guard_managers_built_by", "logging_functions_ignored",
+           "look_again_before_capture", "module_call", "module_call_code", "optimized",
+           "pickle_graph",
            "program_graph", "program_guards",
            "run_as_is", "serialize_program", "serve_frames", "side_effect_pieces",
-           "skipped_recursively",
-           "traced_fn", "unique_ids_from"]
+           "skipped_recursively", "trace_artifact", "traced_fn", "unique_ids_from",
+           "unpickle_graph"]
 
 _logger = logging.getLogger("ltc_cache.dynamo")
 
@@ -224,6 +233,17 @@ def serve_frames(opted_in: Callable[[Any], bool], server: Callable[..., Any]) ->
         if not any(known is server for _, known in _servers):
             _servers.append((opted_in, server))
     _wrap_convert_frame()
+
+
+def module_call_code() -> types.CodeType:
+    """The code of the frame Dynamo captures for ``torch.compile(module)``
+    called as a module (``Module._wrapped_call_impl``)."""
+    return torch.nn.Module._wrapped_call_impl.__code__
+
+
+def module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``module`` called as a module, past the frame Dynamo captures for it."""
+    return torch.nn.Module._call_impl(module, *args, **kwargs)
 
 
 def _served(convert: ConvertFrame, frame: Any) -> Any:
@@ -426,3 +446,52 @@ def guard_managers_built_by(
         yield
     finally:
         package.load_guard_manager = original
+
+
+# -- Dynamo's settings, counters and errors, and the graphs it pickles ------
+
+
+def ddp_optimizer_on() -> bool:
+    """Whether Dynamo hands the graphs of a DistributedDataParallel module
+    to its DDPOptimizer (``optimize_ddp``; the calling thread's setting)."""
+    return config.optimize_ddp is True
+
+
+def ddp_optimizer_off() -> contextlib.AbstractContextManager[Any]:
+    """Dynamo with its DDPOptimizer off, in the calling thread."""
+    return config.patch(optimize_ddp=False)
+
+
+def logging_functions_ignored(functions: set[Any]) -> contextlib.AbstractContextManager[Any]:
+    """Dynamo skipping calls of ``functions`` too, as it skips the logging
+    functions it already ignores (``ignore_logging_functions``)."""
+    return config.patch(ignore_logging_functions=set(config.ignore_logging_functions) | functions)
+
+
+def graph_break_counts(group: str) -> Mapping[Any, int]:
+    """Dynamo's counter ``group`` (``"unimplemented"``, ``"graph_break"``):
+    reason -> count, as it stands."""
+    return dynamo_counters[group]
+
+
+def trace_artifact(name: str, payload: str) -> None:
+    """A string artifact ``name`` in torch's structured trace
+    (``TORCH_TRACE``), rendered only where a trace is wanted."""
+    trace_structured(
+        "artifact", metadata_fn=lambda: {"name": name, "encoding": "string"},
+        payload_fn=lambda: payload, expect_trace_id=False)
+
+
+def pickle_graph(gm: torch.fx.GraphModule) -> bytes:
+    """``gm`` pickled by torch's graph pickler, every op kept."""
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    return GraphPickler.dumps(gm, Options(ops_filter=None))
+
+
+def unpickle_graph(data: bytes, fake_mode: Any) -> torch.fx.GraphModule:
+    """A graph :func:`pickle_graph` pickled, its values' fake tensors in
+    ``fake_mode``."""
+    from torch.fx._graph_pickler import GraphPickler
+
+    return GraphPickler.loads(data, fake_mode)

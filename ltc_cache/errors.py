@@ -3,9 +3,19 @@ builtin it refines."""
 
 from __future__ import annotations
 
-__all__ = ["EntryError", "GraphNotExtractable", "LockTimeout", "LtcCacheError", "LtcUnavailable",
-           "NotForThisCpu", "RememberedFailure", "UncacheableGraph", "first_line",
-           "is_graph_failure"]
+import sys
+from collections.abc import Sequence
+
+__all__ = ["AmbiguousKey", "BadArgument", "BundleError", "CompileTimeout", "EntryError",
+           "FuseFailed", "GraphNotExtractable", "GrowingLayout", "KindNotRegistered",
+           "LayoutChanged", "LockTimeout", "LtcCacheError", "LtcUnavailable",
+           "MissingDependency", "NoCache", "NoLibrary", "NoSuchEntry",
+           "NotACacheDirectory", "NotForThisCpu", "PlanError", "ReadOnlyStore",
+           "RememberedFailure", "RewriteRefused", "StoreTimeout", "StoreUnreachable",
+           "UncacheableGraph", "UnexpectedPackage", "UnpickledForward", "Unrepeatable",
+           "Unreplaceable", "UnsafeDirectory", "UnsafeProgramKey", "Unspecializable",
+           "UsageError", "WrongType", "first_line", "is_graph_failure",
+           "is_graph_failure_reason"]
 
 
 class LtcCacheError(Exception):
@@ -63,10 +73,12 @@ class RememberedFailure(GraphNotExtractable):
     without tracing again."""
 
 
-# Messages of RuntimeErrors that come from the process, not the graph: out
-# of memory (torch.OutOfMemoryError is a RuntimeError too), other resources,
-# and LTC's backend initialised twice (what entries stored before that was
-# tolerated say).
+# Messages of RuntimeErrors that come from the process, not the graph, where
+# torch gives them no type of their own: other resources, and LTC's backend
+# initialised twice (what entries stored before that was tolerated say). Out
+# of memory has a type (torch.OutOfMemoryError, a RuntimeError) and is told
+# by it; its message is here for the reasons negative entries stored, which
+# are text.
 _PROCESS_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory",
                      "resource temporarily unavailable", "too many open files",
                      "register multiple backend fallbacks", "backend not registered")
@@ -81,11 +93,18 @@ def is_graph_failure(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, RuntimeError) or isinstance(exc, LtcUnavailable):
         return False
-    # What LTC's lowering raises is a plain RuntimeError (torch gives it no
-    # type of its own), as are torch's resource failures: told by message.
-    if type(exc).__name__ == "OutOfMemoryError":
+    torch = sys.modules.get("torch")  # loaded wherever a trace failed
+    if torch is not None and isinstance(exc, torch.OutOfMemoryError):
         return False
-    message = str(exc).lower()
+    # What LTC's lowering raises is a plain RuntimeError (torch gives it no
+    # type of its own), as are the resource failures above: told by message.
+    return is_graph_failure_reason(str(exc))
+
+
+def is_graph_failure_reason(reason: str) -> bool:
+    """Whether ``reason``, the message of a failure a negative entry stored,
+    is about the graph rather than the process that stored it."""
+    message = reason.lower()
     return not any(text in message for text in _PROCESS_MESSAGES)
 
 
@@ -99,3 +118,137 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
 class Unportable(LtcCacheError, ValueError):
     """A program that cannot be stored safely (a guard this module cannot
     check in another process, a function without a source file)."""
+
+
+class AmbiguousKey(LtcCacheError, ValueError):
+    def __init__(self, prefix: str, candidates: Sequence[str]) -> None:
+        super().__init__(f"{prefix!r} matches {len(candidates)} entries: "
+                         f"{', '.join(c[:12] for c in candidates[:5])}"
+                         f"{' …' if len(candidates) > 5 else ''}")
+        self.candidates = tuple(candidates)
+
+
+
+class BundleError(LtcCacheError, ValueError):
+    """A file that is not a bundle, or a damaged one."""
+
+
+
+class CompileTimeout(BaseException):
+    """The compile ran past its limit. A BaseException, so that a build's
+    ``except Exception`` (which refuses whatever the compile raises) lets
+    it through to the caller, which refuses it by name."""
+
+
+
+class FuseFailed(LtcCacheError, RuntimeError):
+    """A graph that cannot be given a library; its message is the reason stored."""
+
+
+
+class GrowingLayout(LtcCacheError):
+    """An argument whose layout changes on every call (a dynamic key/value
+    cache): a program per call would be a capture per decoding step."""
+
+
+
+class NoCache(LtcCacheError, FileNotFoundError):
+    """The directory is missing or is not a cache directory."""
+
+
+
+class NoLibrary(LtcCacheError):
+    """Why a plan's graph gets no library, known before compiling it."""
+
+
+
+class PlanError(LtcCacheError, ValueError):
+    """A graph that cannot be stored as a plan (a node or value of a kind a
+    plan does not hold)."""
+
+
+
+class UnexpectedPackage(LtcCacheError, RuntimeError):
+    """AOTInductor's package holds something other than one library."""
+
+
+
+class Unrepeatable(LtcCacheError):
+    """A recomputed op that draws: its plan keeps its regions."""
+
+
+
+class UnsafeDirectory(LtcCacheError, PermissionError):
+    """A cache directory that another user could write into."""
+
+
+
+class Unspecializable(LtcCacheError, ValueError):
+    """A graph whose scalar values cannot all be made concrete (a value that
+    depends on tensor data, such as an unbacked size)."""
+
+
+
+class UsageError(LtcCacheError):
+    """Bad input on the command line: exit status 2."""
+
+
+class BadArgument(LtcCacheError, ValueError):
+    """A value ltc_cache does not take: of a setting (an environment
+    variable), a command-line argument, a backend option, an argument of
+    the API; the message says what it takes."""
+
+
+class WrongType(LtcCacheError, TypeError):
+    """A value of a type ltc_cache cannot take: an argument of the API, or
+    a stored or traced value that is not the kind it must be."""
+
+
+class NoSuchEntry(LtcCacheError, KeyError):
+    """No entry has the key (or key prefix) asked for."""
+
+
+class KindNotRegistered(LtcCacheError, KeyError):
+    """An entry kind whose product has not registered it."""
+
+
+class ReadOnlyStore(LtcCacheError, PermissionError):
+    """A write to a cache opened read-only."""
+
+
+class UnsafeProgramKey(LtcCacheError, PermissionError):
+    """A program key file others could read or write, or one that is too
+    short, or inside the cache directory."""
+
+
+class StoreTimeout(LtcCacheError, TimeoutError):
+    """A shared tier that did not answer in time."""
+
+
+class MissingDependency(LtcCacheError, ImportError):
+    """A feature whose optional dependency is not installed."""
+
+
+class RewriteRefused(LtcCacheError, ValueError):
+    """A traced graph the rewrites cannot take as it is: stored as traced."""
+
+
+class LayoutChanged(LtcCacheError, RuntimeError):
+    """An output laid out otherwise than when its graph was traced."""
+
+
+class UnpickledForward(LtcCacheError, RuntimeError):
+    """A forward that ran through ltc_cache programs, called after
+    unpickling: it must be compiled again."""
+
+
+class Unreplaceable(LtcCacheError, AttributeError):
+    """The module of a compiled stand-in, which cannot be replaced."""
+
+
+class StoreUnreachable(LtcCacheError, ConnectionError):
+    """A shared tier that failed to answer (refused, reset, gone)."""
+
+
+class NotACacheDirectory(LtcCacheError, NotADirectoryError):
+    """The cache directory's path names something that is not a directory."""

@@ -13,6 +13,8 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
+from .errors import UnsafeProgramKey
+
 logger = logging.getLogger("ltc_cache.signing")
 
 
@@ -45,7 +47,7 @@ def program_secret(shared: bytes | None, cache_dir: Path, *,
         return shared
     path = key_path(environ)
     if path.resolve().is_relative_to(Path(cache_dir).resolve()):
-        raise PermissionError(f"the program key {path} would be inside the cache "
+        raise UnsafeProgramKey(f"the program key {path} would be inside the cache "
                               f"directory {cache_dir}")
     try:
         return read_key(path)
@@ -74,13 +76,13 @@ def read_key(path: Path) -> bytes:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
-            raise PermissionError(f"the program key {path} belongs to another user")
+            raise UnsafeProgramKey(f"the program key {path} belongs to another user")
         if st.st_mode & 0o077:
-            raise PermissionError(f"the program key {path} is readable or writable by "
+            raise UnsafeProgramKey(f"the program key {path} is readable or writable by "
                                   f"others (mode {st.st_mode & 0o777:o}); chmod 600 it")
         data = os.read(fd, 4096).strip()
     finally:
         os.close(fd)
     if len(data) < 32:
-        raise PermissionError(f"the program key {path} is too short")
+        raise UnsafeProgramKey(f"the program key {path} is too short")
     return data

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
+from .errors import BadArgument
+
 __all__ = ["SIZE_RULE", "format_age", "format_size", "parse_age", "parse_size"]
 
 SIZE_RULE = ("bytes, or a number with B, KB, MB, GB, TB (powers of 1000) "
@@ -28,12 +30,12 @@ def parse_size(text: str) -> int:
     """Parse ``"2GB"``, ``"512MiB"``, ``"1.5 GB"`` or ``"1024"`` into bytes (see SIZE_RULE)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2) not in {"", *_SIZE_UNITS}:
-        raise ValueError(f"not a size: {text!r} (give {SIZE_RULE})")
+        raise BadArgument(f"not a size: {text!r} (give {SIZE_RULE})")
     number, unit = match.groups()
     # Decimal: 1.1KB is 1100 bytes exactly, not 1100.0000000000002.
     value = Decimal(number) * _SIZE_UNITS.get(unit, 1)
     if value != int(value):
-        raise ValueError(f"not a whole number of bytes: {text!r} (give {SIZE_RULE})")
+        raise BadArgument(f"not a whole number of bytes: {text!r} (give {SIZE_RULE})")
     return int(value)
 
 
@@ -41,7 +43,7 @@ def parse_age(text: str) -> float:
     """Parse ``"30d"``, ``"12h"``, ``"90m"``, ``"2w"`` or plain seconds into seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdwy]?)\s*", text)
     if not match:
-        raise ValueError(f"not an age: {text!r} (give seconds, or a number with s, m, h, d, "
+        raise BadArgument(f"not an age: {text!r} (give seconds, or a number with s, m, h, d, "
                          "w or y, e.g. 30d, 12h, 90m, 2w)")
     return float(match.group(1)) * _AGE_UNITS[match.group(2) or "s"]
 

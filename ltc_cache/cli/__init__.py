@@ -28,14 +28,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import CacheConfig
+from ..errors import NoCache, UsageError
 from ..report.remote import RemoteTier
 from ..store.disk import DiskStore
-from ..store.tiers import NoCache, open_directory
+from ..store.tiers import open_directory
 from .output import (
     OK,
     PROBLEMS,
     USAGE,
-    UsageError,
     gather_json,
     gathering_json,
     json_tier,

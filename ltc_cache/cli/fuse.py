@@ -19,12 +19,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..config import CacheConfig
+from ..errors import UsageError
 from ..report import FuseOutcome, FuseTarget, fuse_one, plan_fuse, scan, sort_entries
 from ..report.fused import GONE, LIBRARY, NOT_STORED, REFUSED
 from ..signing import program_secret
 from ..store.disk import DiskStore
 from .maintenance import filtered_entries
-from .output import OK, PROBLEMS, UsageError, counted, print_line
+from .output import OK, PROBLEMS, counted, print_line
 
 __all__ = ["INTERRUPTED", "cmd_fuse"]
 

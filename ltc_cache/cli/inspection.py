@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from ..config import CacheConfig
 from ..counter_names import HITS, MISSES
 from ..entries.kinds import EntryKind
-from ..errors import EntryError
+from ..errors import EntryError, UsageError
 from ..report import (
     STAT_LABELS,
     STAT_NAMES,
@@ -35,7 +35,6 @@ from .output import (
     OK,
     PROBLEMS,
     Progress,
-    UsageError,
     counted,
     format_timestamp,
     print_error,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import CacheConfig
+from ..errors import BundleError, UsageError
 from ..report import (
     DeletePlan,
     EntryFilter,
@@ -22,21 +23,10 @@ from ..report import (
     remove_free_lock_files,
     scan,
 )
-from ..store.bundle import BundleError
 from ..store.disk import DiskStore
 from ..units import format_size
 from .inspection import find_key
-from .output import (
-    OK,
-    PROBLEMS,
-    Progress,
-    UsageError,
-    confirm,
-    counted,
-    print_error,
-    print_line,
-    table_lines,
-)
+from .output import OK, PROBLEMS, Progress, confirm, counted, print_error, print_line, table_lines
 
 __all__ = ["cmd_clear", "cmd_export", "cmd_import", "cmd_prune", "filtered_entries"]
 

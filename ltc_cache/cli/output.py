@@ -11,13 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from ..errors import LtcCacheError
-
 OK, PROBLEMS, USAGE = 0, 1, 2
-
-
-class UsageError(LtcCacheError):
-    """Bad input on the command line: exit status 2."""
 
 
 def print_line(text: str = "") -> None:

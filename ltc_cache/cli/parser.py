@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ..errors import BadArgument
 from ..graph.fused.cpu_isa import parse_cpu
 from ..report import SORT_FIELDS, parse_filter
 from ..units import SIZE_RULE, parse_age, parse_size
@@ -34,9 +35,9 @@ def _timeout(text: str) -> float:
     try:
         seconds = parse_age(text)
     except ValueError:
-        raise ValueError(f"not a number of seconds: {text!r} (e.g. 600, 10m, 1h)") from None
+        raise BadArgument(f"not a number of seconds: {text!r} (e.g. 600, 10m, 1h)") from None
     if seconds <= 0:
-        raise ValueError(f"timeout {text!r}: must be more than 0 seconds")
+        raise BadArgument(f"timeout {text!r}: must be more than 0 seconds")
     return seconds
 
 

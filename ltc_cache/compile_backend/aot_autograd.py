@@ -9,8 +9,10 @@ reads the metadata it leaves in Dynamo's tracing context
 its first call, and leaves AOTAutograd's fake-tensor mode where it needs
 real tensors. All of it is torch-private. This module is the one place in
 the package that touches ``torch._functorch``, ``functorch``,
-``torch._guards`` and ``torch._dynamo.backends.common``, and the one in
-``compile_backend`` that touches fake tensors and dispatch modes
+``torch._guards``, ``torch._dynamo.backends.common`` and
+``torch.compiler._compile_session_context``, and the one that touches fake
+tensors (``torch._subclasses``, the dispatch keys a fake tensor is made
+with) and dispatch modes: ``program/`` makes its fake tensors here too
 (``tests/common/test_layers.py`` holds every other module to that), so
 that a torch upgrade that moves them breaks here, and
 ``tests/common/test_torch_private.py`` (its AOTAutograd section) is where
@@ -30,8 +32,8 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 __all__ = ["aot_compiler", "backward_compiled_with_forward", "boxed_function",
-           "compile_session", "forward_metadata", "is_fake", "real_tensors",
-           "run_time_tracing"]
+           "compile_session", "fake_mode", "fake_tensor_maker", "forward_metadata", "is_fake",
+           "real_tensors", "run_time_tracing"]
 
 
 def aot_compiler(*, forward: Callable[..., Any], backward: Callable[..., Any],
@@ -110,6 +112,31 @@ def real_tensors() -> contextlib.AbstractContextManager[Any]:
     tensors made inside are real
     (docs/torch/aot-autograd.md#lazy-tracing-fails-under-a-dispatch-mode)."""
     return _disable_current_modes()
+
+
+def fake_mode(shape_env: Any = None) -> Any:
+    """A fake-tensor mode of its own (with ``shape_env``, symbolic shapes)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(shape_env=shape_env)
+
+
+def fake_tensor_maker() -> Callable[[torch.Tensor, torch.device, type, int], torch.Tensor]:
+    """A function that makes a fake tensor of a meta tensor, its device,
+    its Python type and its dispatch keys (as ``DispatchKeySet``'s raw
+    number), as Dynamo's guard state unpickles one: every tensor it makes
+    shares one fake mode (docs/torch/dynamo.md#three-load-costs-paid-elsewhere)."""
+    from torch._subclasses.fake_tensor import FakeTensorConverter, FakeTensorMode
+
+    mode, converter = FakeTensorMode(), FakeTensorConverter()
+
+    def make(meta_tensor: torch.Tensor, device: torch.device, pytype: type,
+             dispatch_keys_raw: int) -> torch.Tensor:
+        return converter.from_meta_and_device(
+            mode, meta_tensor, device, pytype,
+            torch._C.DispatchKeySet.from_raw_repr(dispatch_keys_raw))
+
+    return make
 
 
 def is_fake(value: Any) -> bool:

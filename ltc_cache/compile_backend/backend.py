@@ -35,7 +35,8 @@ from torch import fx
 from ..counter_names import ATEN_OPS, DYNAMO_GRAPHS, ERRORS
 from ..diagnostics import counters, warn_once
 from ..entries.keys import CacheKey
-from ..errors import first_line
+from ..errors import BadArgument, first_line
+from ..fx_ops import HigherOrderOperator
 from ..graph.cache import GraphCache, default_cache
 from ..graph.graph_keys import graph_parts, key_of
 from ..threads import compile_lock
@@ -109,7 +110,7 @@ class LtcBackend:
             return configured(gm, example_inputs)
         if self._from_dynamo:
             counters.bump(DYNAMO_GRAPHS)
-        from .specialize import Unspecializable
+        from ..errors import Unspecializable
 
         name = self._name or model_name(gm)
         training = _needs_grad(example_inputs)
@@ -127,11 +128,11 @@ class LtcBackend:
         warns once: Inductor's modes mean nothing to LTC."""
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for "
+            raise BadArgument(f"unknown option(s) {', '.join(map(repr, unknown))} for "
                              f"backend='ltc_cache'; it accepts: {_accepted()}")
         for option, value in options.items():
             if not isinstance(value, _OPTIONS[option][0]):
-                raise ValueError(f"option {option!r} of backend='ltc_cache' takes "
+                raise BadArgument(f"option {option!r} of backend='ltc_cache' takes "
                                  f"{_OPTIONS[option][1]}, not {value!r}")
         if mode:
             warn_once(f"mode:{mode}", f"torch.compile mode={mode!r} means nothing to the "
@@ -152,7 +153,7 @@ class LtcBackend:
                     return compiled
             return self._planned(cache).inference(gm, example_inputs, name)
         except Exception as exc:
-            from torch._dynamo.exc import RestartAnalysis
+            from ..dynamo_package import RestartAnalysis
 
             if isinstance(exc, RestartAnalysis):  # Dynamo's own control flow
                 raise
@@ -171,7 +172,7 @@ class LtcBackend:
             # eager (docs/torch/ltc.md#ltc-as-strided-strides-elements).
             logger.info("%s: not lowered whole (it calls as_strided); partitioning", name)
             return None
-        if any(isinstance(node.target, torch._ops.HigherOrderOperator) for node in gm.graph.nodes):
+        if any(isinstance(node.target, HigherOrderOperator) for node in gm.graph.nodes):
             # A checkpointed block (tag_activation_checkpoint) would run
             # torch.utils.checkpoint on LTC's device, which it has no module
             # for; AOTAutograd inlines such blocks.
@@ -317,7 +318,8 @@ def static_graph_parts(gm: fx.GraphModule) -> dict[str, str] | None:
     for a static graph, :func:`canonical` reads only the recorded values;
     None where the key depends on the call (symbolic shapes, ``.item()``
     of an input)."""
-    from .specialize import Unspecializable, scalar_inputs
+    from ..errors import Unspecializable
+    from .specialize import scalar_inputs
 
     if is_dynamic(gm) or scalar_inputs(gm):
         return None

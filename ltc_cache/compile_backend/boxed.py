@@ -9,7 +9,8 @@ generate a graph's code in AOTAutograd's boxed convention instead: the
 function takes the list, moves its items into locals, empties it, and
 drops each local after its last use, as the graph's code always does
 (docs/torch/aot-autograd.md#boxed-backward-frees-inputs). That code generator, ``_BoxedCodeGen``, is
-private to torch.fx: ``tests/compile_backend/test_boxed.py`` pins it.
+private to torch.fx: :mod:`ltc_cache.fx_ops` fences it, and
+``tests/compile_backend/test_boxed.py`` pins it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from torch import fx
+
+from ..fx_ops import boxed_code_generator
 
 __all__ = ["boxed"]
 
@@ -28,14 +31,11 @@ def boxed(graph: Callable[..., Any]) -> Callable[[list[Any]], Any]:
     (and a graph module should torch.fx lack the code generator) is called
     on the list's items, which the call holds to its end."""
     if isinstance(graph, fx.GraphModule):
-        try:
-            from torch.fx.graph import _BoxedCodeGen
-        except ImportError:
-            pass
-        else:
+        codegen = boxed_code_generator()
+        if codegen is not None:
             copy = fx.Graph()
             copy.output(copy.graph_copy(graph.graph, {}))
-            copy.set_codegen(_BoxedCodeGen())
+            copy.set_codegen(codegen)
             # The same submodules and constants as ``graph``: its regions
             # are extracted once, whichever of the two calls them.
             boxed_graph = fx.GraphModule(graph, copy)

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .decompose_where import masked_where
+from ..fx_ops import decompositions_of
+from .decompose_vision import masked_where
 
 __all__ = ["decompositions"]
 
@@ -166,9 +167,7 @@ def decompositions() -> dict[Any, Callable[..., Any]]:
     (``tools/bench/steady.py``, BENCHMARKS.md). Not causal either: a ViT
     training step at 197 tokens was 11-24% slower decomposed
     (docs/torch/ltc.md#flash-attention-stays-eager)."""
-    from torch._decomp import get_decompositions
-
-    table = get_decompositions([
+    table = decompositions_of([
         aten._native_batch_norm_legit_functional.default,
         aten._native_batch_norm_legit_no_training.default,
         aten._native_batch_norm_legit.default,

@@ -11,9 +11,9 @@ GhostNet's ``hardsigmoid_backward`` (docs/torch/ltc.md#roll-and-copy-do-not-lowe
 docs/torch/ltc.md#hardsigmoid-backward-does-not-lower).
 
 Kept apart from :mod:`ltc_cache.compile_backend.decompose` (which merges
-this table into its own), so that each can change without the other (the
-``where`` both build with is :mod:`ltc_cache.compile_backend.decompose_where`);
-the plan key hashes this module's code too
+this table into its own), so that each can change without the other; the
+``where`` both build with is here (:func:`masked_where`). The plan key
+hashes this module's code too
 (:func:`ltc_cache.compile_backend.plan.plan_key`). Like those, each is exact
 for every input it accepts, and returns ``NotImplemented`` (leaving the op
 whole) for the inputs it does not handle.
@@ -27,11 +27,29 @@ from typing import Any
 
 import torch
 
-from .decompose_where import masked_where
+from ..fx_ops import decompositions_of
 
-__all__ = ["vision_decompositions"]
+__all__ = ["masked_where", "vision_decompositions"]
 
 aten = torch.ops.aten
+
+
+# ``where`` as masked fills, exact for every input (``a * c + b * (1 - c)``
+# turns -inf into NaN): what :mod:`ltc_cache.compile_backend.decompose`
+# decomposes ``aten.where.self`` into (docs/torch/ltc.md#some-ops-do-not-lower), and what
+# the decompositions here build with. No docstring: the plan key hashes the
+# function's code, its constants included, as it was in decompose_where.py.
+def masked_where(cond: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    dtype = torch.result_type(a, b)
+    shape = torch.broadcast_shapes(cond.shape, a.shape, b.shape)
+    cond = aten.expand.default(cond, shape)
+    a = aten.expand.default(aten._to_copy.default(a, dtype=dtype), shape)
+    b = aten.expand.default(aten._to_copy.default(b, dtype=dtype), shape)
+    picked_a = aten.masked_fill.Scalar(a, aten.eq.Scalar(cond, 0), 0)
+    picked_b = aten.masked_fill.Scalar(b, cond, 0)
+    if dtype == torch.bool:
+        return aten.bitwise_or.Tensor(picked_a, picked_b)
+    return aten.add.Tensor(picked_a, picked_b)
 
 
 def _hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> torch.Tensor:
@@ -201,11 +219,9 @@ def _batch_norm_training(torch_decomposition: Callable[..., Any]) -> Callable[..
 def vision_decompositions() -> dict[Any, Callable[..., Any]]:
     """Ours for the vision ops LTC does not lower; merged into
     :func:`ltc_cache.compile_backend.decompose.decompositions`."""
-    from torch._decomp import get_decompositions
-
     functional = aten._native_batch_norm_legit_functional.default
     return {
-        functional: _batch_norm_training(get_decompositions([functional])[functional]),
+        functional: _batch_norm_training(decompositions_of([functional])[functional]),
         aten.hardtanh.default: _hardtanh,
         aten.hardtanh_backward.default: _hardtanh_backward,
         aten.hardswish.default: _hardswish,

@@ -35,11 +35,12 @@ from torch import fx
 
 from ..entries.entry import tensor_from_wire, tensor_to_wire
 from ..entries.wire import PLAN_FORMAT
-from ..errors import EntryError, LtcCacheError
+from ..errors import EntryError, PlanError
+from ..fx_ops import HigherOrderOperator, OpOverload, lazy_module_class, rng_wrapper
 from .nodes import is_symbolic
 
-__all__ = ["PLAN_VERSION", "PlanError", "StoredRegion", "graph_from_wire", "graph_to_wire",
-           "lazy_module_class", "rng_wrapper_name"]
+__all__ = ["PLAN_VERSION", "StoredRegion", "graph_from_wire", "graph_to_wire",
+           "rng_wrapper_name"]
 
 # The version of a plan's payload, written into each graph's wire form and
 # checked when it is read; the plan's key hashes it too
@@ -70,11 +71,6 @@ _ENUMS = {
 }
 
 
-class PlanError(LtcCacheError, ValueError):
-    """A graph that cannot be stored as a plan (a node or value of a kind a
-    plan does not hold)."""
-
-
 # --- to the wire ---------------------------------------------------------------
 
 
@@ -83,7 +79,7 @@ def _target_to_wire(node: fx.Node, regions: Sequence[str]) -> str:
             or (node.op == "call_module" and node.target in regions):
         return str(node.target)
     if node.op == "call_function":
-        if isinstance(node.target, torch._ops.OpOverload):
+        if isinstance(node.target, OpOverload):
             return str(node.target)  # "aten.addmm.default"
         if node.target is operator.getitem:
             return "operator.getitem"
@@ -95,16 +91,10 @@ def _target_to_wire(node: fx.Node, regions: Sequence[str]) -> str:
 
 def rng_wrapper_name(target: Any) -> str | None:
     """The name of ``target`` where it is one of :data:`_RNG_WRAPPERS`."""
-    if not isinstance(target, torch._ops.HigherOrderOperator):
+    if not isinstance(target, HigherOrderOperator):
         return None
     name = target.name()
-    return name if name in _RNG_WRAPPERS and _rng_wrapper(name) is target else None
-
-
-def _rng_wrapper(name: str) -> Any:
-    from torch._prims import rng_prims
-
-    return getattr(rng_prims, name, None)
+    return name if name in _RNG_WRAPPERS and rng_wrapper(name) is target else None
 
 
 def _value_to_wire(value: Any) -> Any:
@@ -112,7 +102,7 @@ def _value_to_wire(value: Any) -> Any:
         return value
     if isinstance(value, fx.Node):
         return {"node": value.name}
-    if isinstance(value, torch._ops.OpOverload):  # the op a random-op wrapper runs
+    if isinstance(value, OpOverload):  # the op a random-op wrapper runs
         return {"op": str(value)}
     if isinstance(value, list):
         return [_value_to_wire(v) for v in value]
@@ -171,14 +161,14 @@ def _target_from_wire(op: str, target: Any, submodules: Collection[str]) -> Any:
         return _BUILTINS[target]
     kind, _, name = target.partition(".")
     if kind == "higher_order" and name in _RNG_WRAPPERS:
-        wrapper = _rng_wrapper(name)
-        if isinstance(wrapper, torch._ops.HigherOrderOperator):
+        wrapper = rng_wrapper(name)
+        if isinstance(wrapper, HigherOrderOperator):
             return wrapper
         raise EntryError(f"plan: no operator {target!r} in this torch")
     return _overload_from_wire(target)
 
 
-def _overload_from_wire(target: str) -> torch._ops.OpOverload:
+def _overload_from_wire(target: str) -> OpOverload:
     parts = target.split(".")
     if len(parts) != 3:
         raise EntryError(f"plan: {target!r} is not an operator overload")
@@ -187,7 +177,7 @@ def _overload_from_wire(target: str) -> torch._ops.OpOverload:
         resolved = getattr(getattr(getattr(torch.ops, namespace), name), overload)
     except (AttributeError, RuntimeError):
         raise EntryError(f"plan: no operator {target!r} in this torch") from None
-    if not isinstance(resolved, torch._ops.OpOverload):
+    if not isinstance(resolved, OpOverload):
         raise EntryError(f"plan: {target!r} is not an operator overload")
     return resolved
 
@@ -284,15 +274,6 @@ def _constants_wire(obj: Any) -> dict[str, Any]:
             raise EntryError(f"plan: constant name {name!r}")
     return constants
 
-
-def lazy_module_class() -> type[fx.GraphModule]:
-    """torch's GraphModule that generates its code on first use, where this
-    torch has it (private: pinned by tests/compile_backend/test_plan.py), else GraphModule."""
-    try:
-        from torch.fx._lazy_graph_module import _LazyGraphModule
-    except ImportError:
-        return fx.GraphModule
-    return _LazyGraphModule if issubclass(_LazyGraphModule, fx.GraphModule) else fx.GraphModule
 
 
 def graph_from_wire(obj: Any, submodules: Mapping[str, torch.nn.Module] | None = None,

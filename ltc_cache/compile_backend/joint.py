@@ -27,9 +27,8 @@ import torch
 from torch import fx
 
 from ..entries.entry import Entry
-from ..errors import EntryError
+from ..errors import EntryError, LayoutChanged, PlanError
 from .boxed import boxed
-from .graph_wire import PlanError
 from .partition import Partitioned
 from .plan import partitioned_from_wire, runs_bare
 
@@ -307,7 +306,7 @@ class JointFunction:
         for index, base, size, stride, offset, requires_grad, base_stride in self.layout.aliases:
             source = outs[base]
             if source.stride() != base_stride:  # the view would read other elements
-                raise RuntimeError(f"output {base} is laid out otherwise than traced "
+                raise LayoutChanged(f"output {base} is laid out otherwise than traced "
                                    f"({source.stride()} against {base_stride})")
             view = source.as_strided(size, stride, offset)
             outs[index] = view if requires_grad else view.detach()

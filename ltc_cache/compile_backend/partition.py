@@ -17,6 +17,7 @@ import torch
 from torch import fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from ..fx_ops import OpOverload
 from .buffer_writes import buffer_writes_as_one
 from .nodes import node_value
 from .region_cuts import split_where_inputs_die
@@ -51,7 +52,7 @@ _MIN_VIEW_ELEMENTS = 1 << 14
 
 def _large_view(node: fx.Node) -> bool:
     value = node_value(node)
-    return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) \
+    return node.op == "call_function" and isinstance(node.target, OpOverload) \
         and node.target.is_view and isinstance(value, torch.Tensor) \
         and value.numel() >= _MIN_VIEW_ELEMENTS
 

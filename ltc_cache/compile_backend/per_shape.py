@@ -60,7 +60,8 @@ class PerShape:
 
     def _compile(self, signature: tuple[Any, ...], args: Sequence[Any]
                  ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        from .specialize import Unspecializable, specialize
+        from ..errors import Unspecializable
+        from .specialize import specialize
 
         logger.info("%s: compiling for shapes %s", self._name, signature)
         try:

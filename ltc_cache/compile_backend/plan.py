@@ -70,13 +70,12 @@ def _deciding_code() -> str:
         buffer_writes,
         decompose,
         decompose_vision,
-        decompose_where,
         partition,
         region_cuts,
         support,
     )
 
-    modules = (decompose, decompose_vision, decompose_where, partition, region_cuts,
+    modules = (decompose, decompose_vision, partition, region_cuts,
                buffer_writes)
     functions = [value for module in modules for value in vars(module).values()
                  if isinstance(value, types.FunctionType)

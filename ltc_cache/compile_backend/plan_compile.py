@@ -195,7 +195,7 @@ class PlannedCompile:
         ``parted`` itself where no plan can hold it. ``recomputes``: the
         backward recomputes checkpointed blocks (a training plan records it
         for its backward's library, :mod:`.plan_library`)."""
-        from .graph_wire import PlanError
+        from ..errors import PlanError
         from .joint import trainable
         from .joint_switch import StoredForward
         from .plan import bare_inference, partitioned_from_wire, partitioned_to_wire, plan_entry
@@ -233,7 +233,7 @@ class PlannedCompile:
         of ``backward``, and hand its modules to ``making``; ``backward``
         as the plan rebuilds it, or as it is where its forward has no plan
         or a plan cannot hold it."""
-        from .graph_wire import PlanError
+        from ..errors import PlanError
         from .joint import joint_layout
         from .plan import partitioned_from_wire, partitioned_to_wire, plan_entry
 

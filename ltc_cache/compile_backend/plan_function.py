@@ -26,6 +26,7 @@ from ..counter_names import (
 )
 from ..diagnostics import warn_once
 from ..entries.entry import Entry
+from ..errors import NoLibrary
 from ..graph.fused.library_entries import DATA_DEPENDENT, NOT_FASTER
 from ..graph.fused.platform import fusable_here
 from ..graph.fused.runner import FusedFunction, load_runner
@@ -34,7 +35,6 @@ from .plan_examples import Example, integer_inputs, keep_example
 from .plan_library import (
     ONE_REGION,
     WRITES_A_VIEW,
-    NoLibrary,
     fuse_stored,
     part_key,
     tensors_of,

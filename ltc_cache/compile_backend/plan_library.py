@@ -51,12 +51,13 @@ import torch
 from ..entries.entry import Entry
 from ..entries.keys import CacheKey, derived_key
 from ..entries.kinds import EntryKind
-from ..errors import LtcCacheError
+from ..errors import NoLibrary, Unrepeatable, WrongType
+from ..fx_ops import OpOverload
 from ..graph.fused.library_entries import fused_entry, refusal_entry
 from ..graph.fused.platform import compiler_id, fused_key
 from ..signing import program_secret
 from .plan_examples import example_values
-from .plan_rng import Unrepeatable, rng_state_outputs, unwrap_rng
+from .plan_rng import rng_state_outputs, unwrap_rng
 
 if TYPE_CHECKING:
     from torch import fx
@@ -67,7 +68,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ONE_REGION",
     "WRITES_A_VIEW",
-    "NoLibrary",
     "fuse_plan",
     "fuse_plan_part",
     "fuse_stored",
@@ -208,10 +208,6 @@ def _settings(plan: Entry, part: str) -> dict[str, Any]:
     return {**_PLAN, **(_RECOMPUTING_BACKWARD if recomputing else {})}
 
 
-class NoLibrary(LtcCacheError):
-    """Why a plan's graph gets no library, known before compiling it."""
-
-
 def plan_part_graph(plan: Entry, part: str) -> Partitioned:
     """A fresh copy of graph ``part`` of ``plan``, its nodes' values made."""
     from .plan import partitioned_from_wire
@@ -240,7 +236,7 @@ def written_inputs(graph: fx.GraphModule) -> list[int]:
     writes: list[int] = []
     for node in graph.graph.nodes:
         target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+        if node.op != "call_function" or not isinstance(target, OpOverload) \
                 or not target._schema.is_mutable:
             continue
         for argument, value in zip(target._schema.arguments, node.args, strict=False):
@@ -257,7 +253,7 @@ def written_inputs(graph: fx.GraphModule) -> list[int]:
 def _is_view(node: Any) -> bool:
     """Whether ``node`` is an op's output that shares its input's storage."""
     target = getattr(node, "target", None)
-    return isinstance(target, torch._ops.OpOverload) and any(
+    return isinstance(target, OpOverload) and any(
         r.alias_info is not None for r in target._schema.returns)
 
 
@@ -294,7 +290,7 @@ def _untupled(wire: Any) -> list[Any]:
     """A tuple's or a list's items, from their wire form."""
     items = wire.get("tuple") if isinstance(wire, dict) else wire
     if not isinstance(items, list):
-        raise TypeError("not a tuple")
+        raise WrongType("not a tuple")
     return items
 
 
@@ -305,7 +301,8 @@ def _example_inputs(graph: fx.GraphModule, kinds: Sequence[tuple[bool, bool]],
     per-region path binds, which must be the regions a run binds. Integer
     inputs take the ``values`` of a real call where their shape and dtype
     match (:mod:`.plan_examples`)."""
-    from ..graph.fused.build import FuseFailed, laid_out_input
+    from ..errors import FuseFailed
+    from ..graph.fused.build import laid_out_input
 
     generator = torch.Generator().manual_seed(0)
     inputs = []

@@ -15,21 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import LtcCacheError
+from ..errors import Unrepeatable
 from .graph_wire import rng_wrapper_name
 
 if TYPE_CHECKING:
     from torch import fx
 
-__all__ = ["RANDOM_RECOMPUTED", "Unrepeatable", "rng_state_outputs", "unwrap_rng"]
+__all__ = ["RANDOM_RECOMPUTED", "rng_state_outputs", "unwrap_rng"]
 
 # A recomputed op that draws random numbers (a checkpointed dropout): the
 # library could not draw what the forward drew.
 RANDOM_RECOMPUTED = "a recomputed op draws random numbers"
-
-
-class Unrepeatable(LtcCacheError):
-    """A recomputed op that draws: its plan keeps its regions."""
 
 
 def rng_state_outputs(graph: fx.GraphModule) -> frozenset[int]:

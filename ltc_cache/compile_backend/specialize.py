@@ -28,18 +28,13 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..errors import LtcCacheError
+from ..errors import Unspecializable
 from .aot_autograd import is_fake
 
-__all__ = ["Unspecializable", "scalar_inputs", "specialize"]
+__all__ = ["scalar_inputs", "specialize"]
 
 _SYMBOLIC = torch.SymInt | torch.SymFloat | torch.SymBool
 _ITEM_TARGETS = ("item", torch.ops.aten._local_scalar_dense.default)
-
-
-class Unspecializable(LtcCacheError, ValueError):
-    """A graph whose scalar values cannot all be made concrete (a value that
-    depends on tensor data, such as an unbacked size)."""
 
 
 def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:

@@ -20,6 +20,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..entries.wire import SUPPORT_RECORD_FORMAT, read_record, write_record
 from ..errors import first_line
+from ..fx_ops import OpOverload, python_dispatcher_disabled, tree_leaves, tree_map
 from ..store import Store
 from ..threads import trace_lock
 from .aot_autograd import real_tensors
@@ -43,10 +44,10 @@ def support_record_key() -> str:
 def op_signature(node: fx.Node) -> str | None:
     """``aten.add.Tensor(float32,float32)``: the op and its tensor arguments'
     dtypes; None for nodes that are not aten ops."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
         return None
     dtypes = []
-    for arg in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+    for arg in tree_leaves((node.args, node.kwargs)):
         value = node_value(arg)
         if isinstance(value, torch.Tensor):
             dtypes.append(str(value.dtype).removeprefix("torch."))
@@ -67,12 +68,12 @@ def static_rules(node: fx.Node) -> str | None:
     # A None among the results is an output the graph asked not to have
     # (``convolution_backward``'s output_mask): no node reads it, and the
     # region returns only the tensors (docs/torch/ltc.md#cnn-backward-lowers-more-than-probed).
-    leaves = [v for v in torch.utils._pytree.tree_leaves(node_value(node)) if v is not None]
+    leaves = [v for v in tree_leaves(node_value(node)) if v is not None]
     if not leaves or not all(isinstance(v, torch.Tensor) for v in leaves):
         return "returns a non-tensor"
     if any(is_symbolic(v) for v in leaves):
         return "symbolic shape"
-    for arg in torch.utils._pytree.tree_leaves((node.args, node.kwargs)):
+    for arg in tree_leaves((node.args, node.kwargs)):
         if is_symbolic(node_value(arg)):
             return "symbolic argument"
     return None
@@ -126,14 +127,14 @@ def _probe(node: fx.Node) -> str | None:
     def lazy_arg(arg: Any) -> Any:
         return _lazy_zeros(node_value(arg))
 
-    args = torch.utils._pytree.tree_map(lazy_arg, node.args)
-    kwargs = dict(torch.utils._pytree.tree_map(lazy_arg, node.kwargs))
+    args = tree_map(lazy_arg, node.args)
+    kwargs = dict(tree_map(lazy_arg, node.kwargs))
     if "device" in kwargs:
         kwargs["device"] = torch.device("lazy")
     ltc.reset_metrics()
     try:
         result = node.target(*args, **kwargs)
-        tensors = [t for t in torch.utils._pytree.tree_leaves(result)
+        tensors = [t for t in tree_leaves(result)
                    if isinstance(t, torch.Tensor)]
         ltc.sync_multi(tensors)
         fallbacks = ltc.fallback_ops()
@@ -215,7 +216,7 @@ class OpSupport(OperatorSupportBase):
         # (docs/torch/ltc.md#cnn-backward-lowers-more-than-probed). One probe at a time in a
         # process: LTC's fallback counts, which give the verdict, are process-wide
         # (ltc_cache/threads.py).
-        with trace_lock, real_tensors(), torch._C._DisablePythonDispatcher():
+        with trace_lock, real_tensors(), python_dispatcher_disabled():
             for signature, node in todo.items():
                 why = _probe(node)
                 self.probes += 1

@@ -41,6 +41,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ..errors import KindNotRegistered, WrongType
 from ..store import ledger
 from .kinds import EntryKind
 from .wire import unpack
@@ -129,10 +130,10 @@ def register(handled: KindHandlers) -> KindHandlers:
     registration module does, at import); returns it. A kind has one
     registration: another for a kind already registered raises TypeError."""
     if not isinstance(handled, KindHandlers) or not isinstance(handled.kind, EntryKind):
-        raise TypeError(f"{handled!r} is not the KindHandlers of an EntryKind")
+        raise WrongType(f"{handled!r} is not the KindHandlers of an EntryKind")
     known = _registered.setdefault(handled.kind, handled)
     if known is not handled:
-        raise TypeError(f"{handled.kind} is registered already, by {known.show.__module__}")
+        raise WrongType(f"{handled.kind} is registered already, by {known.show.__module__}")
     return handled
 
 
@@ -147,7 +148,7 @@ def handlers(kind: str) -> KindHandlers:
     imported (``ltc_cache.report`` imports every one)."""
     found = _registered.get(kind)  # an EntryKind hashes as its string
     if found is None:
-        raise KeyError(f"{kind!r}: no registration (a kind's product registers it when "
+        raise KindNotRegistered(f"{kind!r}: no registration (a kind's product registers it when "
                        "its registration module is imported)")
     return found
 

@@ -25,7 +25,14 @@ from ..entries.entry import Entry, decode, input_specs, new_meta
 from ..entries.entry_cache import EntryCache
 from ..entries.keys import CacheKey
 from ..entries.kinds import EntryKind
-from ..errors import EntryError, RememberedFailure, UncacheableGraph, is_graph_failure
+from ..errors import (
+    EntryError,
+    GraphNotExtractable,
+    RememberedFailure,
+    UncacheableGraph,
+    is_graph_failure,
+    is_graph_failure_reason,
+)
 from ..store import Store
 from ..threads import trace_lock
 from . import graph_kind  # noqa: F401 - registers the graph and negative kinds
@@ -168,7 +175,7 @@ class GraphCache(EntryCache):
         except RuntimeError as exc:  # the stored IR does not parse
             return self._corrupt(store, key, f"entry {key[:12]}: IR does not parse ({exc})")
         if entry.kind == EntryKind.NEGATIVE \
-                and not is_graph_failure(RuntimeError(str(entry.payload.get("reason", "")))):
+                and not is_graph_failure_reason(str(entry.payload.get("reason", ""))):
             # A reason that is the process's, not the graph's (a replay that
             # ran out of memory is remembered with what it raised): the next
             # process may well succeed. Dropped, traced again.
@@ -202,7 +209,7 @@ class GraphCache(EntryCache):
         self._built.pop(entry.key, None)
         key = CacheKey(entry.key, dict(entry.meta.get("key_parts") or {}))
         self._remember_failure(store, key, entry.graph_name,
-                               RuntimeError(f"replay failed: {type(exc).__name__}: {exc}"))
+                               GraphNotExtractable(f"replay failed: {type(exc).__name__}: {exc}"))
 
     def _bind(self, built: Built, tensors: Mapping[str, torch.Tensor]) -> CompiledGraph:
         entry = built.entry

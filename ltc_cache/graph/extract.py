@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.nn.utils.stateless import _reparametrize_module
 
 from ..entries.layout import Source, Update
 from ..errors import GraphNotExtractable, LtcUnavailable
+from ..fx_ops import reparametrized
 from . import lazy_bindings as ltc
 from .graph_keys import module_tensors
 
@@ -101,7 +101,7 @@ def trace(model: fx.GraphModule, example_inputs: Sequence[Any]) -> Extraction:
     # functional_call's reparametrisation, but calling forward directly:
     # GraphModule.__call__ prints a full traceback to stderr for any
     # exception, and a graph LTC cannot trace is an expected outcome here.
-    with _reparametrize_module(lazy_model, lazy_state, tie_weights=True):
+    with reparametrized(lazy_model, lazy_state):
         lazy_out = lazy_model.forward(*lazy_args)
     # Lazy tensors are functionalized: a write through a view
     # (``x.t().mul_(2)``) is in the graph, and in the ids that find updated

@@ -14,7 +14,7 @@ import torch
 
 from ..entries.entry import Entry, check_layout
 from ..entries.layout import Source
-from ..errors import EntryError
+from ..errors import EntryError, WrongType
 from .graph_keys import module_tensors
 from .torchscript_ir import executor_optimize, function_from_graph, parse_ir, set_executor_optimize
 
@@ -104,7 +104,7 @@ class CompiledGraph:
         self.entry = entry
         self._fn = function
         if tensors is None and model is None:
-            raise TypeError("CompiledGraph needs the model or its tensors")
+            raise WrongType("CompiledGraph needs the model or its tensors")
         live = tensors if tensors is not None else (
             module_tensors(model) if entry.attr_paths else {})
         _check_tensors(entry, live)

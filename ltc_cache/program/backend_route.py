@@ -41,6 +41,7 @@ import torch
 
 from ..compile_backend.backend import backend, serve_frames_by
 from ..diagnostics import warn_once
+from ..dynamo_package import module_call, module_call_code
 from ..errors import first_line
 from .buckets import into_static_cache, is_transformers_model
 from .guards import checked_by
@@ -90,7 +91,7 @@ def serve(code: types.CodeType, f_locals: Mapping[str, Any]
                       f"of {type(module).__name__}: its calls cannot go through ltc_cache's "
                       f"programs ({type(exc).__name__}: {first_line(exc)}); Dynamo compiles "
                       "them (this one runs eagerly)")
-            eager = torch.nn.Module._call_impl if spelling == "module" else type(module).forward
+            eager = module_call if spelling == "module" else type(module).forward
             return eager(module, *rest, **kwargs)
         _serving.depth = getattr(_serving, "depth", 0) + 1
         try:
@@ -109,7 +110,7 @@ def _spelling(code: types.CodeType, module: Any) -> str | None:
     if not isinstance(module, torch.nn.Module) or not is_transformers_model(module) \
             or module in _refused:
         return None
-    if code is torch.nn.Module._wrapped_call_impl.__code__:
+    if code is module_call_code():
         return "module"
     forward = getattr(type(module), "forward", None)
     if getattr(forward, "__code__", None) is code:

@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from ..errors import BadArgument, WrongType
+
 __all__ = ["UNPADDED_LENGTHS", "Buckets", "into_static_cache", "is_transformers_model",
            "pad_forward", "pad_generate"]
 
@@ -83,7 +85,7 @@ class Buckets:
                 continue
             sizes = tuple(sorted(set(sizes)))
             if not sizes or any(not isinstance(n, int) or n < 1 for n in sizes):
-                raise ValueError(f"Buckets({name}=...): positive integers, got {sizes!r}")
+                raise BadArgument(f"Buckets({name}=...): positive integers, got {sizes!r}")
             object.__setattr__(self, name, sizes)
 
     def length(self, n: int, limit: int | None = None) -> int:
@@ -122,7 +124,7 @@ def resolve(buckets: Buckets | str | None) -> Buckets | None:
         return Buckets()
     if buckets is None or isinstance(buckets, Buckets):
         return buckets
-    raise TypeError(f"ltc_cache.compile(buckets=...): 'auto', None or ltc_cache.Buckets, "
+    raise WrongType(f"ltc_cache.compile(buckets=...): 'auto', None or ltc_cache.Buckets, "
                     f"got {buckets!r}")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..dynamo_package import SourceInfo, side_effect_pieces
+from ..dynamo_package import SourceInfo, logging_functions_ignored, side_effect_pieces
 from .describe import code_record
 from .guards import state_pickler
 
@@ -46,8 +46,7 @@ def once_logging() -> Any:
     Inside a program they log nothing, in every process."""
     once = {value for name, value in vars(logging.Logger).items()
             if name.endswith("_once") and callable(value)}
-    config = torch._dynamo.config
-    return config.patch(ignore_logging_functions=set(config.ignore_logging_functions) | once)
+    return logging_functions_ignored(once)
 
 
 # Torch's own constants, one object each for the whole process.

@@ -35,14 +35,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from ..dynamo_package import OptimizedModule
+from ..errors import UnpickledForward, Unreplaceable, WrongType
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward, pad_generate
-from .fsdp2 import refuse_sharding_the_stand_in
 
 if TYPE_CHECKING:
     from .programs import Programs
 
-__all__ = ["CompileAgain", "CompiledModule", "class_named_like", "forward_replaced", "stand_in"]
+__all__ = ["CompileAgain", "CompiledModule", "class_named_like", "forward_replaced",
+           "fsdp_module_class", "stand_in"]
 
 # ``ltc_cache.compile(model, **compile_kwargs)``, handed in by its module
 # (:func:`ltc_cache.program.precompile.compile_again`), which imports this one.
@@ -109,7 +110,7 @@ class CompiledModule(OptimizedModule):
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "_orig_mod" and value is not self.__dict__["_modules"].get("_orig_mod"):
             # The programs compute with the module they were made for.
-            raise AttributeError("ltc_cache.compile(module): its module cannot be replaced; "
+            raise Unreplaceable("ltc_cache.compile(module): its module cannot be replaced; "
                                  "compile the new module instead")
         if name == "__class__":  # fully_shard(stand-in) sets FSDP's class last
             refuse_sharding_the_stand_in(value)
@@ -251,7 +252,7 @@ class _ProgramsForward:
 
 def _saved_forward() -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a forward that ran through ltc_cache programs, unpickled: "
+        raise UnpickledForward("a forward that ran through ltc_cache programs, unpickled: "
                            "compile the module again with ltc_cache.compile")
 
     return forward
@@ -304,3 +305,28 @@ def stand_in(module: torch.nn.Module, programs: Programs, buckets: Buckets | Non
     ``compile_kwargs``) and compiles its module's forward for generate()."""
     return _stand_in_class(type(module))(module, programs, buckets, compile_kwargs,
                                          compile_again)
+
+
+# -- FSDP2 (``fully_shard``), as the stand-in and fully_sharded.py read it -----
+
+
+def fsdp_module_class() -> type | None:
+    """FSDP2's module class, where this torch has one."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch built without distributed
+        return None
+    return FSDPModule
+
+
+def refuse_sharding_the_stand_in(cls: type) -> None:
+    """``fully_shard(ltc_cache.compile(model))`` made the stand-in an FSDP
+    root whose first forward fails inside FSDP's hook
+    (docs/torch/distributed.md#sharding-the-stand-in-fails): refused where ``fully_shard`` sets its
+    class, its last step, with the order that works."""
+    fsdp = fsdp_module_class()
+    if fsdp is not None and isinstance(cls, type) and issubclass(cls, fsdp):
+        raise WrongType(
+            "fully_shard(ltc_cache.compile(model)) is not supported: FSDP2 must shard the "
+            "model itself. Call fully_shard on the blocks and on the model first, then "
+            "ltc_cache.compile(model) (docs/recipes.md, FSDP2)")

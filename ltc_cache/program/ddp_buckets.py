@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..dynamo_package import ddp_optimizer_on
 from ..errors import first_line
 
 __all__ = ["cut_at_buckets", "running_data_parallel"]
@@ -40,7 +41,7 @@ def running_data_parallel() -> Any:
     """The DDP whose forward is running (DDP sets it around its module's
     call, for DDPOptimizer), or None."""
     ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
-    if ddp is None or torch._dynamo.config.optimize_ddp is not True:
+    if ddp is None or not ddp_optimizer_on():
         return None
     return ddp._get_active_ddp_module()
 

@@ -22,6 +22,7 @@ import torch
 
 from ..entries.keys import code_digest
 from ..errors import Unportable
+from ..fx_ops import OpOverload, OpOverloadPacket
 
 # How deep a function's closure and defaults are described.
 _DEPTH = 12
@@ -229,7 +230,7 @@ def _describe(obj: Any, depth: int, path: tuple[int, ...]) -> Any:
         return ["property", *(describe(f, depth + 1) for f in (obj.fget, obj.fset, obj.fdel))]
     if isinstance(obj, types.CodeType):
         return ["code", _code_digest(obj)]
-    if isinstance(obj, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+    if isinstance(obj, OpOverload | OpOverloadPacket):
         return ["op", str(obj)]
     if isinstance(obj, torch.dtype | torch.device):
         return ["v", type(obj).__name__, str(obj)]

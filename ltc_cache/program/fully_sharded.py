@@ -32,11 +32,15 @@ from typing import Any
 
 import torch
 
-from ..errors import first_line
+from ..errors import BadArgument, first_line
 from ..threads import SharedPatch
 from .buckets import Buckets, pad_forward
-from .compiled_module import CompiledModule, class_named_like, forward_replaced
-from .fsdp2 import fsdp_module_class
+from .compiled_module import (
+    CompiledModule,
+    class_named_like,
+    forward_replaced,
+    fsdp_module_class,
+)
 
 __all__ = ["CompiledFullyShardedModule", "compiled_fully_sharded", "compiled_units",
            "is_fully_sharded", "sharded_modules"]
@@ -189,7 +193,7 @@ def _compiled_forwards(model: torch.nn.Module, compile_inner: Callable[[Any], An
     forwards: dict[torch.nn.Module, Callable[..., Any]] = {}
     for module in compiled_units(model):
         if "forward" in module.__dict__:
-            raise ValueError(f"{type(module).__name__} has a forward set on the instance")
+            raise BadArgument(f"{type(module).__name__} has a forward set on the instance")
         method = types.MethodType(_unsharded_class(module).forward, module)
         forwards[module] = _AsUnsharded(module, compile_inner(method))
     return forwards

@@ -9,7 +9,9 @@
   walks of a stack sixty frames deep for ViT's forty parameters.
 
 Both are in docs/torch/dynamo.md#three-load-costs-paid-elsewhere; the private piece the second
-relies on comes through :mod:`.guards` (:func:`~.guards.state_pickler`).
+relies on comes through :mod:`.guards` (:func:`~.guards.state_pickler`), its
+fake tensors through :mod:`ltc_cache.compile_backend.aot_autograd`, torch's
+structured trace through :mod:`ltc_cache.dynamo_package`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 import torch
 
+from ..compile_backend.aot_autograd import fake_tensor_maker
+from ..dynamo_package import trace_artifact
 from .guards import state_pickler
 
 
@@ -35,9 +39,7 @@ def loading(name: str) -> Iterator[None]:
 def settle_trace_log(name: str) -> None:
     """Record in torch's structured trace that a program of ``name`` is
     being loaded: the handler's first record, made cheap."""
-    torch._logging.trace_structured(
-        "artifact", metadata_fn=lambda: {"name": "ltc_cache_program_load", "encoding": "string"},
-        payload_fn=lambda: name, expect_trace_id=False)
+    trace_artifact("ltc_cache_program_load", name)
 
 
 @contextlib.contextmanager
@@ -51,15 +53,11 @@ def one_fake_mode() -> Iterator[None]:
     if not isinstance(original, classmethod):
         yield
         return
-    from torch._subclasses.fake_tensor import FakeTensorConverter, FakeTensorMode
-
-    mode, converter = FakeTensorMode(), FakeTensorConverter()
+    make = fake_tensor_maker()
 
     def unpickle_tensor(cls: type, meta_tensor: torch.Tensor, device: torch.device,
                         pytype: type, dispatch_keys_raw: int, grad: Any) -> torch.Tensor:
-        tensor = converter.from_meta_and_device(
-            mode, meta_tensor, device, pytype,
-            torch._C.DispatchKeySet.from_raw_repr(dispatch_keys_raw))
+        tensor = make(meta_tensor, device, pytype, dispatch_keys_raw)
         tensor.grad = grad
         return tensor
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..dynamo_package import program_guards
-from ..errors import LtcCacheError
+from ..errors import GrowingLayout
 from .describe import OBJECT_DEPTH, plain_object
 from .guards import Checks
 
@@ -101,6 +101,3 @@ def call_layout(value: Any, depth: int = 0) -> Any:
     return (type(value), id(value))
 
 
-class GrowingLayout(LtcCacheError):
-    """An argument whose layout changes on every call (a dynamic key/value
-    cache): a program per call would be a capture per decoding step."""

@@ -45,6 +45,7 @@ import torch
 
 from ..counter_names import PROGRAM_CAPTURES, PROGRAM_FALLBACKS, PROGRAM_HITS, PROGRAM_LOOKUPS
 from ..dynamo_package import traced_fn
+from ..errors import WrongType
 from .buckets import Buckets, pad_forward, resolve
 from .compiled_module import CompiledModule, stand_in
 from .data_parallel import compiled_data_parallel, is_data_parallel
@@ -111,7 +112,7 @@ def compile(model: Any = None, *, buckets: Buckets | str | None = "auto", **kwar
     """
     unknown = set(kwargs) - _COMPILE_KWARGS
     if unknown:
-        raise TypeError(f"ltc_cache.compile() got unexpected arguments {sorted(unknown)} "
+        raise WrongType(f"ltc_cache.compile() got unexpected arguments {sorted(unknown)} "
                         "(it always uses the ltc_cache backend)")
     padding = resolve(buckets)
     if model is None:

@@ -14,7 +14,7 @@ import torch
 from ..collector import holding_off
 from ..counter_names import DYNAMO_GRAPHS
 from ..diagnostics import counters
-from ..dynamo_package import SerializableCallable
+from ..dynamo_package import SerializableCallable, pickle_graph, unpickle_graph
 from ..errors import EntryError
 from ..threads import compile_lock
 from .ddp_buckets import cut_at_buckets, running_data_parallel
@@ -63,8 +63,6 @@ class LtcProgramGraph(SerializableCallable):
     def serialize_compile_artifacts(cls, fn: LtcProgramGraph) -> bytes:
         import pickle
 
-        from torch.fx._graph_pickler import GraphPickler, Options
-
         from ..compile_backend.backend import static_graph_parts
 
         gm = fn.gm
@@ -78,7 +76,7 @@ class LtcProgramGraph(SerializableCallable):
                     for name in ("nn_module_stack", "source_fn_stack", "example_value"):
                         node.meta.pop(name, None)
         stored = {
-            "graph": GraphPickler.dumps(gm, Options(ops_filter=None)),
+            "graph": pickle_graph(gm),
             "sources": [getattr(n, "_dynamo_source", None)
                         for n in gm.graph.find_nodes(op="placeholder")],
             "param_name_to_source": getattr(gm, "_param_name_to_source", None),
@@ -148,11 +146,11 @@ def _piece(gm: torch.fx.GraphModule, name: str) -> LtcProgramGraph:
 
 @holding_off()  # docs/torch/dynamo.md#cyclic-gc-during-warm-loads
 def _graph_from(stored: dict[str, Any]) -> torch.fx.GraphModule:
-    from torch._subclasses import FakeTensorMode
-    from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    gm = GraphPickler.loads(stored["graph"], FakeTensorMode(shape_env=ShapeEnv()))
+    from ..compile_backend.aot_autograd import fake_mode
+
+    gm = unpickle_graph(stored["graph"], fake_mode(shape_env=ShapeEnv()))
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     if len(placeholders) != len(stored["sources"]):
         raise EntryError("program: placeholder sources do not fit the graph")

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
+from ..errors import GrowingLayout
 from ..graph.cache import GraphCache
 from ..threads import compile_lock
 from .fallback import TorchCompileFallback
 from .frames import FramesRoute
 from .kv_cache import with_fresh_layers
-from .loaded import GrowingLayout, call_layout
+from .loaded import call_layout
 from .route import Call, Program, Route, Target
 from .single_graph import SingleGraphRoute
 

@@ -251,7 +251,7 @@ class SingleGraphRoute:
                 artifact = aot_compiled(target.fn, program_backend(target.name), guard_filter,
                                         call.full, call.kwargs)
         except Exception as exc:
-            from torch._dynamo.exc import Unsupported
+            from ..dynamo_package import Unsupported
 
             if guard_filter.unportable:  # the guard kept for that made saving fail
                 why = f"its program cannot be saved ({guard_filter.unportable})"

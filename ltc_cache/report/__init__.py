@@ -30,14 +30,7 @@ from .bundles import ImportReport, export_bundle, import_bundle
 from .deletion import DeletePlan, plan_clear, plan_prune, remove_free_lock_files
 from .fused import FuseOutcome, FuseTarget, fuse_one, plan_fuse
 from .listing import CacheReport, EntryInfo, scan
-from .selection import (
-    SORT_FIELDS,
-    AmbiguousKey,
-    EntryFilter,
-    parse_filter,
-    resolve_key,
-    sort_entries,
-)
+from .selection import SORT_FIELDS, EntryFilter, parse_filter, resolve_key, sort_entries
 from .show_and_verify import (
     EntryProblem,
     Progress,
@@ -57,7 +50,6 @@ __all__ = [
     "SORT_FIELDS",
     "STAT_LABELS",
     "STAT_NAMES",
-    "AmbiguousKey",
     "CacheReport",
     "DeletePlan",
     "EntryFilter",

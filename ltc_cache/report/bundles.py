@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..entries.wire import is_entry_key
-from ..errors import EntryError
-from ..store.bundle import BundleError, read_bundle, write_bundle
+from ..errors import BundleError, EntryError
+from ..store.bundle import read_bundle, write_bundle
 from ..store.disk import DiskStore
 from .show_and_verify import EntryProblem, Progress, decode_entry
 

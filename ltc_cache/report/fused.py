@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..entries.kind_registry import handlers_of
 from ..entries.kinds import EntryKind
-from ..errors import EntryError
+from ..errors import EntryError, WrongType
 from ..graph.fused.fused_kind import FusedInfo, fused_info
 from ..signing import program_secret
 from ..store.disk import DiskStore
@@ -122,7 +122,7 @@ def fuse_one(cache: GraphCache, graph_key: str, graph_name: str, *, retry: bool 
 
     store = cache.store
     if not isinstance(store, DiskStore):
-        raise TypeError("fuse_one needs a GraphCache over a cache directory")
+        raise WrongType("fuse_one needs a GraphCache over a cache directory")
     started = time.monotonic()
     graph = cache.lookup_entry(CacheKey(graph_key, {}), count=False)
     if graph is None:

@@ -6,17 +6,17 @@ import fnmatch
 import operator
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..entries.kinds import EntryKind
 from ..entries.wire import is_entry_key
-from ..errors import LtcCacheError
+from ..errors import AmbiguousKey, BadArgument, NoSuchEntry
 from ..units import parse_age, parse_size
 from .listing import EntryInfo
 
-__all__ = ["SORT_FIELDS", "AmbiguousKey", "EntryFilter", "parse_filter", "resolve_key",
+__all__ = ["SORT_FIELDS", "EntryFilter", "parse_filter", "resolve_key",
            "sort_entries"]
 
 # field -> (attribute, parser, how it compares); "age" compares time since.
@@ -65,16 +65,16 @@ def parse_filter(text: str) -> EntryFilter:
     """Raises ValueError with the fields and forms it takes."""
     match = _FILTER.fullmatch(text)
     if not match or match.group(1) not in _FILTER_FIELDS:
-        raise ValueError(f"not a filter: {text!r} (FIELD OP VALUE, FIELD one of "
+        raise BadArgument(f"not a filter: {text!r} (FIELD OP VALUE, FIELD one of "
                          f"{', '.join(_FILTER_FIELDS)}; e.g. size>1MB, accessed>30d)")
     name, op, raw = match.groups()
     attribute, parse, compare = _FILTER_FIELDS[name]
     if compare == "text" and op not in ("=", "==", "!="):
-        raise ValueError(f"filter {text!r}: {name} takes = or != (with * and ? globs)")
+        raise BadArgument(f"filter {text!r}: {name} takes = or != (with * and ? globs)")
     try:
         value = parse(raw)
     except ValueError as exc:
-        raise ValueError(f"filter {text!r}: {exc}") from None
+        raise BadArgument(f"filter {text!r}: {exc}") from None
     return EntryFilter(text, attribute, op, value, compare)
 
 
@@ -92,23 +92,15 @@ def sort_entries(entries: Iterable[EntryInfo], by: str = "accessed", *,
     return sorted(entries, key=operator.attrgetter(attribute), reverse=descending != reverse)
 
 
-class AmbiguousKey(LtcCacheError, ValueError):
-    def __init__(self, prefix: str, candidates: Sequence[str]) -> None:
-        super().__init__(f"{prefix!r} matches {len(candidates)} entries: "
-                         f"{', '.join(c[:12] for c in candidates[:5])}"
-                         f"{' …' if len(candidates) > 5 else ''}")
-        self.candidates = tuple(candidates)
-
-
 def resolve_key(keys: Iterable[str], prefix: str) -> str:
     """The one entry key starting with ``prefix``. Raises KeyError where
     none does, AmbiguousKey (a ValueError) where several do."""
     prefix = prefix.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{1,64}", prefix):
-        raise ValueError(f"{prefix!r} is not a key or key prefix (hex digits)")
+        raise BadArgument(f"{prefix!r} is not a key or key prefix (hex digits)")
     candidates = sorted(k for k in keys if is_entry_key(k) and k.startswith(prefix))
     if not candidates:
-        raise KeyError(f"no entry with key {prefix}")
+        raise NoSuchEntry(f"no entry with key {prefix}")
     if len(candidates) > 1:
         raise AmbiguousKey(prefix, candidates)
     return candidates[0]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..entries.kind_registry import KindView, ShowContext, handlers
-from ..errors import EntryError
+from ..errors import EntryError, NoSuchEntry
 from ..graph.graph_kind import describe_source
 from ..store.disk import DiskStore
 from .listing import EntryInfo
@@ -47,7 +47,7 @@ def load_entry(store: DiskStore, key: str, *, secret: bytes | None = None) -> En
     except OSError as exc:
         raise EntryError(f"cannot read ({exc})", key) from None
     if data is None:
-        raise KeyError(f"no entry with key {key}")
+        raise NoSuchEntry(f"no entry with key {key}")
     return decode_entry(data, key, secret)
 
 

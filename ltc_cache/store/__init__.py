@@ -10,7 +10,7 @@ from .memory import MemoryStore
 from .readonly import ReadOnlyDiskStore
 from .redis import RedisStore  # imports the optional redis package only when made
 from .tiered import TieredStore
-from .tiers import NoCache, Tiers, open_directory, open_tiers
+from .tiers import Tiers, open_directory, open_tiers
 
-__all__ = ["DiskStore", "MemoryStore", "NoCache", "ReadOnlyDiskStore", "RedisStore", "Store",
+__all__ = ["DiskStore", "MemoryStore", "ReadOnlyDiskStore", "RedisStore", "Store",
            "TieredStore", "Tiers", "open_directory", "open_tiers"]

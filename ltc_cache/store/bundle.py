@@ -18,10 +18,10 @@ from typing import Any
 
 import msgpack
 
-from ..errors import LtcCacheError
+from ..errors import BundleError
 from .base import MAX_ENTRY_BYTES
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "BundleError", "BundleHeader", "read_bundle",
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "BundleHeader", "read_bundle",
            "write_bundle"]
 
 # An exported bundle of entries, and the version of its layout.
@@ -29,10 +29,6 @@ BUNDLE_FORMAT = "ltc_cache.bundle"
 BUNDLE_VERSION = 1
 # One [key, bytes] pair: an entry, and room for its framing and key.
 _MAX_RECORD_BYTES = MAX_ENTRY_BYTES + (1 << 20)
-
-
-class BundleError(LtcCacheError, ValueError):
-    """A file that is not a bundle, or a damaged one."""
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,10 @@ import diskcache
 
 from ..counter_names import ERRORS, EVICTIONS
 from ..diagnostics import count_event, warn_once
-from ..errors import EntryError, LockTimeout
+from ..errors import EntryError, LockTimeout, UnsafeDirectory, WrongType
 from .base import MAX_ENTRY_BYTES, Store, is_entry_key
 from .ledger import LEDGER_NAME, Ledger
 from .safety import (
-    UnsafeDirectory,
     check_private_dir,
     directory_id,
     is_corruption,
@@ -66,7 +65,7 @@ class BytesOnlyDisk(diskcache.Disk):
 
     def store(self, value, read, key=diskcache.core.UNKNOWN):
         if not isinstance(value, bytes) or read:
-            raise TypeError("ltc_cache stores bytes only")
+            raise WrongType("ltc_cache stores bytes only")
         result = super().store(value, read, key=key)
         self._written.filename = result[2]
         return result

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ..errors import NoCache, ReadOnlyStore
 from .disk import BytesOnlyDisk, DiskStore
 from .safety import check_private_dir
 
@@ -41,7 +42,7 @@ class ReadOnlyIndex:
     def __init__(self, directory: Path) -> None:
         self.path = Path(directory).resolve() / _DBNAME
         if not self.path.is_file():
-            raise FileNotFoundError(f"no cache index at {self.path}")
+            raise NoCache(f"no cache index at {self.path}")
         self._lock = threading.Lock()
         self._pid = -1
         self._con: sqlite3.Connection | None = None
@@ -117,10 +118,10 @@ class ReadOnlyDiskStore(DiskStore):
             key, lambda mode, filename, value: self._disk.fetch(mode, filename, value, False))
 
     def put(self, key: str, value: bytes) -> None:
-        raise PermissionError(f"{self} is read-only")
+        raise ReadOnlyStore(f"{self} is read-only")
 
     def delete(self, key: str) -> bool:
-        raise PermissionError(f"{self} is read-only")
+        raise ReadOnlyStore(f"{self} is read-only")
 
     def keys(self) -> Iterator[str]:
         return self._index.keys()

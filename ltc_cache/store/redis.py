@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from ..errors import LockTimeout
+from ..errors import BadArgument, LockTimeout, MissingDependency, StoreTimeout, StoreUnreachable
 from .base import Store
 
 __all__ = ["DEFAULT_PREFIX", "RedisStore"]
@@ -36,7 +36,7 @@ def _import_redis() -> Any:
     try:
         import redis
     except ImportError:
-        raise ImportError(
+        raise MissingDependency(
             "LTC_CACHE_REMOTE names a Redis server but the Python package 'redis' is not "
             "installed; install it with: pip install redis (in ltc_cache's checkout: "
             "pip install -e '.[redis]')"
@@ -79,7 +79,7 @@ class RedisStore(Store):
                 url, socket_timeout=socket_timeout, socket_connect_timeout=connect_timeout,
                 retry=retry)
         except ValueError as exc:  # redis-py's message names the accepted schemes
-            raise ValueError(f"LTC_CACHE_REMOTE={url!r}: {exc}") from None
+            raise BadArgument(f"LTC_CACHE_REMOTE={url!r}: {exc}") from None
 
     def _entry(self, key: str) -> str:
         return f"{self.prefix}entry:{key}"
@@ -89,9 +89,9 @@ class RedisStore(Store):
         try:
             return fn(*args, **kwargs)
         except self._timeout_error as exc:
-            raise TimeoutError(f"redis {self._where()}: {what} timed out ({exc})") from None
+            raise StoreTimeout(f"redis {self._where()}: {what} timed out ({exc})") from None
         except self._errors as exc:
-            raise ConnectionError(f"redis {self._where()}: {what} failed ({exc})") from None
+            raise StoreUnreachable(f"redis {self._where()}: {what} failed ({exc})") from None
 
     def _where(self) -> str:
         # Never the URL itself: it may hold a password.

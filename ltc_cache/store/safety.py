@@ -23,10 +23,9 @@ from pathlib import Path
 
 import diskcache
 
-from ..errors import EntryError, LtcCacheError
+from ..errors import EntryError, NotACacheDirectory, UnsafeDirectory
 
 __all__ = [
-    "UnsafeDirectory",
     "check_private_dir",
     "directory_id",
     "is_corruption",
@@ -61,10 +60,6 @@ _ENVIRONMENT = {
 }
 
 
-class UnsafeDirectory(LtcCacheError, PermissionError):
-    """A cache directory that another user could write into."""
-
-
 def _user(uid: int) -> str:
     try:
         import pwd
@@ -97,7 +92,7 @@ def check_private_dir(path: Path, *, create: bool, allow_root: bool = False,
                               f"(remove it, or clear the cache)")
     st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, "cache directory is not a directory", str(path))
+        raise NotACacheDirectory(errno.ENOTDIR, "cache directory is not a directory", str(path))
     if not hasattr(os, "geteuid"):  # no owners or mode bits to check (Windows)
         return
     me = os.geteuid()

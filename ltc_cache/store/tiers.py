@@ -10,22 +10,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..diagnostics import warn_once
-from ..errors import LtcCacheError
+from ..errors import NoCache, UnsafeDirectory
 from .base import Store
 from .disk import DiskStore
 from .readonly import ReadOnlyDiskStore
 from .redis import RedisStore  # imports the optional redis package only when made
-from .safety import UnsafeDirectory, is_write_failure
+from .safety import is_write_failure
 from .tiered import TieredStore, Verify
 
 if TYPE_CHECKING:
     from ..config import CacheConfig
 
-__all__ = ["NoCache", "Tiers", "open_directory", "open_tiers"]
-
-
-class NoCache(LtcCacheError, FileNotFoundError):
-    """The directory is missing or is not a cache directory."""
+__all__ = ["Tiers", "open_directory", "open_tiers"]
 
 
 def open_directory(directory: Path, *, create: bool = False, readonly: bool = False,

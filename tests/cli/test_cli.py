@@ -22,7 +22,8 @@ from helpers import child_env, run_child
 from ltc_cache import CacheConfig, GraphCache
 from ltc_cache.entries.entry import decode, encode
 from ltc_cache.entries.wire import is_entry_key
-from ltc_cache.report import AmbiguousKey, resolve_key, scan
+from ltc_cache.errors import AmbiguousKey
+from ltc_cache.report import resolve_key, scan
 from ltc_cache.store import DiskStore, ReadOnlyDiskStore
 from ltc_cache.store.bundle import write_bundle
 from ltc_cache.units import format_size

@@ -309,14 +309,13 @@ SURFACES = [
     Surface("LTC bindings and lazy internals", "ltc_cache.graph.lazy_bindings",
             ("torch._C._lazy", "torch._C._lazy_ts_backend", "torch._lazy", "torch._sync",
              "torch._is_functional_tensor")),
-    Surface("AOTAutograd internals", "ltc_cache.compile_backend.aot_autograd",
-            ("torch._functorch", "functorch", "torch._dynamo.backends.common",
-             "torch._guards")),
-    Surface("fake tensors and dispatch modes in the backend",
+    Surface("AOTAutograd internals, fake tensors and dispatch modes",
             "ltc_cache.compile_backend.aot_autograd",
-            ("torch._subclasses", "torch.utils._python_dispatch"),
-            within="ltc_cache.compile_backend"),
-    Surface("AOTInductor", "ltc_cache.graph.fused.aoti", ("torch._inductor", "torch._C._aoti")),
+            ("torch._functorch", "functorch", "torch._dynamo.backends.common",
+             "torch._guards", "torch.compiler._compile_session_context", "torch._subclasses",
+             "torch.utils._python_dispatch", "torch._C.DispatchKeySet")),
+    Surface("AOTInductor", "ltc_cache.graph.fused.aoti",
+            ("torch._inductor", "torch._C._aoti", "torch._C._GLIBCXX_USE_CXX11_ABI")),
     Surface("TorchScript IR", "ltc_cache.graph.torchscript_ir",
             tuple(f"torch._C.{name}" for name in (
                 "parse_ir", "parse_schema", "_create_function_from_graph", "_jit_pass_dce",
@@ -326,12 +325,20 @@ SURFACES = [
     Surface("the CPU probes Inductor's pick reads", "ltc_cache.graph.fused.cpu_isa",
             tuple(f"torch.cpu._is_{probe}_supported" for probe in (
                 "avx2", "avx512", "vnni", "avx512_bf16", "amx_tile", "amx_fp16"))),
+    Surface("FX and ATen operators", "ltc_cache.fx_ops",
+            ("torch._ops", "torch.utils._pytree", "torch._C._dispatch_get_all_op_names",
+             "torch._C._DisablePythonDispatcher", "torch._decomp", "torch._prims",
+             "torch.fx.graph._BoxedCodeGen", "torch.fx._lazy_graph_module",
+             "torch.nn.utils.stateless._reparametrize_module")),
     Surface("Dynamo package and precompile", "ltc_cache.dynamo_package",
             ("torch._dynamo.package", "torch._dynamo.aot_compile",
              "torch._dynamo.aot_compile_types", "torch._dynamo.convert_frame",
              "torch._dynamo.eval_frame", "torch._dynamo.output_graph",
              "torch._dynamo.bytecode_transformation", "torch._dynamo.symbolic_convert",
-             "torch._dynamo.side_effects", "torch._dynamo.variables", "torch._C._dynamo")),
+             "torch._dynamo.side_effects", "torch._dynamo.variables", "torch._C._dynamo",
+             "torch._dynamo.types", "torch._dynamo.config", "torch._dynamo.exc",
+             "torch._dynamo.utils", "torch._logging", "torch.fx._graph_pickler",
+             "torch.nn.Module._call_impl", "torch.nn.Module._wrapped_call_impl")),
     Surface("Dynamo guards", "ltc_cache.program.guards",
             ("torch._dynamo.guards", "torch._dynamo.source")),
 ]
@@ -416,3 +423,72 @@ def test_the_surface_check_sees_every_way_in():
     assert not any(line == 1 for _, line in touched)
     assert _in("torch._C._lazy._get_force_fallback", ("torch._C._lazy",))
     assert not _in("torch._C._lazy_ts_backend", ("torch._C._lazy",))
+
+
+def _private_torch(name: str) -> bool:
+    """Whether ``name`` is private to torch: a part of it starts with an
+    underscore. An operator's name is not (``torch.ops.aten._unsafe_view``
+    is an ATen op, called as the graph calls it)."""
+    return not name.startswith("torch.ops.") and any(_private(p) for p in name.split("."))
+
+
+def stray_private_torch_names(module: str, text: str) -> list[str]:
+    """Each private torch name ``module`` touches that is not its own: in no
+    surface, or in one another module owns. A name touched only as the
+    parent of longer ones (``torch._C`` of ``torch._C._lazy``) counts as
+    the longer ones; one touched bare (``hasattr(torch._C, "_aoti")``)
+    belongs to the owners of the surfaces under it."""
+    by_line: dict[int, set[str]] = {}
+    for name, line in torch_touches(text):
+        by_line.setdefault(line, set()).add(name)
+    stray = []
+    for line, names in sorted(by_line.items()):
+        for name in sorted(names):
+            if not _private_torch(name) or any(o.startswith(f"{name}.") for o in names):
+                continue
+            owners = {s.owner for s in SURFACES if _in(name, s.torch_modules)} or {
+                s.owner for s in SURFACES
+                if any(m.startswith(f"{name}.") for m in s.torch_modules)}
+            if module not in owners:
+                stray.append(f"{module}:{line} {name} (owned by {sorted(owners) or 'nothing'})")
+    return stray
+
+
+def test_every_private_torch_name_is_touched_by_its_owner_alone():
+    stray = [s for module, path in MODULES.items()
+             for s in stray_private_torch_names(module, path.read_text())]
+    assert not stray, stray
+
+
+def test_each_private_torch_name_has_one_owner():
+    owners: dict[str, set[str]] = {}
+    for surface in SURFACES:
+        for name in surface.torch_modules:
+            owners.setdefault(name, set()).update(
+                s.owner for s in SURFACES if _in(name, s.torch_modules))
+    shared = {name: sorted(o) for name, o in owners.items() if len(o) > 1}
+    assert not shared, shared
+
+
+def test_the_owner_check_sees_a_stray_private_name():
+    text = ("import torch\n"
+            "from torch._dynamo.exc import Unsupported\n"
+            "def f(node):\n"
+            "    return isinstance(node.target, torch._ops.OpOverload), torch.ops.aten._foo\n"
+            "def g():\n"
+            "    return torch._C._lazy._get_force_fallback(), torch._private_thing\n")
+    stray = stray_private_torch_names("ltc_cache.program.example", text)
+    assert stray == [
+        "ltc_cache.program.example:2 torch._dynamo.exc.Unsupported "
+        "(owned by ['ltc_cache.dynamo_package'])",
+        "ltc_cache.program.example:4 torch._ops.OpOverload (owned by ['ltc_cache.fx_ops'])",
+        "ltc_cache.program.example:6 torch._C._lazy._get_force_fallback "
+        "(owned by ['ltc_cache.graph.lazy_bindings'])",
+        "ltc_cache.program.example:6 torch._private_thing (owned by nothing)"], stray
+    assert stray_private_torch_names("ltc_cache.fx_ops", text.replace(
+        "torch._private_thing", "0").replace("torch._C._lazy._get_force_fallback()", "0")
+        .replace("from torch._dynamo.exc import Unsupported", "")) == []
+    assert not stray_private_torch_names(
+        "ltc_cache.graph.fused.aoti", "import torch\nok = hasattr(torch._C, '_aoti')\n")
+    assert stray_private_torch_names(
+        "ltc_cache.store.disk", "import torch\nok = hasattr(torch._C, '_aoti')\n")

@@ -10,13 +10,21 @@ written against torch 2.13:
 - AOTAutograd's internals: ltc_cache/compile_backend/aot_autograd.py
 - AOTInductor: ltc_cache/graph/fused/aoti.py, and its pick of a vector ISA with the CPU
   probes it reads: ltc_cache/graph/fused/cpu_isa.py
-- Dynamo's precompile and package: ltc_cache/dynamo_package.py
+- FX and ATen operators (op classes, pytree, decompositions, FX's code
+  generators): ltc_cache/fx_ops.py
+- Dynamo's precompile and package, its settings, counters and errors:
+  ltc_cache/dynamo_package.py
 - Dynamo's guards: ltc_cache/program/guards.py
+
+Every private name the fence (tests/common/test_layers.py, ``SURFACES``)
+gives an owner is pinned by name below (:func:`test_torch_still_has`); the
+sections pin what the owners rely on of each.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import io
 import os
@@ -26,6 +34,36 @@ import threading
 
 import pytest
 import torch
+from test_layers import SURFACES
+
+
+def _resolve(dotted: str) -> object:
+    """The module or attribute ``dotted`` names, imported as far as it is a
+    module; fails naming the first part this torch lacks."""
+    parts = dotted.split(".")
+    found: object = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        prefix = ".".join(parts[:i + 1])
+        try:
+            found = importlib.import_module(prefix)
+            continue
+        except ImportError:
+            pass
+        if not hasattr(found, part):
+            pytest.fail(f"this torch has no {prefix} (wanted for {dotted})")
+        found = getattr(found, part)
+    return found
+
+
+PINNED = sorted({(name, s.owner) for s in SURFACES for name in s.torch_modules})
+
+
+@pytest.mark.parametrize(("name", "owner"), PINNED, ids=[name for name, _ in PINNED])
+def test_torch_still_has(name, owner):
+    """Each private torch name an owner module touches, by name: a torch
+    that moves one fails here, naming it (and ``owner``, the module to
+    change), before anything runs."""
+    assert _resolve(name) is not None, f"{name} is None ({owner} uses it)"
 
 # -- LTC: ltc_cache/graph/lazy_bindings.py ------------------------------------------------------
 
@@ -150,6 +188,55 @@ def test_aot_keeps_a_buffer_update_in_the_training_graph():
     assert not _check_if_mutation_can_be_in_graph(**flags, requires_grad=True)
 
 
+def test_aot_autograd_makes_fake_tensors_as_a_guard_state_does():
+    """What fake_tensor_maker wraps: a fake tensor of a meta tensor, its
+    device, type and raw dispatch keys, all in one fake mode."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from ltc_cache.compile_backend.aot_autograd import fake_mode, fake_tensor_maker
+
+    make = fake_tensor_maker()
+    meta = torch.empty(2, 3, device="meta")
+    raw = torch._C._dispatch_keys(torch.empty(1)).raw_repr()
+    a, b = (make(meta, torch.device("cpu"), torch.Tensor, raw) for _ in range(2))
+    assert isinstance(a, FakeTensor) and a.shape == (2, 3) and a.device.type == "cpu"
+    assert a.fake_mode is b.fake_mode
+    assert fake_mode() is not None
+
+
+# -- FX and ATen operators: ltc_cache/fx_ops.py ------------------------------------------------
+
+
+def test_fx_ops_does_what_its_callers_rely_on():
+    """What fx_ops.py hands on, as its callers use it: op classes a node's
+    target is checked against, pytree's walk, the dispatcher's op list,
+    decompositions, the random-op wrappers, FX's boxed code generator and
+    lazy graph module, and a reparametrised module."""
+    from ltc_cache import fx_ops
+
+    add = torch.ops.aten.add.Tensor
+    assert isinstance(add, fx_ops.OpOverload)
+    assert isinstance(torch.ops.aten.add, fx_ops.OpOverloadPacket)
+    assert fx_ops.tree_leaves(([1, (2,)], {"a": 3})) == [1, 2, 3]
+    assert fx_ops.tree_map(lambda v: v * 2, [1, (2,)]) == [2, (4,)]
+    assert "aten::add.Tensor" in fx_ops.aten_op_names()
+    with fx_ops.python_dispatcher_disabled():
+        pass
+    hardtanh = torch.ops.aten.hardtanh.default
+    assert hardtanh in fx_ops.decompositions_of([hardtanh])
+    for name in ("run_and_save_rng_state", "run_with_rng_state"):
+        assert isinstance(fx_ops.rng_wrapper(name), fx_ops.HigherOrderOperator), name
+    assert fx_ops.boxed_code_generator() is not None
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    assert fx_ops.lazy_module_class() is _LazyGraphModule
+    linear = torch.nn.Linear(2, 2)
+    zero = {"weight": torch.zeros(2, 2), "bias": torch.ones(2)}
+    with fx_ops.reparametrized(linear, zero):
+        assert torch.equal(linear(torch.ones(1, 2)), torch.ones(1, 2))
+    assert isinstance(linear.bias, torch.nn.Parameter)  # its own again
+
+
 # -- AOTInductor: ltc_cache/graph/fused/aoti.py --------------------------------------------------
 
 
@@ -167,6 +254,7 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert {"package_path", "inductor_configs"} <= set(
         inspect.signature(torch._inductor.aoti_compile_and_package).parameters)
     assert platform.machine_isa() == platform.machine_isa().upper()
+    assert aoti.cxx11_abi() in (True, False)
     assert hasattr(torch._C, "_dispatch_get_all_op_names")
 
 
@@ -485,6 +573,39 @@ def test_what_serving_a_frame_relies_on(dynamo_reset):
     # The guard refuses: Dynamo captures the frame, as it would.
     torch.testing.assert_close(compiled(torch.ones(2)), torch.ones(2))
     assert len(calls) == 2
+
+
+def test_what_the_programs_read_of_dynamos_settings_counters_and_errors():
+    """Dynamo's settings the programs change (``optimize_ddp``,
+    ``ignore_logging_functions``), its graph-break counters, the errors they
+    tell apart, torch's structured trace, and the graph pickler a program's
+    graph is stored with: all through dynamo_package.py."""
+    from torch._dynamo import config, exc
+
+    from ltc_cache import dynamo_package as dp
+
+    assert isinstance(dp.ddp_optimizer_on(), bool)
+    with dp.ddp_optimizer_off():
+        assert config.optimize_ddp is False and not dp.ddp_optimizer_on()
+    marker = object()
+    with dp.logging_functions_ignored({marker}):
+        assert marker in config.ignore_logging_functions
+    assert marker not in config.ignore_logging_functions
+    for group in ("unimplemented", "graph_break"):
+        assert isinstance(dict(dp.graph_break_counts(group)), dict)
+    for name in ("PackageError", "RestartAnalysis", "Unsupported", "UserError"):
+        assert issubclass(getattr(exc, name), Exception), name
+        assert getattr(dp, name) is getattr(exc, name), name
+    assert {"metadata_fn", "payload_fn", "expect_trace_id"} <= set(
+        inspect.signature(torch._logging.trace_structured).parameters)
+    dp.trace_artifact("ltc_cache_test", "payload")
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ltc_cache.compile_backend.aot_autograd import fake_mode
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+    again = dp.unpickle_graph(dp.pickle_graph(gm), fake_mode(shape_env=ShapeEnv()))
+    assert [n.op for n in again.graph.nodes] == [n.op for n in gm.graph.nodes]
 
 
 # --- Dynamo's guards: ltc_cache/program/guards.py ---------------------------------------

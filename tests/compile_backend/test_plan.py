@@ -249,9 +249,9 @@ def test_a_loaded_plans_regions_generate_their_code_once_when_first_read(cache_d
     so the parent's recompile of its submodules does not generate it twice."""
     from torch.fx._lazy_graph_module import _LazyGraphModule
 
-    from ltc_cache.compile_backend.graph_wire import lazy_module_class
+    from ltc_cache.fx_ops import lazy_module_class
 
-    assert lazy_module_class() is _LazyGraphModule  # torch changed: see graph_wire.py
+    assert lazy_module_class() is _LazyGraphModule  # torch changed: see fx_ops.py
     model, x = Mixed().eval(), torch.randn(3, 4)
     gm, _ = inference_graph(model, x)
     parted = partition(gm, OpSupport(GraphCache(CacheConfig.from_env()).store))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ltc_cache.compile_backend.specialize import Unspecializable, scalar_inputs, specialize
+from ltc_cache.compile_backend.specialize import scalar_inputs, specialize
+from ltc_cache.errors import Unspecializable
 from ltc_cache.graph.graph_keys import compute_key
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")

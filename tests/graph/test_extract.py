@@ -209,15 +209,15 @@ def test_a_trace_leaves_the_models_own_weights_in_place(monkeypatch):
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     gm = torch.fx.symbolic_trace(model)
     seen: list[set[str]] = []
-    swap = extract._reparametrize_module
+    swap = extract.reparametrized
 
     @contextlib.contextmanager
-    def watched(module, state, **kwargs):
-        with swap(module, state, **kwargs):
+    def watched(module, state):
+        with swap(module, state):
             seen.append({t.device.type for t in [*gm.parameters(), *model.parameters()]})
             yield
 
-    monkeypatch.setattr(extract, "_reparametrize_module", watched)
+    monkeypatch.setattr(extract, "reparametrized", watched)
     x = torch.randn(3, 4)
     extraction = extract.trace(gm, [x])
     assert seen == [{"cpu"}]

@@ -407,7 +407,8 @@ def test_slices_of_one_hidden_tensor_become_outputs_of_their_own_unless_they_ove
     returns whole: nothing can tell fresh tensors from those views, so the
     library returns its own. Views of an input or of a whole output stay
     views; overlapping slices cannot be told apart from views, so refused."""
-    from ltc_cache.graph.fused.build import FuseFailed, output_aliases
+    from ltc_cache.errors import FuseFailed
+    from ltc_cache.graph.fused.build import output_aliases
 
     x = torch.randn(2, 3, 12)
     qkv = x * 2

@@ -110,7 +110,8 @@ def test_a_plan_holds_the_wrappers_of_a_recomputed_random_op():
 def test_a_plan_resolves_only_the_two_wrappers_and_operator_overloads():
     from torch._higher_order_ops.wrap import tag_activation_checkpoint
 
-    from ltc_cache.compile_backend.graph_wire import PlanError, graph_from_wire, graph_to_wire
+    from ltc_cache.compile_backend.graph_wire import graph_from_wire, graph_to_wire
+    from ltc_cache.errors import PlanError
 
     wire = graph_to_wire(_rng_graph())
     for target, arg in [("higher_order.tag_activation_checkpoint", None),

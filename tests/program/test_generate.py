@@ -238,8 +238,8 @@ def test_a_static_cache_is_keyed_by_its_state_and_a_dynamic_one_goes_to_torch_co
     grows every step is not laid out at all (it runs through
     torch.compile)."""
     transformers = pytest.importorskip("transformers")
-    from ltc_cache.errors import UncacheableGraph
-    from ltc_cache.program.loaded import GrowingLayout, call_layout
+    from ltc_cache.errors import GrowingLayout, UncacheableGraph
+    from ltc_cache.program.loaded import call_layout
     from ltc_cache.program.program_entries import spec_text
 
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4)

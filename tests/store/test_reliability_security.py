@@ -28,11 +28,11 @@ import ltc_cache
 from ltc_cache import CacheConfig, EntryError, GraphCache
 from ltc_cache.entries.entry import decode, encode
 from ltc_cache.entries.wire import MAX_ENTRY_BYTES, read_envelope
+from ltc_cache.errors import UnsafeDirectory
 from ltc_cache.graph.graph_keys import compute_key
 from ltc_cache.store import DiskStore
 from ltc_cache.store import bundle as bundle_module
 from ltc_cache.store import disk as disk_module
-from ltc_cache.store.safety import UnsafeDirectory
 from zoo.reliability_models import build
 
 NOBODY = 65534

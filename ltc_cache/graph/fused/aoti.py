@@ -6,7 +6,8 @@ its ``*.wrapper_metadata.json``), and loaded through the C++ runner
 ``torch._C._aoti.AOTIModelContainerRunnerCpu``, which runs it on a list of
 tensors without importing Inductor (``torch._inductor.package`` costs over
 a second). All of it is torch-private. This module is the one place in the
-package that touches ``torch._inductor`` and ``torch._C._aoti``
+package that touches ``torch._inductor``, ``torch._C._aoti`` and the ABI
+torch was built with (``torch._C._GLIBCXX_USE_CXX11_ABI``)
 (``tests/common/test_layers.py`` holds every other module to that), so that
 a torch upgrade that moves them breaks here, and
 ``tests/common/test_torch_private.py`` (its AOTInductor section) is where it
@@ -24,13 +25,15 @@ from typing import Any
 
 import torch
 
-from ...errors import LtcCacheError
+from ...errors import UnexpectedPackage
 
-__all__ = ["UnexpectedPackage", "compile_library", "cpu_runner", "runner_available"]
+__all__ = ["compile_library", "cpu_runner", "cxx11_abi", "runner_available"]
 
 
-class UnexpectedPackage(LtcCacheError, RuntimeError):
-    """AOTInductor's package holds something other than one library."""
+def cxx11_abi() -> bool:
+    """Whether this torch was built with the C++11 ABI of libstdc++: a
+    library compiled against it links with the same."""
+    return bool(torch._C._GLIBCXX_USE_CXX11_ABI)
 
 
 def runner_available() -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ...fx_ops import aten_op_names
+
 __all__ = ["as_tuple", "aten_graph", "exported_program"]
 
 
@@ -59,7 +61,7 @@ def _view_copies() -> dict[Any, Any]:
     table: dict[Any, Any] = {}
     # Every registered op: dir(torch.ops.aten) lists only those resolved so far.
     names = {n.removeprefix("aten::").partition(".")[0]
-             for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
+             for n in aten_op_names() if n.startswith("aten::")}
     for name in sorted(names):
         base = name.removesuffix("_copy")
         if name == base or name.startswith("_") or base not in names:

@@ -30,9 +30,9 @@ import torch
 from ...entries.entry import Entry
 from ...entries.keys import CacheKey
 from ...entries.kinds import EntryKind
-from ...errors import LtcCacheError
+from ...errors import FuseFailed, UnexpectedPackage
 from ..replay import build_function
-from .aoti import UnexpectedPackage, compile_library
+from .aoti import compile_library
 from .aten_graph import as_tuple, aten_graph, exported_program
 from .cpu_isa import library_needs
 from .exact import no_further_from_exact
@@ -40,7 +40,7 @@ from .library_entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_en
 from .platform import compiler_id, compiler_version, inductor_settings
 from .runner import FusedFunction, load_runner, mismatch, put_back, saved_writes
 
-__all__ = ["Built", "FuseFailed", "build_entry", "build_library", "example_inputs",
+__all__ = ["Built", "build_entry", "build_library", "example_inputs",
            "laid_out_input", "output_aliases", "refusal_reason"]
 
 logger = logging.getLogger("ltc_cache.fused")
@@ -71,10 +71,6 @@ _KEEP = 0.97
 # (:mod:`.exact`).
 _BUILD_RTOL = 1e-3
 _REASON_CHARS = 600
-
-
-class FuseFailed(LtcCacheError, RuntimeError):
-    """A graph that cannot be given a library; its message is the reason stored."""
 
 
 def build_entry(graph: Entry, key: CacheKey, secret: bytes) -> Entry:
@@ -173,10 +169,27 @@ def refusal_reason(exc: Exception) -> str:
     if isinstance(exc, FuseFailed):
         return str(exc)
     reason = f"{type(exc).__name__}: {' '.join(str(exc).split())[:_REASON_CHARS]}"
-    if "SymInt" in reason or "data-dependent" in reason.lower():
+    # A guard on a data-dependent value has a type of its own; what Inductor
+    # wraps it in, or says of a SymInt, has none: told by message.
+    if _data_dependent(exc) or "SymInt" in reason or "data-dependent" in reason.lower():
         # A value read as a number: symbolic on fake inputs.
         reason = f"{DATA_DEPENDENT}: the graph reads a tensor's value as a number ({reason})"
     return reason
+
+
+def _data_dependent(exc: BaseException) -> bool:
+    """Whether ``exc``, or what it was raised from, is a guard on a value
+    that depends on tensor data."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, GuardOnDataDependentSymNode):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def example_inputs(graph: Entry) -> list[torch.Tensor]:

@@ -31,6 +31,8 @@ import os
 import platform
 from collections.abc import Iterable
 
+from ...errors import BadArgument
+
 __all__ = ["FEATURES", "cpu_features", "inductor_isa", "isa_runs_here", "isa_words",
            "library_needs", "machine_isa", "missing_features", "parse_cpu", "unknown_words",
            "x86_machine"]
@@ -182,7 +184,7 @@ def parse_cpu(text: str) -> frozenset[str]:
         return cpu_features()
     unknown = sorted(words - set(FEATURES))
     if unknown or not words:
-        raise ValueError(f"not a CPU: {text!r} (give 'here', or features among "
+        raise BadArgument(f"not a CPU: {text!r} (give 'here', or features among "
                          f"{', '.join(FEATURES)})")
     if words & {"amx_tile", "amx_fp16"}:
         words |= {"avx512", "avx512_vnni", "amx_tile"}

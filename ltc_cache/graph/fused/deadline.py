@@ -20,16 +20,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["CompileTimeout", "running_deadline"]
+from ...errors import CompileTimeout
+
+__all__ = ["running_deadline"]
 
 _TICK = 0.1
 _STOPPED = 1.0
-
-
-class CompileTimeout(BaseException):
-    """The compile ran past its limit. A BaseException, so that a build's
-    ``except Exception`` (which refuses whatever the compile raises) lets
-    it through to the caller, which refuses it by name."""
 
 
 class _RunningClock:

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
+from ...fx_ops import tree_map
 from .runner import ATOL, layout_mismatch, same_non_finite
 
 __all__ = ["no_further_from_exact"]

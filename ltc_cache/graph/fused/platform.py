@@ -26,7 +26,7 @@ import torch
 from ...entries.entry import Entry, source_to_wire
 from ...entries.keys import CacheKey, hash_lines, key_from_parts
 from ...entries.kinds import EntryKind
-from .aoti import runner_available
+from .aoti import cxx11_abi, runner_available
 from .cpu_isa import isa_runs_here, machine_isa, x86_machine
 from .source import library_source
 
@@ -37,8 +37,8 @@ __all__ = ["FUSED_VERSION", "INDUCTOR_OPTIONS", "compiler_id", "compiler_version
 # function's, with the outputs it aliases or lays out otherwise beside it.
 # 5: generated loops parallel where Inductor's own are; 4: a graph's library
 # keyed by what it is compiled from (.source), and compiled for the recorded
-# ISA alone (no -march=native); 3: generated loops on one thread; 2: only the outputs laid out otherwise are recorded
-# (1: every output's).
+# ISA alone (no -march=native); 3: generated loops on one thread; 2: only
+# the outputs laid out otherwise are recorded (1: every output's).
 FUSED_VERSION = 5
 
 # The Inductor settings a library is compiled with; part of the key, as is
@@ -153,7 +153,7 @@ def fused_key(graph_key: str) -> CacheKey:
         "format": hash_lines([f"ltc_cache.fused:{FUSED_VERSION}"]),
         "graph": graph_key,
         "torch": hash_lines([torch.__version__, str(torch.version.git_version),
-                             f"cxx11abi={torch._C._GLIBCXX_USE_CXX11_ABI}",
+                             f"cxx11abi={cxx11_abi()}",
                              f"debug={torch.version.debug}"]),
         "compiler": hash_lines([compiler_id()]),
         "device": hash_lines([_device_text()]),

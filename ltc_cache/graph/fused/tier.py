@@ -47,10 +47,11 @@ from ...diagnostics import count_event, warn_once
 from ...entries.entry import Entry
 from ...entries.keys import CacheKey
 from ...entries.kinds import EntryKind
+from ...errors import CompileTimeout
 from ...signing import program_secret
 from ..replay import GraphFunction
 from . import fused_kind  # noqa: F401 - registers the fused kind
-from .deadline import CompileTimeout, running_deadline
+from .deadline import running_deadline
 from .library_entries import DATA_DEPENDENT, NOT_FASTER, refusal_entry
 from .pickup import PendingFunction
 from .platform import fusable_here, fused_key, source_key

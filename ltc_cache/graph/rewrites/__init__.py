@@ -49,6 +49,7 @@ import logging
 
 from ...diagnostics import warn_once
 from ...entries.layout import Source
+from ...errors import RewriteRefused
 from ..extract import Extraction
 from ..torchscript_ir import Graph, parse_ir, remove_dead_code
 from .fusions import silu_backwards, tanh_gelus
@@ -74,7 +75,7 @@ def rewrite(extraction: Extraction) -> Extraction:
         graph = parse_traced(extraction.ir)
         inputs = list(extraction.inputs)
         if len(inputs) != len(list(graph.inputs())):
-            raise ValueError(f"{len(inputs)} inputs laid out for a graph of "
+            raise RewriteRefused(f"{len(inputs)} inputs laid out for a graph of "
                              f"{len(list(graph.inputs()))}")
         aranges = functional_aranges(graph, inputs)
         views = views_for_copies(graph)

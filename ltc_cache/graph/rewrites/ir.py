@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from ...entries.layout import Source
+from ...errors import RewriteRefused
 from ..torchscript_ir import Graph, Node, TensorType, Value, parse_ir, parse_schema
 
 # Ops that read an input's strides or storage rather than its values, or
@@ -154,7 +155,7 @@ def parse_traced(ir: str) -> Graph:
     parsed = [node for node in graph.nodes() if node.kind() == "prim::Constant"
               and tensor_constant(node.output()) is not None]
     if len(written) != len(parsed):
-        raise ValueError(f"{len(written)} tensor constants written, {len(parsed)} parsed")
+        raise RewriteRefused(f"{len(written)} tensor constants written, {len(parsed)} parsed")
     for text, node in zip(written, parsed, strict=True):
         tensor = tensor_constant(node.output())
         value = _written_number(text)

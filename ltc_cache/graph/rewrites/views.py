@@ -5,6 +5,7 @@ stored tensor that would keep a graph from it (:func:`functional_aranges`)."""
 from __future__ import annotations
 
 from ...entries.layout import Source
+from ...errors import WrongType
 from ..torchscript_ir import Graph, Node, TensorType, Value
 from .ir import (
     CONTAINERS,
@@ -209,7 +210,7 @@ def _keep_output_layouts(graph: Graph, views: set[int], returned: set[int]) -> N
         if value.unique() not in follows:
             continue
         if not isinstance(value.type(), TensorType):
-            raise TypeError(f"graph output {i} of type {value.type()} computed from a view")
+            raise WrongType(f"graph output {i} of type {value.type()} computed from a view")
         with graph.insert_point_guard(ret):
             contiguous_format = graph.insertConstant(0)  # MemoryFormat is an int in the IR
             node = graph.insertNode(graph.create("aten::contiguous",

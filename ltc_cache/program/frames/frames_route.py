@@ -143,8 +143,9 @@ def breaks_the_graph(exc: BaseException) -> bool:
     ``fullgraph=True`` the latter is a ``UserError`` raised while handling
     ``GuardOnDataDependentSymNode``; without it, Dynamo breaks the graph at
     the ``item()`` (docs/torch/dynamo.md#item-branch-is-not-a-graph-break)."""
-    from torch._dynamo.exc import Unsupported, UserError
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    from ...dynamo_package import Unsupported, UserError
 
     if isinstance(exc, Unsupported):
         return True

@@ -14,7 +14,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from ...dynamo_package import CompilePackage, bypassed_entry
+from ...dynamo_package import CompilePackage, PackageError, bypassed_entry
 from ...errors import Unportable
 from ..describe import code_record
 from .code_lookup import property_source
@@ -71,8 +71,6 @@ class FramePackage(CompilePackage):
         return super().code_context(code)
 
     def _located(self, code: types.CodeType) -> bool:
-        from torch._dynamo.exc import PackageError
-
         try:
             self._add_user_function(code)
             return True

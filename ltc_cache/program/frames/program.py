@@ -11,9 +11,7 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
-
-from ...dynamo_package import backend_wrapped_by, cache_entries, optimized
+from ...dynamo_package import backend_wrapped_by, cache_entries, ddp_optimizer_off, optimized
 from ...errors import Unportable
 from ...threads import compile_lock
 from ..program_graph import LtcProgramGraph
@@ -66,7 +64,7 @@ class FramesProgram:
         try:
             # (Dynamo's settings are the calling thread's own.)
             with recording(self.package) as record, \
-                    torch._dynamo.config.patch(optimize_ddp=False):
+                    ddp_optimizer_off():
                 try:
                     out = self._compiled(*args, **kwargs)
                 except BaseException:

@@ -13,7 +13,7 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ...dynamo_package import ConvertFrame, OutputGraph, skipped_recursively
+from ...dynamo_package import ConvertFrame, OutputGraph, graph_break_counts, skipped_recursively
 from ...threads import SharedPatch
 from .code_lookup import skip_record
 
@@ -46,11 +46,9 @@ def graph_break_reasons() -> dict[str, int]:
     """Dynamo's graph-break reasons (first line -> count) as they stand: its
     ``unimplemented`` counter (what it could not trace) and ``graph_break``
     (breaks it reports by message)."""
-    from torch._dynamo.utils import counters as dynamo_counters
-
     reasons: dict[str, int] = {}
     for group in ("unimplemented", "graph_break"):
-        for reason, count in dynamo_counters[group].items():
+        for reason, count in graph_break_counts(group).items():
             line = (str(reason).strip().splitlines() or ["?"])[0][:200]
             reasons[line] = reasons.get(line, 0) + int(count)
     return reasons
