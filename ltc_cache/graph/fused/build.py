@@ -301,11 +301,13 @@ def _overlap(views: Sequence[torch.Tensor]) -> bool:
 def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor],
                writes: Sequence[int]) -> tuple[float, float]:
     """Milliseconds a call of each, the fastest of interleaved rounds, in the
-    process's CPU time: the background worker runs at idle priority, where
-    the wall clock mostly measures who preempted it. The integer inputs a
-    call writes (a decoding step's position counter) are put back before
-    each call (as they are before it): run on, they would index past the
-    cache's end."""
+    process's CPU time on one thread: the background worker runs at idle
+    priority, where the wall clock mostly measures who preempted it, and
+    beside another compile, which makes a team of threads wait for the
+    member it preempted (a small GPT's plan library was kept or refused by
+    what ran beside it). The integer inputs a call writes (a decoding
+    step's position counter) are put back before each call (as they are
+    before it): run on, they would index past the cache's end."""
     counters = [i for i in writes if not inputs[i].is_floating_point()]
     start_values = saved_writes(inputs, counters)
 
@@ -316,6 +318,16 @@ def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor
             fn(*inputs) if fn is script else fn(inputs)
         return (time.process_time() - start) * 1e3 / calls
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _fastest_rounds(per_call, script, fused)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fastest_rounds(per_call: Callable[[Any, int], float], script: Any,
+                    fused: Any) -> tuple[float, float]:
     once = max(per_call(script, 1), per_call(fused, 1), 1e-3)
     calls = max(1, math.ceil(_ROUND_SECONDS * 1e3 / once))
     rounds = max(_MIN_ROUNDS, min(_ROUNDS, int(_TIMING_SECONDS * 1e3 / (2 * once * calls))))
