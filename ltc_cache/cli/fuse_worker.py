@@ -54,13 +54,16 @@ def compile_queue() -> int:
     from ..compile_backend.fuse_queued import fuse_queued
     from ..config import CacheConfig
     from ..graph.cache import GraphCache
+    from ..graph.fused.build import time_alone_in
     from ..graph.fused.queue import FuseQueue
 
     config = CacheConfig.from_env()
+    queue = FuseQueue(config.directory)
+    time_alone_in(queue.path)  # each library timed with the other compiles stopped
     # The graphs it runs to build and check a plan's library are not queued
     # again from here (nor is this process a client to wait for).
     cache = GraphCache(dataclasses.replace(config, fuse="off"))
-    fuse_queued(cache, FuseQueue(config.directory), timeout=config.fuse_timeout)
+    fuse_queued(cache, queue, timeout=config.fuse_timeout)
     return 0
 
 
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             while queue.pending():
                 children = _start_compiles(_compiles())
                 govern([c.pid for c in children], lambda children=children: all(
-                    c.poll() is not None for c in children), clients)
+                    c.poll() is not None for c in children), clients, queue.path)
                 if any(c.wait() != 0 for c in children):
                     logging.getLogger(__name__).warning("a compile exited with %s; leaving "
                                                         "the rest queued",

@@ -153,7 +153,7 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
                secret: bytes) -> Entry:
     """The fused entry of graph ``part`` of ``plan``: its library, or a
     refusal saying why it has none."""
-    from ..graph.fused.build import build_library, refusal_reason
+    from ..graph.fused.build import KEEP_PLAN, build_library, refusal_reason
     from .first_call import bind_regions
 
     started = time.monotonic()
@@ -174,7 +174,7 @@ def build_part(cache: GraphCache, plan: Entry, part: str, key: CacheKey,
                               inputs, started=started,
                               versus="the per-region path",
                               traced=tensors_of(traced, states), writes=writes,
-                              settings=_settings(plan, part))
+                              settings=_settings(plan, part), keep=KEEP_PLAN)
     except Exception as exc:  # export, Inductor, g++, a region: whatever they raise
         reason = str(exc) if isinstance(exc, NoLibrary | Unrepeatable) else refusal_reason(exc)
         logger.info("no library for plan %s (%s): %s", plan.key[:12], part, reason)

@@ -725,31 +725,3 @@ def test_the_timing_of_a_long_graph_takes_fewer_rounds(monkeypatch):
     calls.update(script=0, fused=0)
     build._time_both(script, fused, inputs, ())
     assert calls == {"script": 1 + build._MIN_ROUNDS, "fused": 1 + build._MIN_ROUNDS}
-
-
-def test_a_library_is_timed_on_one_thread_and_the_count_put_back():
-    """A verdict compares the work each side does on one thread, whatever
-    the other cores run (a team of threads beside another compile waits for
-    its preempted member); the process's thread count is put back after,
-    also where a side raises."""
-    from ltc_cache.graph.fused import build
-
-    seen: list[int] = []
-
-    def side(*args):
-        seen.append(torch.get_num_threads())
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        build._time_both(side, side, [torch.zeros(1)], ())
-        assert set(seen) == {1} and torch.get_num_threads() == 2
-
-        def raises(*args):
-            raise RuntimeError("boom")
-
-        with pytest.raises(RuntimeError):
-            build._time_both(raises, side, [torch.zeros(1)], ())
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)

@@ -91,3 +91,51 @@ def test_a_client_whose_pid_was_reused_is_no_client(tmp_path):
     while time.process_time() < end:  # this process, busy
         pass
     assert clients.cores_used() > governor.BUSY_CORES
+
+
+def test_a_compile_that_times_a_library_runs_alone(tmp_path):
+    """With no client busy, every compile process runs; while one times a
+    library (its marker from timed_alone), the others are stopped, and run
+    again once it is done."""
+    timer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from ltc_cache.graph.fused.governor import timed_alone\n"
+        f"with timed_alone({str(tmp_path)!r}):\n"
+        "    sys.stdin.readline()\n"
+        "end = time.time() + 60\n"
+        "while time.time() < end: pass\n")], stdin=subprocess.PIPE, text=True,
+        start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", SPIN.format(seconds=60)],
+                             start_new_session=True)
+    stop = threading.Event()
+    thread = threading.Thread(target=governor.govern, args=(
+        [timer.pid, other.pid], stop.is_set, governor.Clients(tmp_path), tmp_path))
+
+    def share(pid: int) -> float:
+        before, started = _cpu_seconds(pid), time.monotonic()
+        time.sleep(1.0)
+        return (_cpu_seconds(pid) - before) / (time.monotonic() - started)
+
+    try:
+        marker = tmp_path / governor.TIMING_DIR / str(timer.pid)
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert time.monotonic() < deadline and timer.poll() is None
+            time.sleep(0.01)
+        thread.start()
+        time.sleep(0.3)
+        while_timing = share(other.pid)
+        timer.stdin.write("done\n")
+        timer.stdin.flush()
+        while marker.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)
+        after = share(other.pid)
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        for process in (timer, other):
+            process.kill()
+    assert while_timing < 0.05, while_timing
+    assert after >= 0.2, after

@@ -19,10 +19,14 @@ against its per-region path too (:mod:`ltc_cache.compile_backend.plan_library`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -36,11 +40,12 @@ from .aoti import compile_library
 from .aten_graph import as_tuple, aten_graph, exported_program
 from .cpu_isa import library_needs
 from .exact import no_further_from_exact
+from .governor import timed_alone
 from .library_entries import DATA_DEPENDENT, NOT_FASTER, fused_entry, refusal_entry
 from .platform import compiler_id, compiler_version, inductor_settings
 from .runner import FusedFunction, load_runner, mismatch, put_back, saved_writes
 
-__all__ = ["Built", "build_entry", "build_library", "example_inputs",
+__all__ = ["KEEP_PLAN", "Built", "build_entry", "build_library", "example_inputs",
            "laid_out_input", "output_aliases", "refusal_reason"]
 
 logger = logging.getLogger("ltc_cache.fused")
@@ -58,6 +63,11 @@ _MIN_ROUNDS = 3
 _ROUND_SECONDS = 0.004
 _TIMING_SECONDS = 20.0
 _KEEP = 0.97
+# A plan's library is kept where it is not slower than its per-region path:
+# refusing it queues the plan's regions, more compiles (a small GPT's
+# backward, three) that are rarely faster one by one, while the plan's
+# library, 0.98x, was.
+KEEP_PLAN = 1.0
 # The check against the reference at build time catches a miscompile (an
 # error the size of the values); the rule (outputs within 1e-5 of
 # TorchScript's, verdicts.RTOL) is applied on the library's first call on
@@ -116,7 +126,8 @@ class Built(NamedTuple):
 
 def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, started: float,
                   versus: str, traced: Callable[..., Any] | None = None,
-                  writes: Sequence[int] = (), settings: Mapping[str, Any] | None = None) -> Built:
+                  writes: Sequence[int] = (), settings: Mapping[str, Any] | None = None,
+                  keep: float = _KEEP) -> Built:
     """Compile what ``reference`` (``fn(*inputs) -> tuple`` of tensors, run
     under no grad: a TorchScript function, a plan's per-region path)
     computes on ``inputs`` into a library with those inputs and outputs,
@@ -126,7 +137,8 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     traced on fake tensors (it computes the same). ``writes``: the inputs
     it writes in place, put back before each run that is compared, and
     compared too. ``settings``: Inductor settings over ltc_cache's
-    (:func:`~.platform.inductor_settings`). Raises FuseFailed where the
+    (:func:`~.platform.inductor_settings`). ``keep``: the share of the
+    reference's time the library may take at most. Raises FuseFailed where the
     library's outputs differ, and whatever the compile raises."""
     before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
@@ -158,7 +170,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
     slower = None
-    if fused_ms > _KEEP * script_ms:
+    if fused_ms > keep * script_ms:
         slower = (f"{NOT_FASTER}: {fused_ms:.3f} ms a call against {versus}'s "
                   f"{script_ms:.3f} ms (CPU time)")
     return Built(library, isa, aliases, restride, stats, slower)
@@ -301,13 +313,12 @@ def _overlap(views: Sequence[torch.Tensor]) -> bool:
 def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor],
                writes: Sequence[int]) -> tuple[float, float]:
     """Milliseconds a call of each, the fastest of interleaved rounds, in the
-    process's CPU time on one thread: the background worker runs at idle
-    priority, where the wall clock mostly measures who preempted it, and
-    beside another compile, which makes a team of threads wait for the
-    member it preempted (a small GPT's plan library was kept or refused by
-    what ran beside it). The integer inputs a call writes (a decoding
-    step's position counter) are put back before each call (as they are
-    before it): run on, they would index past the cache's end."""
+    process's CPU time: the background worker runs at idle priority, where
+    the wall clock mostly measures who preempted it; in the worker, with
+    its other compile processes stopped (:func:`time_alone_in`). The integer inputs a
+    call writes (a decoding step's position counter) are put back before
+    each call (as they are before it): run on, they would index past the
+    cache's end."""
     counters = [i for i in writes if not inputs[i].is_floating_point()]
     start_values = saved_writes(inputs, counters)
 
@@ -318,12 +329,20 @@ def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor
             fn(*inputs) if fn is script else fn(inputs)
         return (time.process_time() - start) * 1e3 / calls
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _timing():
         return _fastest_rounds(per_call, script, fused)
-    finally:
-        torch.set_num_threads(threads)
+
+
+# What a library's timing runs in: the background worker's compile
+# processes time with the others stopped (governor.timed_alone).
+_timing: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+
+
+def time_alone_in(queue_dir: Path) -> None:
+    """From now on, time each library alone among the compile processes of
+    the worker of ``queue_dir``."""
+    global _timing
+    _timing = functools.partial(timed_alone, queue_dir)
 
 
 def _fastest_rounds(per_call: Callable[[Any, int], float], script: Any,

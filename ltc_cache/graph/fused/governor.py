@@ -20,7 +20,11 @@ folder, by pid and start time, so a reused pid is no client).
   machine and made a small GPT's step 4.3x its median.
 - Otherwise (clients waiting on I/O, between requests, or exited) the
   compile runs freely: most of a short script's libraries are compiled
-  right after it exits, for its next run.
+  right after it exits, for its next run. A compile process that times a
+  library against TorchScript (:func:`timed_alone`) runs alone meanwhile:
+  beside another compile's g++ a library's team of threads waits for the
+  member g++ preempted, and a small GPT's plan library was kept or refused
+  by what ran beside its timing.
 
 Linux only (``/proc``): elsewhere the compile runs at idle priority alone.
 """
@@ -31,13 +35,14 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 __all__ = ["BURST_SECONDS", "BUSY_CORES", "LOOK_SECONDS", "PERIOD_SECONDS", "Clients",
-           "govern", "register_client"]
+           "govern", "register_client", "timed_alone"]
 
 CLIENTS_DIR = "clients"
+TIMING_DIR = "timing"
 LOOK_SECONDS = 0.05
 BUSY_CORES = 0.3
 PERIOD_SECONDS = 2.0
@@ -112,10 +117,43 @@ class Clients:
         return entries
 
 
-def govern(groups: Sequence[int], done: Callable[[], bool], clients: Clients) -> None:
+@contextlib.contextmanager
+def timed_alone(queue_dir: Path) -> Iterator[None]:
+    """Ask the worker of ``queue_dir`` to run this compile process's group
+    alone while its clients are idle, for the block's time (a marker file
+    named by the group; without it, where it cannot be written)."""
+    marker = Path(queue_dir) / TIMING_DIR / str(os.getpgrp())
+    try:
+        marker.parent.mkdir(mode=0o700, exist_ok=True)
+        marker.touch()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            marker.unlink()
+
+
+def _timing(folder: Path | None, groups: set[int]) -> set[int]:
+    """The groups of ``groups`` that asked to run alone."""
+    if folder is None:
+        return set()
+    try:
+        names = [f.name for f in folder.iterdir()]
+    except OSError:
+        return set()
+    return {int(n) for n in names if n.isdigit()} & groups
+
+
+def govern(groups: Sequence[int], done: Callable[[], bool], clients: Clients,
+           queue_dir: Path | None = None) -> None:
     """Stop and continue the process groups ``groups`` (the compile
-    processes, each with its g++) by their clients' CPU use, as the module
-    says, until ``done()``; leaves them running."""
+    processes, each with its g++) by their clients' CPU use, and one alone
+    while it times a library (:func:`timed_alone` in ``queue_dir``), as the
+    module says, until ``done()``; leaves them running."""
+    timing = Path(queue_dir) / TIMING_DIR if queue_dir is not None else None
     running = set(groups)
     burst_until, next_burst, turn = 0.0, 0.0, 0
     try:
@@ -123,7 +161,8 @@ def govern(groups: Sequence[int], done: Callable[[], bool], clients: Clients) ->
             time.sleep(LOOK_SECONDS)
             now = time.monotonic()
             if clients.cores_used() < BUSY_CORES:
-                want = set(groups)
+                alone = _timing(timing, set(groups))
+                want = {min(alone)} if alone else set(groups)
             elif now < burst_until:
                 want = running
             elif now >= next_burst:
