@@ -27,6 +27,12 @@ warm one (the caches the cold one filled):
 - ``eager``: no compiler;
 - ``ltc_cache``: ``ltc_cache.compile(model).generate``: each prompt padded
   on the left to its length bucket;
+- ``ltc_cache forward``: ``model.forward = ltc_cache.compile(model.forward)``
+  (transformers' static-cache recipe): the prompt's forward padded to its
+  bucket;
+- ``torch backend``: ``model.forward = torch.compile(model.forward,
+  backend="ltc_cache")``: the same programs and buckets, Dynamo's frame
+  served by them;
 - ``inductor``: ``model.forward = torch.compile(model.forward)`` (dynamic
   shapes as Dynamo's default makes them: a static graph, then a symbolic
   length), its FX graph and AOTAutograd caches on.
@@ -104,7 +110,7 @@ from tools.bench.generate_lengths import (
 from tools.harness import child_env, run_child, table, tool_argv
 from tools.results import Recorder, add_arguments, rounded
 
-ROUTES = ("eager", "ltc_cache", "inductor")
+ROUTES = ("eager", "ltc_cache", "ltc_cache forward", "torch backend", "inductor")
 STEADY_RUNS = 4
 LONGEST = 200  # the longest prompt
 CACHE_LEN = 256  # the static cache: the longest prompt, padded, and its new tokens
@@ -171,6 +177,10 @@ def worker(model_name: str, route: str, lengths: list[int], new_tokens: int,
     generate = model.generate
     if route == "ltc_cache":
         generate = ltc_cache.compile(model).generate
+    elif route == "ltc_cache forward":
+        model.forward = ltc_cache.compile(model.forward)
+    elif route == "torch backend":
+        model.forward = torch.compile(model.forward, backend="ltc_cache")
     elif route == "inductor":
         model.forward = torch.compile(model.forward)
 
@@ -221,7 +231,8 @@ def run_worker(model: str, route: str, lengths: list[int], new_tokens: int,
 
 def measure(model: str, requests: int, new_tokens: int, scratch: Path) -> dict[str, Any]:
     results: dict[str, Any] = {route: {} for route in ROUTES}
-    envs = {route: _env(Path(tempfile.mkdtemp(prefix=f"{model}-{route}-", dir=scratch)))
+    envs = {route: _env(Path(tempfile.mkdtemp(prefix=f"{model}-{route.replace(' ', '-')}-",
+                                              dir=scratch)))
             for route in ROUTES}
     cold, warm = prompt_lengths(requests, new_tokens)
     for start, lengths in (("cold", cold), ("warm", warm)):

@@ -11,9 +11,10 @@ and Inductor, side by side in one process, interleaved (A B C D, B C D A,
                                 [--prepare off|sync] [--clock auto|wall|cpu] [--new 32]
                                 [--json FILE] [--results]
 
-``--results`` writes the one-thread rows into benchmarks/results/: the
-suite's into suite_fused.json, the others into steady_state.json, each
-refreshing the rows it measured.
+``--results`` writes the rows into benchmarks/results/: the one-thread
+suite's into suite_fused.json, the other one-thread rows into
+steady_state.json, the default-thread steady rows into steady_threads.json,
+each refreshing the rows it measured.
 
 Rows (``--rows``: comma-separated ``fnmatch`` patterns over their names):
 
@@ -211,14 +212,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave out the warm first calls in fresh processes")
     parser.add_argument("--json", type=Path, help="write every result here (after each row)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    add_arguments(parser, "steady_state", "suite_fused")
+    add_arguments(parser, "steady_state", "suite_fused", "steady_threads")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
     recorder = Recorder.from_args("tools.bench.fused", args, argv)
-    if recorder and args.threads == "default":
-        parser.error("--results writes the one-thread rows: --threads 1 or both")
     rows = selected_rows(args)
     if not rows:
         raise SystemExit(f"no row matches --rows {args.rows}")
@@ -236,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.json.write_text(json.dumps(results, indent=1))
     print(report(results, args))
     if recorder:
-        write_results(recorder, results, clock_of("1", args.clock))
+        write_results(recorder, results, clock_of("1", args.clock),
+                      clock_of("default", args.clock))
     return 0
 
 

@@ -173,14 +173,45 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def write_results(recorder: Recorder, results: list[dict[str, Any]], clock: str) -> None:
+# The columns of a steady-state table, either thread count.
+STEADY_COLUMNS = [
+    {"key": "row", "label": "row"}, {"key": "unit", "label": "unit"},
+    *({"key": key, "label": label, "format": ".2f"} for key, label in (
+        ("eager", "eager"), ("torchscript", "TorchScript tier"), ("fused", "fused tier"),
+        ("inductor", "Inductor"))),
+    {"key": "fused_vs_inductor", "label": "fused / Inductor", "format": ".2f", "bold": True},
+    {"key": "fused_vs_torchscript", "label": "fused / TorchScript", "format": ".2f"},
+    {"key": "fused_vs_eager", "label": "fused / eager", "format": ".2f"},
+    {"key": "libraries", "label": "libraries of regions"},
+    *({"key": f"error_{key}", "label": label, "format": ".1e"} for key, label in (
+        ("fused", "max error: fused"), ("torchscript", "TorchScript"),
+        ("inductor", "Inductor"))),
+]
+DEFAULT_THREADS = {
+    "title": "Steady state at torch's default thread count",
+    "question": "Is the fused tier as fast as Inductor where torch uses every core, as a "
+                "user's process does?",
+    "method": "Wall time per call, training step or token, medians of 15 interleaved rounds in "
+              "one warm process holding every variant, at torch's default thread count; the "
+              "rows as in the one-thread table.",
+}
+
+
+def write_results(recorder: Recorder, results: list[dict[str, Any]], clock: str,
+                  default_clock: str) -> None:
     """The one-thread rows into their files: suite rows into suite_fused.json's
-    ``models``, the others into steady_state.json's ``one_thread``."""
-    suite, steady = [], []
+    ``models``, the others into steady_state.json's ``one_thread``; the
+    default-thread steady rows into steady_threads.json's ``default``."""
+    suite, steady, threaded = [], [], []
     for result in results:
+        row = Row.parse(result["row"])
+        unit = "ms/token" if row.mode == "decode" else "ms"
         if result["threads"] != "1":
+            if row.group != "suite":
+                threaded.append({"row": row.name, "unit": unit,
+                                 **results_cells(result, default_clock)})
             continue
-        row, cells = Row.parse(result["row"]), results_cells(result, clock)
+        cells = results_cells(result, clock)
         if row.group == "suite":
             first = {label: (result.get("first") or {}).get(label) or {}
                      for label in ("fused", "ts", "inductor")}
@@ -191,7 +222,6 @@ def write_results(recorder: Recorder, results: list[dict[str, Any]], clock: str)
                              for label, name in (("fused", "fused"), ("ts", "torchscript"),
                                                  ("inductor", "inductor"))}})
         else:
-            unit = "ms/token" if row.mode == "decode" else "ms"
             steady.append({"row": row.name, "unit": unit, **cells})
     if suite:
         recorder.write("suite_fused", [{"id": "models", "rows": suite}], threads=1,
@@ -199,3 +229,8 @@ def write_results(recorder: Recorder, results: list[dict[str, Any]], clock: str)
     if steady:
         recorder.write("steady_state", [{"id": "one_thread", "rows": steady}], threads=1,
                        merge_on={"one_thread": ("row",)})
+    if threaded:
+        recorder.write("steady_threads", [{"id": "default", "columns": STEADY_COLUMNS,
+                                           "rows": threaded}],
+                       threads="default", merge_on={"default": ("row",)},
+                       describe=DEFAULT_THREADS)
