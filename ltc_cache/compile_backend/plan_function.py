@@ -31,6 +31,7 @@ from ..graph.fused.library_entries import DATA_DEPENDENT, NOT_FASTER
 from ..graph.fused.platform import fusable_here
 from ..graph.fused.runner import FusedFunction, load_runner
 from ..graph.fused.slot import LibrarySlot, SlotCounters
+from ..graph.fused.tier import regions_as_reference
 from .plan_examples import Example, integer_inputs, keep_example
 from .plan_library import (
     ONE_REGION,
@@ -202,10 +203,20 @@ class PlanFunction:
         runner = _LaidOutRunner(load_runner(library.data), strides, self._writes)
         logger.info("%s: running the plan library %s", self._name, key.digest[:12])
         fused = slot.function(stored, library, runner,
-                              tensors_of(self._per_region, outputs.states), writes=self._writes)
+                              _as_reference(tensors_of(self._per_region, outputs.states)),
+                              writes=self._writes)
         inputs_returned = [(int(o), int(i)) for o, kind, i, *_ in library.aliases
                            if kind == "in" and int(i) in outputs.inputs]
         return _WithNones(fused, outputs, inputs_returned)
+
+
+def _as_reference(per_region: Callable[..., Any]) -> Callable[..., Any]:
+    """``per_region`` as the library's reference: the regions it first runs
+    are not queued for libraries of their own (the plan's runs for them)."""
+    def run(*args: Any) -> Any:
+        with regions_as_reference():
+            return per_region(*args)
+    return run
 
 
 def _input_strides(plan: Entry, part: str) -> list[tuple[int, ...] | None] | None:

@@ -331,3 +331,42 @@ def test_an_example_input_laid_out_as_a_broadcast_takes_a_real_calls_values():
     known = {0: torch.arange(8).expand(2, 8).contiguous() + 3}
     inputs = plan_library._example_inputs(graph, [], known)
     assert inputs[0].stride() == (0, 1) and torch.equal(inputs[0], known[0])
+
+
+@pytest.mark.slow
+@needs_a_compiler
+def test_a_plan_librarys_first_check_queues_none_of_its_regions(cold_then_warm, tmp_path):
+    """A process that finds the plans' libraries without their verdicts, and
+    no fused entry of their regions (as the worker leaves them: a region a
+    plan's library runs is not compiled), compares each library's first
+    call with the per-region path; the regions that run for that
+    comparison are not queued for libraries of their own (the plan's runs
+    in their place), so no worker compiles them beside the process."""
+    from ltc_cache.graph.fused import verdicts
+
+    directory = tmp_path / "ltc"
+    shutil.copytree(cold_then_warm["directory"], directory)
+    cache = GraphCache(CacheConfig(directory=directory, fuse="off"))
+    for store_key in list(cache.store.keys()):
+        if not is_entry_key(store_key):
+            continue
+        entry = decode(cache.store.get(store_key), expected_key=store_key, secret=None)
+        if entry.kind == "fused" and entry.payload.get("of") != "plan":
+            cache.store.delete(store_key)
+    dropped = 0
+    for plan in stored(directory, "plan").values():
+        for part in plan_library.plan_parts(plan):
+            key = verdicts.verdict_key(plan_library.part_key(plan.key, part).digest)
+            if cache.store.get(key) is not None:
+                cache.store.delete(key)
+                dropped += 1
+    cache.store.close()
+    assert dropped == 3, dropped
+    env = child_env(LTC_CACHE_DIR=str(directory), LTC_CACHE_FUSE="background",
+                    XDG_CONFIG_HOME=str(cold_then_warm["config"]))
+    run = json_child("fused_plan.py", env=env, timeout=600)
+    assert run["infer_error"] < 1e-5 and run["train_error"] < 1e-5, run
+    stats = run["stats"]
+    assert stats["fused_plan_checks"] == stats["fused_plan_loads"] == 3, stats
+    assert "fused_queued" not in stats and "fused_plan_queued" not in stats, stats
+    assert not [f for f in (directory / "fuse-queue").glob("*") if is_entry_key(f.name)]

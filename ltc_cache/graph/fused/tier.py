@@ -28,10 +28,11 @@ runs the library alone from its first call.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...counter_names import (
@@ -88,6 +89,8 @@ class FusedTier:
         config = self._cache.config
         if config.fuse == "off" or script is None or entry.kind != EntryKind.GRAPH or not entry.key:
             return script
+        if getattr(_reference, "depth", 0) and entry.key not in self._functions:
+            return script  # run only to check a plan's library: nothing looked up or queued
         with self._lock:  # one lookup and load per graph and process, whatever the threads
             if entry.key not in self._functions:
                 self._functions[entry.key] = self._guarded(self._obtain, entry, script)
@@ -169,6 +172,25 @@ class FusedTier:
                       "without their libraries (`ltc-cache fuse` compiles them ahead)")
             return None
         return str(queued)
+
+# How deep this thread is in runs of a plan's per-region path made only to
+# check the plan's library (:func:`regions_as_reference`).
+_reference = threading.local()
+
+
+@contextlib.contextmanager
+def regions_as_reference() -> Iterator[None]:
+    """Regions first run in the block run as TorchScript, their libraries
+    neither looked up nor queued: the block is a plan library's first-call
+    check, after which the library runs in their place. (Queued, a second
+    run's check had the worker compile every region of GPT-2 small's step
+    beside that run's steps.)"""
+    _reference.depth = getattr(_reference, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _reference.depth -= 1
+
 
 def fuse_graph(cache: EntryCache, graph_key: str, *, graph: Entry | None = None,
                retry: bool = False, timeout: float | None = None) -> Entry | None:
