@@ -25,7 +25,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -138,8 +137,8 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     it writes in place, put back before each run that is compared, and
     compared too. ``settings``: Inductor settings over ltc_cache's
     (:func:`~.platform.inductor_settings`). ``keep``: the share of the
-    reference's time the library may take at most. Raises FuseFailed where the
-    library's outputs differ, and whatever the compile raises."""
+    reference's time the library may take at most. Raises FuseFailed
+    where the library's outputs differ, and whatever the compile raises."""
     before = saved_writes(inputs, writes)
     with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
         expected = as_tuple(reference(*inputs))
@@ -315,10 +314,10 @@ def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor
     """Milliseconds a call of each, the fastest of interleaved rounds, in the
     process's CPU time: the background worker runs at idle priority, where
     the wall clock mostly measures who preempted it; in the worker, with
-    its other compile processes stopped (:func:`time_alone_in`). The integer inputs a
-    call writes (a decoding step's position counter) are put back before
-    each call (as they are before it): run on, they would index past the
-    cache's end."""
+    its other compile processes stopped (:func:`time_alone_in`). The
+    integer inputs a call writes (a decoding step's position counter) are
+    put back before each call (as they are before it): run on, they would
+    index past the cache's end."""
     counters = [i for i in writes if not inputs[i].is_floating_point()]
     start_values = saved_writes(inputs, counters)
 
@@ -335,7 +334,7 @@ def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor
 
 # What a library's timing runs in: the background worker's compile
 # processes time with the others stopped (governor.timed_alone).
-_timing: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+_timing: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
 
 def time_alone_in(queue_dir: Path) -> None:
