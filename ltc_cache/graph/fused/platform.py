@@ -50,8 +50,8 @@ INDUCTOR_OPTIONS: dict[str, object] = {
     # gets enough work, decided for the compiling process's thread count
     # (the worker inherits its client's OMP_NUM_THREADS), and the team is the
     # calling thread's at run time. Loops kept on one thread made a small
-    # GPT's training step 1.3x slower than its per-region path at two threads
-    # (docs/how-it-works.md#fused-libraries).
+    # GPT's whole-plan library 1.3x slower than its per-region path at two
+    # threads (docs/how-it-works.md#fused-libraries).
 }
 
 
