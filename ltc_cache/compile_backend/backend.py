@@ -66,6 +66,11 @@ class LtcBackend:
     loaded program's), so they are not counted as ``dynamo_graphs``.
     """
 
+    @property
+    def from_dynamo(self) -> bool:
+        """Whether the graphs it is handed are Dynamo's captures in this process."""
+        return self._from_dynamo
+
     def __init__(self, cache: GraphCache | None = None, *, whole_graph: bool = True,
                  name: str | None = None, from_dynamo: bool = True) -> None:
         self.__name__ = "ltc_cache"
@@ -268,39 +273,6 @@ def _capture_frames_once() -> None:
             look_again_before_capture(lambda fn: isinstance(fn, LtcBackend))
         except Exception:  # a torch without the pieces: each thread captures, as before
             logger.debug("Dynamo does not look again before a capture", exc_info=True)
-
-
-def _serve_transformers_calls() -> None:
-    """Let the programs serve the frames ``torch.compile(backend="ltc_cache")``
-    would capture for a transformers model's calls into a static cache, with
-    the prompt buckets (:mod:`ltc_cache.program.backend_route`), from this
-    module's import on: a process's first frame comes before any graph."""
-    try:
-        from ..dynamo_package import serve_frames
-
-        serve_frames(lambda fn: isinstance(fn, LtcBackend) and fn._from_dynamo, _served_by_programs)
-    except Exception:  # a torch without the pieces: Dynamo captures, as before
-        logger.debug("the programs serve no frame of the backend", exc_info=True)
-
-
-# What serves a frame before Dynamo captures it: set from above, by
-# ltc_cache.program.backend_route when it is imported (the entry point
-# torch.compile finds this backend by), so this layer names nothing above it.
-_frame_server: Callable[[Any, Mapping[str, Any]], Any] | None = None
-
-
-def serve_frames_by(server: Callable[[Any, Mapping[str, Any]], Any]) -> None:
-    """Let ``server(code, f_locals)`` take the frames of this backend
-    before Dynamo captures them (None: Dynamo's)."""
-    global _frame_server
-    _frame_server = server
-
-
-def _served_by_programs(code: Any, f_locals: Mapping[str, Any]) -> Any:
-    return _frame_server(code, f_locals) if _frame_server is not None else None
-
-
-_serve_transformers_calls()
 
 
 def canonical(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:

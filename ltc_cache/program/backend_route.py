@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from ..compile_backend.backend import backend, serve_frames_by
+from ..compile_backend.backend import LtcBackend, backend
 from ..diagnostics import warn_once
-from ..dynamo_package import module_call, module_call_code
+from ..dynamo_package import module_call, module_call_code, serve_frames
 from ..errors import first_line
 from .buckets import into_static_cache, is_transformers_model
 from .guards import checked_by
@@ -133,7 +133,16 @@ def _compiled_for(module: torch.nn.Module, spelling: str) -> Callable[..., Any]:
     return compiled
 
 
-# torch.compile finds the "ltc_cache" backend here (the package's entry
-# point, and ltc_cache.backend): importing this module is what lets the
-# backend's frames be served.
-serve_frames_by(serve)
+def _serve_the_backends_frames() -> None:
+    """Have :func:`serve` asked about the frames of ``torch.compile(backend=
+    "ltc_cache")`` before Dynamo captures them (a process's first frame comes
+    before any graph). torch.compile finds the "ltc_cache" backend in this
+    module (the package's entry point, and ``ltc_cache.backend``), so its
+    import is what does it."""
+    try:
+        serve_frames(lambda fn: isinstance(fn, LtcBackend) and fn.from_dynamo, serve)
+    except Exception:  # a torch without the pieces: Dynamo captures, as before
+        logger.debug("the programs serve no frame of the backend", exc_info=True)
+
+
+_serve_the_backends_frames()
