@@ -4,9 +4,8 @@ Features are added by wrapping a store, not by flags on it; a directory read
 without writing is a store of its own (ReadOnlyDiskStore).
 """
 
-from .base import Store
+from .base import MemoryStore, Store
 from .disk import DiskStore
-from .memory import MemoryStore
 from .readonly import ReadOnlyDiskStore
 from .redis import RedisStore  # imports the optional redis package only when made
 from .tiered import TieredStore

@@ -1,4 +1,5 @@
-"""The interface every tier implements: bytes in, bytes out, by key."""
+"""The interface every tier implements: bytes in, bytes out, by key; and
+the simplest tier, a dict (MemoryStore)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
-__all__ = ["MAX_ENTRY_BYTES", "Store", "is_entry_key"]
+__all__ = ["MAX_ENTRY_BYTES", "MemoryStore", "Store", "is_entry_key"]
 
 # No entry is decoded, and no stored value read, past this many bytes; no
 # entry ltc_cache writes comes near it.
@@ -56,3 +57,22 @@ class Store(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files or connections."""
+
+
+class MemoryStore(Store):
+    """A store in a dict: for tests and for a per-process tier."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        return self._data.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        self._data[key] = bytes(value)
+
+    def delete(self, key: str) -> bool:
+        return self._data.pop(key, None) is not None
+
+    def keys(self) -> Iterator[str]:
+        return iter(list(self._data))
