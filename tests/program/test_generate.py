@@ -80,26 +80,23 @@ def test_the_first_cold_generate_of_gpt2_no_longer_crashes(cache_dir):
 
 
 @pytest.mark.slow  # two processes generating
-@pytest.mark.parametrize("model", ["gpt2", "llama", "t5"])
-def test_a_warm_worker_with_a_static_cache_captures_and_traces_nothing(cache_dir, model):
-    """The static cache, ``model.forward = ltc_cache.compile(model.forward)``:
-    the cold worker stores one program per prompt bucket (5 and 9: 8 and 16;
-    T5's, an encoder-decoder, per prompt length) and one for decoding; a
-    warm worker meeting those lengths in another order runs no Dynamo
-    capture, no AOTAutograd and no LTC trace, and its greedy tokens are
-    eager's. A sampled request after them, over the same programs,
-    captures and traces nothing either."""
-    cold = generate(model, [5, 9], "--cache", "static")
+def test_a_warm_t5_worker_with_a_static_cache_captures_and_traces_nothing(cache_dir):
+    """The static cache, ``model.forward = ltc_cache.compile(model.forward)``,
+    for an encoder-decoder: the cold worker stores one program per prompt
+    length and one for decoding; a warm worker meeting those lengths in
+    another order runs no Dynamo capture, no AOTAutograd and no LTC trace,
+    and its greedy tokens are eager's. A sampled request after them, over
+    the same programs, captures and traces nothing either."""
+    cold = generate("t5", [5, 9], "--cache", "static")
     assert cold["captures"] > 0 and cold["stats"]["errors"] == 0
-    warm = generate(model, [9, 5], "--cache", "static", "--then-sample")
+    warm = generate("t5", [9, 5], "--cache", "static", "--then-sample")
     stats = warm["stats"]
     assert warm["captures"] == 0
     assert stats.get("aot_traces", 0) == 0 and stats["traces"] == 0 and stats["misses"] == 0
     assert stats["program_hits"] == cold["stats"]["program_captures"]
     *greedy, sampled = warm["requests"]
     assert [r["length"] for r in greedy] == [9, 5] and sampled["eager"] is None
-    prefix = 1 if model == "t5" else 9  # the decoder's start token, or the prompt
-    assert len(sampled["tokens"][0]) == prefix + 8
+    assert len(sampled["tokens"][0]) == 1 + 8  # the decoder's start token
 
 
 @pytest.mark.slow  # two processes generating, per model
@@ -130,16 +127,21 @@ def test_a_warm_worker_through_the_compiled_forward_serves_new_prompt_lengths(ca
     own ``generate()`` with the static cache: the prompt's forward is padded
     on the right to its bucket and the cache's length taken back. The cold
     worker meets 5 and 20 (buckets 8 and 32) and stores a program for each
-    and one for decoding; a warm worker meeting five lengths it never met
-    captures, AOTAutograd-traces and LTC-traces nothing, with eager's
-    greedy tokens."""
+    and one for decoding; a warm worker meeting those lengths in another
+    order and five it never met captures, AOTAutograd-traces and
+    LTC-traces nothing, misses nothing, with eager's greedy tokens; a
+    sampled request after them, over the same programs, neither."""
     cold = generate(model, [5, 20], "--cache", "static")
     assert cold["stats"]["program_captures"] == 3  # two buckets and decoding
-    warm = generate(model, [30, 7, 3, 25, 18], "--cache", "static")
+    assert cold["captures"] > 0 and cold["stats"]["errors"] == 0
+    lengths = [20, 5, 30, 7, 3, 25, 18]
+    warm = generate(model, lengths, "--cache", "static", "--then-sample")
     stats = warm["stats"]
     assert warm["captures"] == 0 and stats.get("aot_traces", 0) == 0 and stats["traces"] == 0
-    assert stats["program_hits"] == 3
-    for request in warm["requests"]:  # generate() checked them against eager's
+    assert stats["misses"] == 0 and stats["program_hits"] == 3
+    *greedy, sampled = warm["requests"]
+    assert [r["length"] for r in greedy] == lengths and sampled["eager"] is None
+    for request in warm["requests"]:  # generate() checked the greedy ones against eager's
         assert len(request["tokens"][0]) == request["length"] + 8
 
 
