@@ -325,9 +325,17 @@ def _prefill_padding(buckets: Buckets, module: Any,
     if isinstance(most, int):  # positions past the model's would fail, not pad
         room = min(room, most)
     bucket = buckets.length(length, room)
-    if bucket == length and not keep:
+    causal = _plain_causal(mask, positions)
+    if bucket == length and not keep and not causal:
         return None
     padded = dict(kwargs)
+    if causal:
+        # generate() gives a one-token prompt the 4-D causal mask it leaves
+        # out for longer ones, where the model makes that same mask itself
+        # from the cache's positions: left out here too, so that a bucket is
+        # one program whatever the length of its prompts.
+        del padded["attention_mask"]
+        mask = None
     if keep:
         padded["logits_to_keep"] = torch.arange(length - keep, length, device=ids.device)
     if bucket > length:
@@ -365,6 +373,26 @@ def _prefill_masks(mask: Any, ids: torch.Tensor) -> list[torch.Tensor] | None:
                 and value.shape[2] == ids.shape[1] and value.dtype in (torch.bool, *_FLOATS)):
             return None
     return tensors
+
+
+def _plain_causal(mask: Any, positions: torch.Tensor | None) -> bool:
+    """Whether ``mask`` is a 4-D prefill mask that lets each query of the
+    prompt see the cache positions up to its own and no other (True or 0
+    where it sees, False or the dtype's least where not): the mask the
+    model makes itself from an empty cache's positions, given none."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        return False
+    length = mask.shape[2]
+    queries = torch.arange(length, device=mask.device)
+    if positions is not None and not torch.equal(positions, queries.expand_as(positions)):
+        return False
+    seen = torch.arange(mask.shape[3], device=mask.device)[None, :] <= queries[:, None]
+    if mask.dtype == torch.bool:
+        want = seen
+    else:
+        want = torch.zeros(seen.shape, dtype=mask.dtype, device=mask.device).masked_fill(
+            ~seen, torch.finfo(mask.dtype).min)
+    return torch.equal(mask, want.expand_as(mask))
 
 
 def _pad_prefill_mask(mask: torch.Tensor | None, length: int, bucket: int) -> Any:

@@ -177,6 +177,41 @@ def test_a_static_cache_prefill_is_padded_on_the_right_and_decoding_follows_the_
         assert torch.equal(out, expected[1])
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_one_token_prompt_is_padded_into_its_bucket_as_longer_prompts_are(name):
+    """generate() gives a one-token prompt into a static cache a 4-D causal
+    mask and longer prompts none (the model makes that same mask itself):
+    the one-token prefill is padded to its bucket with the mask left out,
+    so that it is called as a longer prompt of its bucket is (one program
+    for the bucket), and its tokens are eager's. A mask that hides a
+    position is kept."""
+    model = build_lm(name)
+    kwargs = generation_kwargs("static", False, 4)
+    with torch.no_grad():
+        expected = model.generate(prompt(1), **kwargs)
+        seen = []
+        forward = model.forward
+        model.forward = _padding_forward(model, seen)
+        out = model.generate(prompt(1), **kwargs)
+        one = seen[0]
+        seen.clear()
+        model.generate(prompt(5), **kwargs)
+        five = seen[0]
+        model.forward = forward
+    assert one["input_ids"].shape == five["input_ids"].shape == (1, 8)
+    assert "attention_mask" not in one and set(one) == set(five)
+    assert torch.equal(out, expected)
+    from ltc_cache.program.buckets import _plain_causal
+
+    causal = torch.ones(1, 1, 3, 8, dtype=torch.bool).tril()
+    assert _plain_causal(causal, None)
+    assert _plain_causal(torch.zeros(causal.shape).masked_fill(~causal, torch.finfo().min), None)
+    hidden = causal.clone()
+    hidden[..., 2, 0] = False  # a left-padded row's position
+    assert not _plain_causal(hidden, None)
+    assert not _plain_causal(causal, torch.tensor([[3, 4, 5]]))  # a cache already filled
+
+
 def test_a_prefill_is_not_padded_past_the_cache_or_with_outputs_it_would_lengthen():
     """A prompt whose bucket the static cache has no room for is padded to
     the cache's length; one asking for hidden states, or with a dynamic
