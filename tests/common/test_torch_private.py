@@ -241,7 +241,7 @@ def test_fx_ops_does_what_its_callers_rely_on():
 
 
 def test_torch_still_has_what_the_fused_tier_uses():
-    """Pinned: the C++ runner (load), AOTInductor's packaging and make_fx
+    """Pinned: the C++ runner (load), AOTInductor's compile and make_fx
     (build), and the CPU capability the key names. If torch moves one of
     these, this fails by name."""
     from ltc_cache.graph.fused import aoti, platform
@@ -250,9 +250,8 @@ def test_torch_still_has_what_the_fused_tier_uses():
     import torch._inductor
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    assert callable(torch._inductor.aoti_compile_and_package) and callable(make_fx)
-    assert {"package_path", "inductor_configs"} <= set(
-        inspect.signature(torch._inductor.aoti_compile_and_package).parameters)
+    assert callable(torch._inductor.aot_compile) and callable(make_fx)
+    assert "options" in inspect.signature(torch._inductor.aot_compile).parameters
     assert platform.machine_isa() == platform.machine_isa().upper()
     assert aoti.cxx11_abi() in (True, False)
     assert hasattr(torch._C, "_dispatch_get_all_op_names")

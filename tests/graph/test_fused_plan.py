@@ -50,10 +50,14 @@ def cold_then_warm(tmp_path_factory) -> dict:
                         XDG_CONFIG_HOME=str(root / "config"))
         cold = json_child("fused_plan.py", env=env, timeout=1800)
         warm = json_child("fused_plan.py", env=env, timeout=600)
+        # What tests copy to change: the directory itself is read by tests
+        # beside them, whose sqlite files come and go while it is copied.
+        shutil.copytree(root / "ltc", root / "to-copy")
         return {"cold": cold, "warm": warm}
 
     root, runs = once_per_run(tmp_path_factory, "fused_plan", run)
-    return {**runs, "directory": root / "ltc", "config": root / "config"}
+    return {**runs, "directory": root / "ltc", "to_copy": root / "to-copy",
+            "config": root / "config"}
 
 
 @pytest.mark.slow
@@ -93,7 +97,7 @@ def test_a_tampered_plan_library_is_refused_and_the_regions_run(cold_then_warm, 
     it, runs the plan's regions and still computes what eager does, and
     loads the training plan's two libraries."""
     directory = tmp_path / "ltc"
-    shutil.copytree(cold_then_warm["directory"], directory)
+    shutil.copytree(cold_then_warm["to_copy"], directory)
     [plan] = [e for name, e in stored(directory, "plan").items() if "inference" in name]
     key = plan_library.part_key(plan.key, "inference")
     cache = GraphCache(CacheConfig(directory=directory, fuse="off"))
@@ -345,7 +349,7 @@ def test_a_plan_librarys_first_check_queues_none_of_its_regions(cold_then_warm, 
     from ltc_cache.graph.fused import verdicts
 
     directory = tmp_path / "ltc"
-    shutil.copytree(cold_then_warm["directory"], directory)
+    shutil.copytree(cold_then_warm["to_copy"], directory)
     cache = GraphCache(CacheConfig(directory=directory, fuse="off"))
     for store_key in list(cache.store.keys()):
         if not is_entry_key(store_key):

@@ -1,8 +1,8 @@
 """Every use ltc_cache makes of AOTInductor's private surface.
 
-A fused library is compiled by ``torch._inductor.aoti_compile_and_package``
-into a package whose layout is AOTInductor's own (one ``*.wrapper.so`` and
-its ``*.wrapper_metadata.json``), and loaded through the C++ runner
+A fused library is compiled by ``torch._inductor.aot_compile`` (one
+``*.wrapper.so`` and its ``*.wrapper_metadata.json``, in Inductor's cache
+directory), and loaded through the C++ runner
 ``torch._C._aoti.AOTIModelContainerRunnerCpu``, which runs it on a list of
 tensors without importing Inductor (``torch._inductor.package`` costs over
 a second). All of it is torch-private. This module is the one place in the
@@ -18,8 +18,7 @@ Written against torch 2.13.
 
 from __future__ import annotations
 
-import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,29 +48,33 @@ def cpu_runner(path: str) -> Any:
     return torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)
 
 
-def compile_library(exported: torch.export.ExportedProgram,
+def compile_library(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor],
                     settings: Mapping[str, Any]) -> tuple[bytes, str]:
-    """The shared library AOTInductor compiles ``exported`` into, with
-    Inductor ``settings``, and the vector ISA it compiled it for. Raises
-    :class:`UnexpectedPackage` where the package is not one library, and
-    whatever the compile raises."""
+    """The shared library AOTInductor compiles ``graph`` (an aten graph of
+    tensors to a tuple of tensors, traced by ``make_fx``) into, for inputs
+    laid out as ``inputs``, with Inductor ``settings``, and the vector ISA
+    it compiled it for. Raises :class:`UnexpectedPackage` where the
+    compile makes more than one library, and whatever the compile raises.
+
+    Through ``torch._inductor.aot_compile`` on the graph as it is, not
+    ``aoti_compile_and_package`` on a ``torch.export`` of it: the export
+    traces the graph again (0.4-2.5 s of a plan's part) for what a graph
+    of tensors already is."""
     import json
-    import zipfile
 
     import torch._inductor
 
-    with tempfile.TemporaryDirectory(prefix="ltc_cache-fuse-") as tmp:
-        package = Path(tmp) / "graph.pt2"
-        torch._inductor.aoti_compile_and_package(exported, package_path=str(package),
-                                                 inductor_configs=dict(settings))
-        with zipfile.ZipFile(package) as archive:
-            names = archive.namelist()
-            libraries = [n for n in names if n.endswith(".so")]
-            blobs = [n for n in names if n.endswith((".bin", ".blob", "constants"))]
-            if len(libraries) != 1 or not libraries[0].endswith(".wrapper.so") or blobs:
-                raise UnexpectedPackage(f"AOTInductor's package holds {libraries + blobs}, "
-                                        "not one library")
-            library = archive.read(libraries[0])
-            meta_name = libraries[0].removesuffix(".so") + "_metadata.json"
-            meta = json.loads(archive.read(meta_name)) if meta_name in names else {}
-    return library, str(meta.get("AOTI_CPU_ISA", ""))
+    options = {**settings, "aot_inductor.package": True}
+    with torch.no_grad():
+        files = torch._inductor.aot_compile(graph, tuple(inputs), options=options)
+    paths = [Path(f) for f in files if isinstance(f, str)]
+    libraries = [p for p in paths if p.suffix == ".so"]
+    blobs = [p for p in paths if p.suffix in (".bin", ".blob")] + \
+        [f for f in files if not isinstance(f, str)]
+    if len(libraries) != 1 or not libraries[0].name.endswith(".wrapper.so") or blobs:
+        raise UnexpectedPackage(f"AOTInductor compiled {[str(p) for p in libraries]} and "
+                                f"{len(blobs)} constant file(s), not one library")
+    library = libraries[0].read_bytes()
+    meta = libraries[0].with_name(libraries[0].name.removesuffix(".so") + "_metadata.json")
+    isa = json.loads(meta.read_text()).get("AOTI_CPU_ISA", "") if meta.exists() else ""
+    return library, str(isa)

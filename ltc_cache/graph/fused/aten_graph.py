@@ -2,8 +2,8 @@
 
 The stored TorchScript function is traced to an aten FX graph by running it
 under ``make_fx`` (the interpreter dispatches every op, so the trace records
-exactly what the replay computes, views and all), then exported with
-``torch.export`` for AOTInductor (:mod:`.aoti`).
+exactly what the replay computes, views and all), which AOTInductor
+compiles as it is (:mod:`.aoti`).
 """
 
 from __future__ import annotations
@@ -15,30 +15,19 @@ import torch
 
 from ...fx_ops import aten_op_names
 
-__all__ = ["as_tuple", "aten_graph", "exported_program"]
+__all__ = ["as_tuple", "aten_graph"]
 
 
 def as_tuple(results: Any) -> tuple[Any, ...]:
     return results if isinstance(results, tuple) else (results,)
 
 
-class _Call(torch.nn.Module):
-    """The traced graph as the module ``torch.export`` takes."""
-
-    def __init__(self, graph: torch.fx.GraphModule) -> None:
-        super().__init__()
-        self.graph_module = graph
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.graph_module(*inputs))
-
-
 def _views_as_reshapes(traced: torch.fx.GraphModule) -> None:
     """Each ``view`` of ``traced`` made a ``reshape``, which is that view
-    where the strides allow it and a copy where not. ``torch.export``
-    traces the graph again on fake tensors of its own, whose strides can
-    differ from the first trace's where a region's output was laid out
-    otherwise: T5's training forward failed there ("Cannot view a tensor
+    where the strides allow it and a copy where not. The compile traces
+    the graph again on fake tensors of its own, whose strides can differ
+    from the first trace's where a region's output was laid out otherwise
+    (through ``torch.export``): T5's training forward failed there ("Cannot view a tensor
     with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as (4, 16, 8)").
     A library returns no view of its own making (aliases are taken from
     the reference's outputs, :func:`.build.output_aliases`), so what the view
@@ -94,10 +83,3 @@ def aten_graph(script: Callable[..., Any], inputs: list[torch.Tensor]) -> torch.
                          tracing_mode="fake")(*inputs)
     _views_as_reshapes(traced)
     return traced
-
-
-def exported_program(traced: torch.fx.GraphModule,
-                     inputs: list[torch.Tensor]) -> torch.export.ExportedProgram:
-    """``traced`` exported for AOTInductor, with ``inputs``' layouts."""
-    with torch.no_grad():
-        return torch.export.export(_Call(traced), tuple(inputs), strict=False)

@@ -36,7 +36,7 @@ from ...entries.kinds import EntryKind
 from ...errors import FuseFailed, UnexpectedPackage
 from ..replay import build_function
 from .aoti import compile_library
-from .aten_graph import as_tuple, aten_graph, exported_program
+from .aten_graph import as_tuple, aten_graph
 from .cpu_isa import library_needs
 from .exact import no_further_from_exact
 from .governor import timed_alone
@@ -147,7 +147,7 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     aliases = output_aliases(expected, inputs)
     graph = aten_graph(traced or reference, inputs)
     try:
-        library, inductor_isa = compile_library(exported_program(graph, inputs),
+        library, inductor_isa = compile_library(graph, inputs,
                                                 {**inductor_settings(), **(settings or {})})
     except UnexpectedPackage as exc:
         raise FuseFailed(str(exc)) from None

@@ -233,7 +233,7 @@ def built_within(timeout: float | None, build: Callable[[], Entry], key: CacheKe
 def in_a_clean_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     """``fn(*args, **kwargs)`` in a thread of its own: a graph's first call
     may come inside Dynamo's or AOTAutograd's tracing, whose fake mode and
-    tracing context (thread-local, both) ``torch.export`` would pick up
+    tracing context (thread-local, both) AOTInductor's compile would pick up
     (docs/torch/aot-inductor.md#export-picks-up-surrounding-fake-mode)."""
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ltc_cache-fuse") as pool:
         return pool.submit(fn, *args, **kwargs).result()
