@@ -251,6 +251,17 @@ def test_torch_still_has_what_the_fused_tier_uses():
     from torch.fx.experimental.proxy_tensor import make_fx
 
     assert callable(torch._inductor.aot_compile) and callable(make_fx)
+    # The input checks aoti._no_input_checks leaves out of a wrapper: the
+    # method that writes them, the function run_impl calls, and the switch
+    # other checks read, which the replacement defines as Inductor does.
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+    written = inspect.getsource(CppWrapperCpu.generate_input_output_runtime_checks)
+    assert "__check_inputs_outputs" in written and "check_input_" in written
+    assert "_check_aoti_runtime_check_inputs_env" in written
+    assert "__check_inputs_outputs(input_handles, output_handles)" in inspect.getsource(
+        CppWrapperCpu._write_aoti_entry_point_signature)
+    assert 'getenv("AOTI_RUNTIME_CHECK_INPUTS")' in written
     assert "options" in inspect.signature(torch._inductor.aot_compile).parameters
     assert platform.machine_isa() == platform.machine_isa().upper()
     assert aoti.cxx11_abi() in (True, False)

@@ -62,11 +62,12 @@ _MIN_ROUNDS = 3
 _ROUND_SECONDS = 0.004
 _TIMING_SECONDS = 20.0
 _KEEP = 0.97
-# A plan's library is kept where it is not slower than its per-region path:
-# refusing it queues the plan's regions, more compiles (a small GPT's
-# backward, three) that are rarely faster one by one, while the plan's
-# library, 0.98x, was.
-KEEP_PLAN = 1.0
+# A plan's library is kept unless it is clearly slower than its per-region
+# path: refusing it queues the plan's regions, more compiles (a small GPT's
+# forward, five) that are rarely faster one by one. Its forward library
+# measured 0.98x and 1.004x of that path in two runs, a tie that refused at
+# 1.0 and doubled the time to the libraries being ready.
+KEEP_PLAN = 1.03
 # The check against the reference at build time catches a miscompile (an
 # error the size of the values); the rule (outputs within 1e-5 of
 # TorchScript's, verdicts.RTOL) is applied on the library's first call on
