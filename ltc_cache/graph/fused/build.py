@@ -56,11 +56,14 @@ logger = logging.getLogger("ltc_cache.fused")
 # region libraries, where a quiet machine kept 9. Fewer rounds (at least
 # _MIN_ROUNDS) where they would take over _TIMING_SECONDS: GPT-2 small's
 # backward runs 9.4 s a call, and 15 rounds of both were 280 s of its build,
-# twice its compile; a call that long is an average of its own.
+# twice its compile. A call of _ONE_ROUND_SECONDS or more is an average of
+# its own: its first call each is the timing (three rounds of that
+# backward were 55 s, a third of the time to its libraries being ready).
 _ROUNDS = 15
 _MIN_ROUNDS = 3
 _ROUND_SECONDS = 0.004
 _TIMING_SECONDS = 20.0
+_ONE_ROUND_SECONDS = 5.0
 _KEEP = 0.97
 # A plan's library is kept unless it is clearly slower than its per-region
 # path: refusing it queues the plan's regions, more compiles (a small GPT's
@@ -351,6 +354,8 @@ def _fastest_rounds(per_call: Callable[[Any, int], float], script: Any,
     once = max(*first, 1e-3)
     calls = max(1, math.ceil(_ROUND_SECONDS * 1e3 / once))
     rounds = max(_MIN_ROUNDS, min(_ROUNDS, int(_TIMING_SECONDS * 1e3 / (2 * once * calls))))
+    if once >= _ONE_ROUND_SECONDS * 1e3:
+        rounds = 1
     # A call of a round's length or more: the first calls are a round already
     # (two of a GPT-2 small backward's eight calls of 8 s).
     script_ms, fused_ms = ([first[0]], [first[1]]) if calls == 1 else ([], [])
