@@ -110,6 +110,7 @@ class LtcProgramGraph(SerializableCallable):
                     call = self._call = self._compile(args)
         return call(*args)
 
+    @holding_off()  # rebuilding the graph canonical is part of the load too
     def _compile(self, args: Sequence[Any]) -> Callable[..., Any]:
         from ..compile_backend.backend import LtcBackend
         from ..compile_backend.per_shape import run_time_tracing
