@@ -44,7 +44,7 @@ import torch
 from ..errors import BadArgument, WrongType
 
 __all__ = ["UNPADDED_LENGTHS", "Buckets", "into_static_cache", "is_transformers_model",
-           "pad_forward", "pad_generate"]
+           "pad_forward", "pad_generate", "plain_causal"]
 
 logger = logging.getLogger("ltc_cache.buckets")
 
@@ -325,7 +325,7 @@ def _prefill_padding(buckets: Buckets, module: Any,
     if isinstance(most, int):  # positions past the model's would fail, not pad
         room = min(room, most)
     bucket = buckets.length(length, room)
-    causal = _plain_causal(mask, positions)
+    causal = plain_causal(mask, positions)
     if bucket == length and not keep and not causal:
         return None
     padded = dict(kwargs)
@@ -375,7 +375,7 @@ def _prefill_masks(mask: Any, ids: torch.Tensor) -> list[torch.Tensor] | None:
     return tensors
 
 
-def _plain_causal(mask: Any, positions: torch.Tensor | None) -> bool:
+def plain_causal(mask: Any, positions: torch.Tensor | None) -> bool:
     """Whether ``mask`` is a 4-D prefill mask that lets each query of the
     prompt see the cache positions up to its own and no other (True or 0
     where it sees, False or the dtype's least where not): the mask the

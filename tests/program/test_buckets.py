@@ -201,15 +201,15 @@ def test_a_one_token_prompt_is_padded_into_its_bucket_as_longer_prompts_are(name
     assert one["input_ids"].shape == five["input_ids"].shape == (1, 8)
     assert "attention_mask" not in one and set(one) == set(five)
     assert torch.equal(out, expected)
-    from ltc_cache.program.buckets import _plain_causal
+    from ltc_cache.program.buckets import plain_causal
 
     causal = torch.ones(1, 1, 3, 8, dtype=torch.bool).tril()
-    assert _plain_causal(causal, None)
-    assert _plain_causal(torch.zeros(causal.shape).masked_fill(~causal, torch.finfo().min), None)
+    assert plain_causal(causal, None)
+    assert plain_causal(torch.zeros(causal.shape).masked_fill(~causal, torch.finfo().min), None)
     hidden = causal.clone()
     hidden[..., 2, 0] = False  # a left-padded row's position
-    assert not _plain_causal(hidden, None)
-    assert not _plain_causal(causal, torch.tensor([[3, 4, 5]]))  # a cache already filled
+    assert not plain_causal(hidden, None)
+    assert not plain_causal(causal, torch.tensor([[3, 4, 5]]))  # a cache already filled
 
 
 def test_a_prefill_is_not_padded_past_the_cache_or_with_outputs_it_would_lengthen():
