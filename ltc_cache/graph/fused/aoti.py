@@ -104,9 +104,9 @@ def _no_input_checks() -> Iterator[None]:
     small GPT's forward plan's 6.3 s compiling at -O0 (97 inputs). A
     library's inputs are checked by its key and its caller
     (:mod:`.runner`), never by them. The wrapper still calls the empty
-    ``__check_inputs_outputs``, and the switch the other checks of the
-    wrapper read is defined as Inductor defines it. Where this torch's generator has no such
-    method, it is left as it is."""
+    ``__check_inputs_outputs``, and the switch the wrapper's other checks
+    read is defined as Inductor defines it. Where this torch's generator
+    has no such method, it is left as it is."""
     from torch._inductor.codegen import cpp_wrapper_cpu
 
     wrapper = cpp_wrapper_cpu.CppWrapperCpu

@@ -26,9 +26,10 @@ def _views_as_reshapes(traced: torch.fx.GraphModule) -> None:
     """Each ``view`` of ``traced`` made a ``reshape``, which is that view
     where the strides allow it and a copy where not. The compile traces
     the graph again on fake tensors of its own, whose strides can differ
-    from the first trace's where a region's output was laid out otherwise
-    (through ``torch.export``): T5's training forward failed there ("Cannot view a tensor
-    with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as (4, 16, 8)").
+    from the first trace's where a region's output was laid out otherwise:
+    T5's training forward failed there, through ``torch.export`` ("Cannot
+    view a tensor with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as
+    (4, 16, 8)").
     A library returns no view of its own making (aliases are taken from
     the reference's outputs, :func:`.build.output_aliases`), so what the view
     shared is nobody's business."""
