@@ -262,6 +262,14 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert "__check_inputs_outputs(input_handles, output_handles)" in inspect.getsource(
         CppWrapperCpu._write_aoti_entry_point_signature)
     assert 'getenv("AOTI_RUNTIME_CHECK_INPUTS")' in written
+    # The interface aoti._interface_compiled_once compiles once: the method
+    # that inlines its source, and the function every g++ line goes through.
+    from torch._inductor import cpp_builder
+
+    inlines = inspect.getsource(CppWrapperCpu._write_aoti_interface_header)
+    assert '"interface.cpp"' in inlines and "dynamic_linkage" in inlines
+    assert "run_compile_cmd(" in inspect.getsource(cpp_builder.CppBuilder.build)
+    assert list(inspect.signature(cpp_builder.run_compile_cmd).parameters) == ["cmd_line", "cwd"]
     assert "options" in inspect.signature(torch._inductor.aot_compile).parameters
     assert platform.machine_isa() == platform.machine_isa().upper()
     assert aoti.cxx11_abi() in (True, False)

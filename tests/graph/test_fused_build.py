@@ -81,7 +81,8 @@ def _libraries_as_compiled(cache_dir: Path, tmp_path: Path) -> None:
     records: one for AVX2 (an AVX-512 machine made an AVX2 one, above)
     holds no zmm, which an AVX2 CPU would die on. None holds the input
     checks Inductor writes into a wrapper (graph/fused/aoti.py leaves them
-    out: their compile was a quarter of the wrapper's)."""
+    out: their compile was a quarter of the wrapper's); each holds
+    AOTInductor's interface, compiled once and linked in."""
     from ltc_cache.entries.entry import decode
     from ltc_cache.store import ReadOnlyDiskStore
 
@@ -97,6 +98,8 @@ def _libraries_as_compiled(cache_dir: Path, tmp_path: Path) -> None:
     assert libraries
     for payload in libraries:
         assert b"check_input_0" not in payload["library"]
+        # The interface compiled once and linked in: what a runner calls.
+        assert b"AOTInductorModelContainerRun" in payload["library"]
         assert b"unmatched dim value" not in payload["library"]
         path = tmp_path / "library.so"
         path.write_bytes(payload["library"])

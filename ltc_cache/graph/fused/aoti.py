@@ -19,6 +19,10 @@ Written against torch 2.13.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
+import shlex
+import shutil
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -30,8 +34,9 @@ from ...errors import UnexpectedPackage
 
 __all__ = ["compile_library", "cpu_runner", "cxx11_abi", "runner_available"]
 
-# Held while Inductor's C++ wrapper code generator is patched (_no_input_checks).
-_PATCH = threading.Lock()
+# Held while Inductor's C++ wrapper code generator is patched
+# (_no_input_checks, _interface_compiled_once).
+_PATCH = threading.RLock()
 _CHECKS_OFF = """
 static bool _check_aoti_runtime_check_inputs_env() {
     const static char* env_var_value = getenv("AOTI_RUNTIME_CHECK_INPUTS");
@@ -41,6 +46,12 @@ static bool _check_aoti_runtime_check_inputs_env() {
 
 AOTI_NOINLINE static void __check_inputs_outputs(
     AtenTensorHandle* input_handles, AtenTensorHandle* output_handles) {}
+"""
+
+# What a wrapper holds in place of AOTInductor's interface (_interface_compiled_once).
+_INTERFACE_DECLARED = """
+#include <torch/csrc/inductor/aoti_runtime/interface.h>
+#include <torch/csrc/inductor/aoti_runtime/model_container.h>
 """
 
 
@@ -80,7 +91,7 @@ def compile_library(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor],
     import torch._inductor
 
     options = {**settings, "aot_inductor.package": True}
-    with torch.no_grad(), _no_input_checks():
+    with torch.no_grad(), _no_input_checks(), _interface_compiled_once():
         files = torch._inductor.aot_compile(graph, tuple(inputs), options=options)
     paths = [Path(f) for f in files if isinstance(f, str)]
     libraries = [p for p in paths if p.suffix == ".so"]
@@ -124,3 +135,80 @@ def _no_input_checks() -> Iterator[None]:
             yield
         finally:
             wrapper.generate_input_output_runtime_checks = checks
+
+
+@contextlib.contextmanager
+def _interface_compiled_once() -> Iterator[None]:
+    """AOTInductor's interface (``aoti_runtime/interface.cpp``, the C
+    functions a runner calls, about 650 lines that every wrapper inlines
+    the same) compiled once per compile line and linked into each library,
+    instead of compiled again in every wrapper: 2.4 s of each wrapper's
+    compile. The object is kept beside Inductor's own compiled code (its
+    cache directory, as trusted as the precompiled header the wrapper
+    includes), keyed by the wrapper's compile line with the wrapper's
+    paths taken out, the interface's source and the compiler. Where this
+    torch's generator or build lacks what this relies on, the wrapper is
+    left as it is."""
+    from torch._inductor import config, cpp_builder
+    from torch._inductor.codegen import cpp_wrapper_cpu
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    wrapper = cpp_wrapper_cpu.CppWrapperCpu
+    source = Path(cpp_wrapper_cpu.__file__).parent / "aoti_runtime" / "interface.cpp"
+    if not (hasattr(wrapper, "_write_aoti_interface_header") and source.is_file()
+            and hasattr(cpp_builder, "run_compile_cmd")):
+        yield
+        return
+    run = cpp_builder.run_compile_cmd
+    header = wrapper._write_aoti_interface_header
+    built: list[str] = []
+
+    def declared_only(self: Any) -> None:
+        if not config.aot_inductor.dynamic_linkage:
+            return header(self)
+        self.header.splice(_INTERFACE_DECLARED)
+        return None
+
+    def compile_line(cmd_line: str, cwd: str) -> None:
+        words = shlex.split(cmd_line)
+        if "-c" in words and any(w.endswith(".wrapper.cpp") for w in words):
+            built[:] = [_interface_object(words, source, Path(cache_dir()), run, cwd)]
+        elif "-shared" in words and any(w.endswith(".wrapper.o") for w in words):
+            if not built:
+                raise UnexpectedPackage("a wrapper linked that was not compiled here")
+            at = next(i for i, w in enumerate(words) if w.endswith(".wrapper.o"))
+            cmd_line = shlex.join([*words[:at + 1], built[0], *words[at + 1:]])
+        run(cmd_line, cwd)
+
+    with _PATCH:
+        wrapper._write_aoti_interface_header = declared_only
+        cpp_builder.run_compile_cmd = compile_line
+        try:
+            yield
+        finally:
+            wrapper._write_aoti_interface_header = header
+            cpp_builder.run_compile_cmd = run
+
+
+def _interface_object(wrapper_line: list[str], source: Path, directory: Path,
+                      run: Any, cwd: str) -> str:
+    """The object of ``source`` compiled with ``wrapper_line`` (the
+    wrapper's own compile line), from ``directory`` where it was compiled
+    before, else compiled there now (written under a name of its own, then
+    renamed: compiles beside it may make the same object)."""
+    out = wrapper_line.index("-o")
+    line = [source.as_posix() if w.endswith(".wrapper.cpp") else w for w in wrapper_line]
+    compiler = shutil.which(line[0]) or line[0]
+    seen = os.stat(compiler)
+    key = hashlib.sha256("\0".join([*line[:out], *line[out + 2:], source.read_text(),
+                                     compiler, str(seen.st_size), str(seen.st_mtime_ns)]
+                                    ).encode()).hexdigest()[:32]
+    folder = directory / "ltc_cache_interface"
+    target = folder / f"{key}.o"
+    if not target.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f"{key}.{os.getpid()}.{threading.get_ident()}.o"
+        line[out + 1] = partial.as_posix()
+        run(shlex.join(line), cwd)
+        os.replace(partial, target)
+    return target.as_posix()
