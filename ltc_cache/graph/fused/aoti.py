@@ -128,13 +128,8 @@ def _no_input_checks() -> Iterator[None]:
     def checks_off(self: Any) -> None:
         self.prefix.splice_aot(_CHECKS_OFF)
 
-    with _PATCH:
-        checks = wrapper.generate_input_output_runtime_checks
-        wrapper.generate_input_output_runtime_checks = checks_off
-        try:
-            yield
-        finally:
-            wrapper.generate_input_output_runtime_checks = checks
+    with _replaced(wrapper, "generate_input_output_runtime_checks", checks_off):
+        yield
 
 
 @contextlib.contextmanager
@@ -180,14 +175,22 @@ def _interface_compiled_once() -> Iterator[None]:
             cmd_line = shlex.join([*words[:at + 1], built[0], *words[at + 1:]])
         run(cmd_line, cwd)
 
+    with _replaced(wrapper, "_write_aoti_interface_header", declared_only), \
+            _replaced(cpp_builder, "run_compile_cmd", compile_line):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside the block (Inductor's, patched
+    while a library compiles), under :data:`_PATCH`, and what it was after."""
     with _PATCH:
-        wrapper._write_aoti_interface_header = declared_only
-        cpp_builder.run_compile_cmd = compile_line
+        was = getattr(owner, name)
+        setattr(owner, name, value)
         try:
             yield
         finally:
-            wrapper._write_aoti_interface_header = header
-            cpp_builder.run_compile_cmd = run
+            setattr(owner, name, was)
 
 
 def _interface_object(wrapper_line: list[str], source: Path, directory: Path,

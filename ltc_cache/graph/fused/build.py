@@ -353,9 +353,8 @@ def _fastest_rounds(per_call: Callable[[Any, int], float], script: Any,
     first = per_call(script, 1), per_call(fused, 1)
     once = max(*first, 1e-3)
     calls = max(1, math.ceil(_ROUND_SECONDS * 1e3 / once))
-    rounds = max(_MIN_ROUNDS, min(_ROUNDS, int(_TIMING_SECONDS * 1e3 / (2 * once * calls))))
-    if once >= _ONE_ROUND_SECONDS * 1e3:
-        rounds = 1
+    rounds = 1 if once >= _ONE_ROUND_SECONDS * 1e3 else \
+        max(_MIN_ROUNDS, min(_ROUNDS, int(_TIMING_SECONDS * 1e3 / (2 * once * calls))))
     # A call of a round's length or more: the first calls are a round already
     # (two of a GPT-2 small backward's eight calls of 8 s).
     script_ms, fused_ms = ([first[0]], [first[1]]) if calls == 1 else ([], [])
