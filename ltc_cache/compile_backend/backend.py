@@ -81,7 +81,7 @@ class LtcBackend:
         self._support: weakref.WeakKeyDictionary[GraphCache, OpSupport] = (
             weakref.WeakKeyDictionary())
         self._variants: dict[tuple[str | None, str], LtcBackend] = {}  # by torch.compile options
-        self._missed: CacheKey | None = None  # the plan key stored_training found nothing under
+        self._missed: CacheKey | None = None  # the plan key `stored` found nothing under
 
     @property
     def cache(self) -> GraphCache:
@@ -156,7 +156,8 @@ class LtcBackend:
                 compiled = self._whole(gm, example_inputs, f"{name}.inference", cache)
                 if compiled is not None:
                     return compiled
-            return self._planned(cache).inference(gm, example_inputs, name)
+            return self._planned(cache).inference(gm, example_inputs, name,
+                                                  not_stored=self._missed)
         except Exception as exc:
             from ..dynamo_package import RestartAnalysis
 
@@ -196,24 +197,27 @@ class LtcBackend:
         counters.bump(ATEN_OPS, ops)
         return Guarded(compiled, gm.forward, name, cache, as_tuple=False, ops=ops)
 
-    def stored_training(self, graph: Mapping[str, str], example_inputs: Sequence[Any],
-                        eager: Callable[..., Any]) -> Callable[..., Any] | None:
-        """A static training graph, known by its :func:`graph_parts` alone
-        (a program's, which stores them), compiled from its stored training
-        plan without the graph itself; ``eager`` computes it should the
-        plan's first call fail. None where the call needs no gradient, no
-        plan is stored, or anything else goes wrong: then the graph is
-        compiled as any other (docs/torch/dynamo.md#program-stores-graph-key-parts)."""
+    def stored(self, graph: Mapping[str, str], example_inputs: Sequence[Any],
+               eager: Callable[..., Any]) -> Callable[..., Any] | None:
+        """A static graph, known by its :func:`graph_parts` alone (a
+        program's, which stores them), compiled from its stored training or
+        inference plan without the graph itself; ``eager`` computes it should
+        the plan's first call fail. None where no plan is stored, or anything
+        else goes wrong: then the graph is compiled as any other
+        (docs/torch/dynamo.md#program-stores-graph-key-parts). An inference
+        plan is stored only where the whole graph did not lower under the
+        same key, so taking it first is what compiling the graph would do."""
         from .plan import plan_key
 
-        if not _needs_grad(example_inputs):
-            return None
+        training = _needs_grad(example_inputs)
         cache = self.cache
         name = self._name or "graph"
         try:
-            key = plan_key(key_of(graph, example_inputs), training=True)
+            key = plan_key(key_of(graph, example_inputs), training=training)
             with compile_lock():
-                compiled = self._planned(cache).training_plan(key, name, eager)
+                planned = self._planned(cache)
+                compiled = (planned.training_plan(key, name, eager) if training
+                            else planned.inference_plan(key, name, eager))
         except Exception:  # the whole graph is compiled instead, which handles it
             logger.debug("%s: no plan from the stored key parts", name, exc_info=True)
             return None

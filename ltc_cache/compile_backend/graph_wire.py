@@ -30,11 +30,12 @@ import operator
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
+import msgpack
 import torch
 from torch import fx
 
 from ..entries.entry import tensor_from_wire, tensor_to_wire
-from ..entries.wire import PLAN_FORMAT
+from ..entries.wire import PLAN_FORMAT, unpack
 from ..errors import EntryError, PlanError
 from ..fx_ops import HigherOrderOperator, OpOverload, lazy_module_class, rng_wrapper
 from .nodes import is_symbolic
@@ -346,12 +347,17 @@ class StoredRegion(torch.nn.Module):
         # Bound by name where the region's entry is replayed, as a built
         # region's buffers are.
         self.constants = {name: tensor_from_wire(w) for name, w in wired.items()}
-        self._wire: Any = wire
+        # Kept packed: one bytes object, which the cyclic collector never
+        # walks, instead of a list and a dict a node that live as long as the
+        # plan (docs/torch/dynamo.md#cyclic-gc-during-warm-loads).
+        self._wire: bytes | None = msgpack.packb(wire, use_bin_type=True)
         self._built: fx.GraphModule | None = None
 
     def graph_module(self) -> fx.GraphModule:
         if self._built is None:
-            self._built = graph_from_wire(self._wire, lazy=True, constants=self.constants)
+            assert self._wire is not None
+            self._built = graph_from_wire(unpack(self._wire), lazy=True,
+                                          constants=self.constants)
             self._wire = None
         return self._built
 

@@ -84,24 +84,35 @@ class PlannedCompile:
         self.cache = cache
         self._support = support
 
-    def inference(self, gm: fx.GraphModule, example_inputs: Sequence[Any],
-                  name: str) -> Callable[..., Any]:
+    def inference(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str, *,
+                  not_stored: CacheKey | None = None) -> Callable[..., Any]:
         """Partitioned inference: from the stored plan where there is one,
-        else through AOTAutograd, which stores the plan it makes."""
-        from .plan import plan_graph, plan_key
+        else through AOTAutograd, which stores the plan it makes.
+        ``not_stored``: a plan key already looked up in vain."""
+        from .plan import plan_key
 
         try:
             key = plan_key(compute_key(gm, example_inputs))
         except UncacheableGraph:
             return self.aot(gm, example_inputs, name)
+        compiled = None if key == not_stored else self.inference_plan(key, name, gm.forward)
+        if compiled is None:
+            return self.aot(gm, example_inputs, name, plan=key)
+        return compiled
+
+    def inference_plan(self, key: CacheKey, name: str,
+                       eager: Callable[..., Any]) -> Callable[..., Any] | None:
+        """The inference graph rebuilt from the plan stored under ``key``
+        (``eager`` runs should its first call fail); None where none is."""
+        from .plan import plan_graph
+
         parted = _stored_plan(self.cache, key, plan_graph)
         if parted is None:
-            return self.aot(gm, example_inputs, name, plan=key)
+            return None
         logger.info("%s: running the stored plan %s", name, key.digest[:12])
         self.cache.record(PLAN_HITS)
         module = self.with_regions(parted, f"{name}.inference", plan=(key, "inference"))
-        return Guarded(module.forward, gm.forward, f"{name}.plan", self.cache, as_tuple=False,
-                       ops=0)
+        return Guarded(module.forward, eager, f"{name}.plan", self.cache, as_tuple=False, ops=0)
 
     def training(self, gm: fx.GraphModule, example_inputs: Sequence[Any], name: str, *,
                  not_stored: CacheKey | None = None) -> Callable[..., Any]:

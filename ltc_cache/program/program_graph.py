@@ -122,7 +122,7 @@ class LtcProgramGraph(SerializableCallable):
             if cut is not None:
                 return cut
         if self.key_parts is not None:
-            compiled = backend.stored_training(self.key_parts, args, self._eager)
+            compiled = backend.stored(self.key_parts, args, self._eager)
             if compiled is not None:
                 return compiled
         # Real inputs, as Dynamo gives them, and its tracing context.

@@ -153,6 +153,23 @@ def traced_keys() -> list[str]:
     return keys
 
 
+def graphs_unpickled() -> list[str]:
+    """The names of the loaded programs whose Dynamo graph this process
+    unpickled (a warm start that finds its plan by the program's stored key
+    parts needs none)."""
+    from ltc_cache.program import program_graph
+
+    unpickled: list[str] = []
+    original = program_graph._graph_from
+
+    def counted(stored: Any) -> Any:
+        unpickled.append("graph")
+        return original(stored)
+
+    program_graph._graph_from = counted
+    return unpickled
+
+
 def trial(route: str, name: str, options: argparse.Namespace, keys: list[str]) -> dict:
     """``name``'s model served through ``route`` on ``options.threads``
     threads at once; the report, counted from a fresh start (ltc_cache's
@@ -214,8 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", UserWarning)  # transformers' config notes
 
     keys = traced_keys()
+    unpickled = graphs_unpickled()
     trials = [(options.route, options.model)] + [tuple(t.split(":")) for t in options.also]
     reports = [trial(route, name, options, keys) for route, name in trials]
+    reports[-1]["graphs_unpickled"] = len(unpickled)  # over the whole process
     print(json.dumps(reports[0] if len(reports) == 1 else reports))
     return 0
 

@@ -128,6 +128,10 @@ def test_threads_share_one_program_of_bert_cold_then_warm(cache_dir):
     assert_warm(warm)
     assert warm["stats"]["program_hits"] == 1 and warm["stats"]["plan_hits"] == 1, \
         warm["stats"]
+    # Its inference plan was found by the key parts stored with the
+    # program's graph: the graph itself was never unpickled
+    # (docs/torch/dynamo.md#program-stores-graph-key-parts).
+    assert warm["graphs_unpickled"] == 0, warm
 
 
 @pytest.mark.slow  # two processes generating
