@@ -87,3 +87,25 @@ def test_a_graph_with_no_float64_run_is_not_judged() -> None:
     graph = make_fx(constant)(x)  # the constant stays float32: mm(double, float) raises
     expected = constant(x)
     assert not no_further_from_exact(graph, [x], [], expected, expected)
+
+
+def _scaled(x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    summed, deep = _deep(x, *weights)
+    return (summed * x[:, 0], deep)  # an infinite x[i, 0] makes sum i infinite
+
+
+def test_infinities_both_sides_share_are_left_out_of_the_errors() -> None:
+    """Where the reference, the library and the float64 run all hold the same
+    infinity, the errors are taken over the finite elements: rounding there
+    is kept, a wrong finite element still refused."""
+    inputs = _inputs()
+    inputs[0][0, 0], inputs[0][1, 0] = float("inf"), float("-inf")
+    graph = make_fx(_scaled)(*inputs)
+    expected = _scaled(*inputs)
+    assert torch.isinf(expected[0]).sum() == 2
+    chunked = (sum(x.sum(-1) for x in expected[1].split(64, dim=-1)) * inputs[0][:, 0],
+               expected[1])
+    assert no_further_from_exact(graph, inputs, [], expected, chunked)
+    wrong = expected[0].clone()
+    wrong[5] *= 2
+    assert not no_further_from_exact(graph, inputs, [], expected, (wrong, expected[1]))

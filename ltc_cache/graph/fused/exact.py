@@ -19,6 +19,7 @@ reference at 1e-5 (:mod:`.verdicts`); this only decides what is built.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,11 +66,13 @@ def no_further_from_exact(graph: torch.fx.GraphModule, inputs: Sequence[Any],
             if not torch.equal(e, g):
                 return False
             continue
-        if not same_non_finite(e, g):
-            return False
-        known = torch.isfinite(e) & torch.isfinite(x)
-        reference, library = _rms(e, x, known), _rms(g, x, known)
-        if library > _MULTIPLIER * reference + _FLOOR * _rms(x, 0.0, known):
+        reference, library, scale = _errors(e, g, x, None, e.numel())
+        if not math.isfinite(reference + library + scale):  # a NaN or an infinity in one
+            if not same_non_finite(e, g):
+                return False
+            known = torch.isfinite(e) & torch.isfinite(x)
+            reference, library, scale = _errors(e, g, x, known, int(known.sum()))
+        if library > _MULTIPLIER * reference + _FLOOR * scale:
             logger.info("the library's error against float64 is %.3g, the reference's %.3g",
                         library, reference)
             return False
@@ -97,8 +100,24 @@ def _in_float64(graph: torch.fx.GraphModule, inputs: Sequence[Any],
     return outputs + [wide_inputs[i] for i in writes]
 
 
-def _rms(a: torch.Tensor, b: torch.Tensor | float, where: torch.Tensor) -> float:
-    """The root mean square of ``a - b`` over ``where``, in float64."""
-    diff = a.double() - (b.double() if isinstance(b, torch.Tensor) else b)
-    chosen = diff[where]
-    return chosen.square().mean().sqrt().item() if chosen.numel() else 0.0
+def _errors(e: torch.Tensor, g: torch.Tensor, x: torch.Tensor, where: torch.Tensor | None,
+            count: int) -> tuple[float, float, float]:
+    """The reference's and the library's root mean square errors against
+    the float64 run, and the float64 run's own, over ``where`` (None: all;
+    where all three are finite, every element is)."""
+    return _rms(e, x, where, count), _rms(g, x, where, count), _rms(x, None, where, count)
+
+
+def _rms(a: torch.Tensor, b: torch.Tensor | None, where: torch.Tensor | None,
+         count: int) -> float:
+    """The root mean square of ``a - b`` (``a`` where ``b`` is None) over the
+    ``count`` elements ``where`` holds (None: all), in float64. ``b`` is the
+    float64 run's: subtracting it promotes without a float64 copy of ``a``,
+    and the norm reads the differences in place (the outputs of GPT-2
+    small's training forward, compared this way by masked copies, took 24 s)."""
+    if not count:
+        return 0.0
+    diff = a.double() if b is None else a - b.double()  # (b is float64: no copy)
+    if where is not None:
+        diff = diff.where(where, 0.0)
+    return torch.linalg.vector_norm(diff, dtype=torch.float64).item() / math.sqrt(count)

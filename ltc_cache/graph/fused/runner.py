@@ -123,7 +123,11 @@ class FusedFunction:
     def run_library(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
         """The library's outputs for ``inputs``, restrided and aliased as
         the TorchScript function's: no check, no fallback."""
-        out = self._run(list(inputs))
+        return self.arranged(self._run(list(inputs)), inputs)
+
+    def arranged(self, out: list[Any], inputs: Sequence[Any]) -> tuple[Any, ...]:
+        """The library's outputs ``out`` for ``inputs`` (what its runner
+        returned), restrided and aliased as the TorchScript function's."""
         for i, size, stride in self._restride:
             t = out[i]
             out[i] = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
