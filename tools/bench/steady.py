@@ -136,15 +136,11 @@ def without(change: str | None):
         yield
         return
     import importlib
+    from unittest import mock
 
     module_name, attribute, instead = CHANGES[change]
-    module = importlib.import_module(module_name)
-    kept = getattr(module, attribute)
-    setattr(module, attribute, instead)
-    try:
+    with mock.patch.object(importlib.import_module(module_name), attribute, instead):
         yield
-    finally:
-        setattr(module, attribute, kept)
 
 
 def _ltc_backend(scratch: str):

@@ -184,13 +184,10 @@ def _interface_compiled_once() -> Iterator[None]:
 def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
     """``owner.name`` is ``value`` inside the block (Inductor's, patched
     while a library compiles), under :data:`_PATCH`, and what it was after."""
-    with _PATCH:
-        was = getattr(owner, name)
-        setattr(owner, name, value)
-        try:
-            yield
-        finally:
-            setattr(owner, name, was)
+    from unittest import mock
+
+    with _PATCH, mock.patch.object(owner, name, value):
+        yield
 
 
 def _interface_object(wrapper_line: list[str], source: Path, directory: Path,
