@@ -56,6 +56,11 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
                 jobs[key] = _job(entries[key], key)
         plans = [entries[k] for k in keys
                  if entries[k] is not None and entries[k].kind == EntryKind.PLAN]
+        # Every plan this process has met covers its regions, queued or not:
+        # another compile process takes a plan off the queue once it has
+        # stored the plan's libraries, and its regions are still to be
+        # passed over here.
+        met = [e for e in entries.values() if e is not None and e.kind == EntryKind.PLAN]
         did = False
         for plan in plans:
             tried = set()  # parts this process compiled: stored, or failing to store
@@ -72,13 +77,13 @@ def fuse_queued(cache: GraphCache, queue: FuseQueue, *, timeout: float | None = 
             if not did:  # another process compiles them: the regions wait for its verdict
                 time.sleep(_WAIT_SECONDS)
             continue
-        covered = set().union(*(_covered_regions(cache, plan) for plan in plans))
+        covered = set().union(*(_covered_regions(cache, plan) for plan in met))
         for key in keys:
             entry = entries[key]
             if entry is not None and entry.kind == EntryKind.PLAN:
                 continue
             with queue.claimed(jobs[key]) as mine:
-                if not mine:
+                if not mine or not queue.queued(key):  # another process's, or done by one
                     continue
                 if entry is not None and _region_digest(entry) in covered:
                     logger.info("%s (%s): its plan's library runs it; not compiled",

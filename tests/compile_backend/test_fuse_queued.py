@@ -87,6 +87,40 @@ def test_the_regions_of_a_refused_part_are_compiled_after_the_plan(queued, monke
     assert queue.pending() == []
 
 
+def test_a_plan_another_process_finished_still_covers_its_regions(queued, monkeypatch):
+    """Two compile processes side by side: this one meets the plan while the
+    other holds its parts, and looks again after the other has stored both
+    libraries and taken the plan off the queue. Its regions are covered
+    all the same: none is compiled."""
+    import contextlib
+
+    cache, queue, kinds = queued
+    (plan_key,) = [k for k, kind in kinds.items() if kind == EntryKind.PLAN]
+    plan = cache.lookup_entry(worker.CacheKey(plan_key, {}), count=False)
+    calls = _compile(monkeypatch, cache, set())
+    claimed = queue.claimed
+
+    @contextlib.contextmanager
+    def parts_held_elsewhere(job):
+        if job.startswith(plan_key + "."):
+            yield False  # the other process compiles the plan's parts
+            return
+        with claimed(job) as mine:
+            yield mine
+
+    def other_process_finishes(_seconds):
+        for part in worker.plan_parts(plan):
+            if cache.lookup_entry(part_key(plan_key, part), count=False) is None:
+                worker.fuse_plan_part(cache, plan, part)
+        queue.done(plan_key)
+
+    monkeypatch.setattr(queue, "claimed", parts_held_elsewhere)
+    monkeypatch.setattr(worker.time, "sleep", other_process_finishes)
+    worker.fuse_queued(cache, queue)
+    assert [kinds[key] for key in calls] == [EntryKind.PLAN, EntryKind.PLAN]  # the other's
+    assert queue.pending() == []
+
+
 
 class Layer(torch.nn.Module):
     """One block of a model, held under the attribute its index names

@@ -61,6 +61,10 @@ class FuseQueue:
             return []
         return [name for _, name in sorted(files)]
 
+    def queued(self, graph_key: str) -> bool:
+        """Whether ``graph_key`` is in the queue."""
+        return (self.path / graph_key).exists()
+
     def done(self, graph_key: str) -> None:
         with contextlib.suppress(OSError):
             (self.path / graph_key).unlink()
