@@ -54,7 +54,10 @@ CHILD = [sys.executable, "-m", "tools.bench.first_run_child"]
 def _env(directory: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("LTC_CACHE_", "TORCHINDUCTOR_", "OMP_NUM_THREADS"))}
-    env.update({"LTC_CACHE_DIR": str(directory / "ltc"),
+    # Inductor keeps its precompiled headers in the temporary directory,
+    # whatever TORCHINDUCTOR_CACHE_DIR says: a machine's first run builds them.
+    (directory / "tmp").mkdir(parents=True, exist_ok=True)
+    env.update({"TMPDIR": str(directory / "tmp"), "LTC_CACHE_DIR": str(directory / "ltc"),
                 "XDG_CONFIG_HOME": str(directory / "config"),
                 "TORCHINDUCTOR_CACHE_DIR": str(directory / "inductor"), **extra})
     return with_import_roots(env)
