@@ -54,6 +54,7 @@ def compile_queue() -> int:
     from ..compile_backend.fuse_queued import fuse_queued
     from ..config import CacheConfig
     from ..graph.cache import GraphCache
+    from ..graph.fused.aoti import headers_built_after
     from ..graph.fused.build import time_alone_in
     from ..graph.fused.queue import FuseQueue
 
@@ -63,7 +64,10 @@ def compile_queue() -> int:
     # The graphs it runs to build and check a plan's library are not queued
     # again from here (nor is this process a client to wait for).
     cache = GraphCache(dataclasses.replace(config, fuse="off"))
-    fuse_queued(cache, queue, timeout=config.fuse_timeout)
+    # The libraries first; on a machine's first run, the headers that
+    # speed up later compiles after them.
+    with headers_built_after():
+        fuse_queued(cache, queue, timeout=config.fuse_timeout)
     return 0
 
 

@@ -271,6 +271,15 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert "run_compile_cmd(" in inspect.getsource(cpp_builder.CppBuilder.build)
     assert list(inspect.signature(cpp_builder.run_compile_cmd).parameters) == ["cmd_line", "cwd"]
     assert "options" in inspect.signature(torch._inductor.aot_compile).parameters
+    # The precompiled headers aoti.headers_built_after leaves for after:
+    # each built through the function that builds what is missing.
+    from torch._inductor import codecache
+
+    header = inspect.getsource(codecache._precompile_header)
+    assert "_worker_compile_cpp(" in header and "precompiling=True" in header
+    assert list(inspect.signature(codecache._worker_compile_cpp).parameters) == [
+        "lock_path", "cpp_builders"]
+    assert hasattr(cpp_builder.CppBuilder, "get_target_file_path")
     assert platform.machine_isa() == platform.machine_isa().upper()
     assert aoti.cxx11_abi() in (True, False)
     assert hasattr(torch._C, "_dispatch_get_all_op_names")

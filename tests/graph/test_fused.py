@@ -731,3 +731,25 @@ def test_the_timing_of_a_long_graph_takes_fewer_rounds(monkeypatch):
     calls.update(script=0, fused=0)
     script_ms, fused_ms = build._time_both(script, fused, inputs, ())
     assert calls == {"script": 1, "fused": 1} and fused_ms < script_ms
+
+
+@pytest.mark.parametrize(("fused_seconds", "timings"), [(0.0105, 2), (0.02, 1), (0.005, 1)])
+def test_a_close_refusal_is_timed_again_and_nothing_else(fused_seconds, timings):
+    """A library that misses the keep line by a close call is timed again,
+    both sides (one timing on a shared machine refused a plan library it
+    kept in the next run); one clearly slower or clearly faster is not."""
+    from ltc_cache.graph.fused import build
+
+    calls = {"script": 0, "fused": 0}
+
+    def spin(side: str, seconds: float):
+        def call(*args):
+            calls[side] += 1
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+        return call
+
+    script, fused = spin("script", 0.01), spin("fused", fused_seconds)
+    build._times_to_keep_by(0.97, script, fused, [torch.zeros(1)], ())
+    assert calls["script"] == calls["fused"] == timings * build._ROUNDS

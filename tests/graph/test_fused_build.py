@@ -286,3 +286,33 @@ def test_a_library_of_another_graph_is_caught_on_its_first_call(background, tmp_
     torch.testing.assert_close(compiled(x)[0], a(x))
     refusal = cache.lookup_entry(key_a, count=False)
     assert "library" not in refusal.payload and "on first use" in refusal.payload["reason"]
+
+
+def test_a_compile_leaves_unbuilt_precompiled_headers_for_after(tmp_path, monkeypatch):
+    """In headers_built_after's block (the worker's compile process), a
+    library compiles without waiting for Inductor's precompiled headers,
+    which a machine's first compile would build first; they are built as
+    the block ends, and the library runs as any other."""
+    from torch._inductor import codecache
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ltc_cache.graph.fused import aoti
+    from ltc_cache.graph.fused.platform import inductor_settings
+    from ltc_cache.graph.fused.runner import load_runner
+
+    headers = tmp_path / "headers"  # a machine that has none yet
+    monkeypatch.setattr(codecache, "_HEADER_DIR", str(headers))
+    monkeypatch.setattr(codecache, "_HEADER_LOCK_DIR", str(headers / "locks"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    codecache._precompile_header.cache_clear()
+    try:
+        x = torch.randn(4, 8)
+        graph = make_fx(lambda x: (torch.tanh(x) * 3 + x,))(x)
+        with aoti.headers_built_after():
+            library, _ = aoti.compile_library(graph, [x], inductor_settings())
+            assert list(headers.glob("*.h")) and not list(headers.glob("*.gch"))
+        assert list(headers.glob("*.gch"))
+    finally:
+        codecache._precompile_header.cache_clear()
+    (out,) = load_runner(library).run([x])
+    torch.testing.assert_close(out, torch.tanh(x) * 3 + x)

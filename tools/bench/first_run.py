@@ -80,16 +80,21 @@ def run(compile_with: str, model: str, steps: int, env: dict[str, str]) -> dict:
 
 def libraries_ready(cache_dir: Path, since: float, limit: float = 3600) -> float | None:
     """Seconds from ``since`` until the fused worker of ``cache_dir`` has
-    drained its queue and left; None past ``limit``."""
+    drained its queue (every library stored); None past ``limit``. Returns
+    once the worker has left too (on a machine's first run it builds
+    Inductor's precompiled headers after the libraries)."""
     from ltc_cache.graph.fused.queue import FuseQueue
 
     queue = FuseQueue(cache_dir)
     deadline = time.time() + limit
+    drained = None
     while time.time() < deadline:
-        if not queue.pending():
+        if drained is None and not queue.pending():
+            drained = time.time() - since
+        if drained is not None:
             with queue.worker_lock() as free:  # held while a worker runs
                 if free:
-                    return time.time() - since
+                    return drained
         time.sleep(0.25)
     return None
 

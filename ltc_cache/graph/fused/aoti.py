@@ -32,11 +32,15 @@ import torch
 
 from ...errors import UnexpectedPackage
 
-__all__ = ["compile_library", "cpu_runner", "cxx11_abi", "runner_available"]
+__all__ = ["compile_library", "cpu_runner", "cxx11_abi", "headers_built_after",
+           "runner_available"]
 
 # Held while Inductor's C++ wrapper code generator is patched
-# (_no_input_checks, _interface_compiled_once).
+# (_no_input_checks, _interface_compiled_once, _unbuilt_headers_left_out).
 _PATCH = threading.RLock()
+# Inductor's precompiled headers that compiles in headers_built_after's
+# block left out: (lock path, builders) as Inductor builds them.
+_unbuilt_headers: list[tuple[str, tuple[Any, ...]]] | None = None
 _CHECKS_OFF = """
 static bool _check_aoti_runtime_check_inputs_env() {
     const static char* env_var_value = getenv("AOTI_RUNTIME_CHECK_INPUTS");
@@ -91,7 +95,8 @@ def compile_library(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor],
     import torch._inductor
 
     options = {**settings, "aot_inductor.package": True}
-    with torch.no_grad(), _no_input_checks(), _interface_compiled_once():
+    with torch.no_grad(), _no_input_checks(), _interface_compiled_once(), \
+            _unbuilt_headers_left_out():
         files = torch._inductor.aot_compile(graph, tuple(inputs), options=options)
     paths = [Path(f) for f in files if isinstance(f, str)]
     libraries = [p for p in paths if p.suffix == ".so"]
@@ -181,6 +186,56 @@ def _interface_compiled_once() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def headers_built_after() -> Iterator[None]:
+    """Libraries compiled in the block do not wait for Inductor's
+    precompiled headers to be built: one for the wrapper, one for the
+    kernels, kept once a machine and compiler in the temporary directory
+    (whatever ``TORCHINDUCTOR_CACHE_DIR`` says). Where they are built
+    already, they are used; where not, the compile includes the headers
+    themselves, and the precompiled ones are built as the block ends, for
+    the compiles after it. On a machine's first run, building both took
+    10.4 s of a small GPT's two libraries' compile, and saves 3.4 s a
+    library once built (docs/torch/aot-inductor.md#precompiled-headers)."""
+    global _unbuilt_headers
+    _unbuilt_headers = []
+    try:
+        yield
+    finally:
+        left, _unbuilt_headers = _unbuilt_headers, None
+        if left:
+            from torch._inductor import codecache
+
+            for lock_path, builders in left:
+                codecache._worker_compile_cpp(lock_path, builders)
+
+
+@contextlib.contextmanager
+def _unbuilt_headers_left_out() -> Iterator[None]:
+    """Inside :func:`headers_built_after`'s block, Inductor's build of a
+    precompiled header not built yet is recorded instead of run; the
+    header it would have precompiled is included as it is (g++ reads
+    ``-include x.h`` without ``x.h.gch`` as a plain include)."""
+    from torch._inductor import codecache
+
+    left = _unbuilt_headers
+    if left is None or not hasattr(codecache, "_worker_compile_cpp"):
+        yield
+        return
+    build = codecache._worker_compile_cpp
+
+    def unless_a_header(lock_path: str, builders: Sequence[Any]) -> None:
+        targets = [b.get_target_file_path() for b in builders]
+        unbuilt = [t for t in targets if not os.path.exists(t)]
+        if unbuilt and all(t.endswith((".gch", ".pch")) for t in unbuilt):
+            left.append((lock_path, tuple(builders)))
+            return
+        build(lock_path, builders)
+
+    with _replaced(codecache, "_worker_compile_cpp", unless_a_header):
+        yield
+
+
+@contextlib.contextmanager
 def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
     """``owner.name`` is ``value`` inside the block (Inductor's, patched
     while a library compiles), under :data:`_PATCH`, and what it was after."""
@@ -205,10 +260,17 @@ def _interface_object(wrapper_line: list[str], source: Path, directory: Path,
                                     ).encode()).hexdigest()[:32]
     folder = directory / "ltc_cache_interface"
     target = folder / f"{key}.o"
-    if not target.is_file():
-        folder.mkdir(parents=True, exist_ok=True)
-        partial = folder / f"{key}.{os.getpid()}.{threading.get_ident()}.o"
-        line[out + 1] = partial.as_posix()
-        run(shlex.join(line), cwd)
-        os.replace(partial, target)
+    if target.is_file():
+        return target.as_posix()
+    import filelock
+
+    folder.mkdir(parents=True, exist_ok=True)
+    # One compile makes it; the compiles beside it wait for it (each
+    # making its own took twice the time on a 2-core machine).
+    with filelock.FileLock(str(folder / f"{key}.lock")):
+        if not target.is_file():
+            partial = folder / f"{key}.{os.getpid()}.{threading.get_ident()}.o"
+            line[out + 1] = partial.as_posix()
+            run(shlex.join(line), cwd)
+            os.replace(partial, target)
     return target.as_posix()

@@ -74,6 +74,12 @@ _KEEP = 0.97
 # measured 0.98x and 1.004x of that path in two runs, a tie that refused at
 # 1.0 and doubled the time to the libraries being ready.
 KEEP_PLAN = 1.03
+# A library refused by less than this share past its keep line is timed
+# again, both sides, and each side's fastest of both timings is compared:
+# on a shared 2-core machine a small GPT's backward plan library measured
+# 0.99x of its per-region path in one run and 1.22x in the next, and a
+# refused plan queues its regions (more compiles, and a refusal stored).
+_CLOSE = 1.3
 # The check against the reference at build time catches a miscompile (an
 # error the size of the values); the rule (outputs within 1e-5 of
 # TorchScript's, verdicts.RTOL) is applied on the library's first call on
@@ -174,7 +180,8 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
         put_back(inputs, writes, before)
         if problem and not no_further_from_exact(graph, inputs, writes, expected + written, got):
             raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
-        script_ms, fused_ms = _time_both(reference, fused.run_library, inputs, writes)
+        script_ms, fused_ms = _times_to_keep_by(keep, reference, fused.run_library, inputs,
+                                                writes)
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
     slower = None
@@ -316,6 +323,18 @@ def _overlap(views: Sequence[torch.Tensor]) -> bool:
         except RuntimeError:  # a view that overlaps itself (an expanded one)
             return True
     return bool((counts > 1).any())
+
+
+def _times_to_keep_by(keep: float, script: Callable[..., Any], fused: Any,
+                      inputs: list[torch.Tensor], writes: Sequence[int]) -> tuple[float, float]:
+    """:func:`_time_both`'s times, and where the library misses ``keep`` of
+    the script's time by a close call (less than :data:`_CLOSE` past it),
+    both timed again and each side's fastest of the two timings."""
+    script_ms, fused_ms = _time_both(script, fused, inputs, writes)
+    if keep * script_ms < fused_ms < _CLOSE * keep * script_ms:
+        again = _time_both(script, fused, inputs, writes)
+        script_ms, fused_ms = min(script_ms, again[0]), min(fused_ms, again[1])
+    return script_ms, fused_ms
 
 
 def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor],
