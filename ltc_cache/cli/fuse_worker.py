@@ -1,15 +1,15 @@
 """The background worker: ``python -m ltc_cache.cli.fuse_worker``.
 
-Started by a process that queued graphs or plans
-(:mod:`ltc_cache.graph.fused.queue`). The worker holds the queue's lock and
-governs (:mod:`ltc_cache.graph.fused.governor`): it runs the compile in
-child processes of one group and session of their own, one a core
-(``--compile``: each drains the queue, a library at a time, plans first,
-at the lowest CPU priority the system has:
-:mod:`ltc_cache.compile_backend.fuse_queued`), which it stops while the
-processes that queued the work are busy and continues while they are idle
-or gone. Its log is
-``fuse-queue/worker.log`` in the cache directory.
+Started by a process that missed (before it has queued anything) or queued
+graphs or plans (:mod:`ltc_cache.graph.fused.queue`). The worker holds the
+queue's lock and governs (:mod:`ltc_cache.graph.fused.governor`): it runs
+the compile in child processes, each in a group of its own, one a core
+(``--compile``: each gets ready, waits for work while its clients live,
+and drains the queue, a library at a time, plans first, at the lowest CPU
+priority the system has: :mod:`ltc_cache.compile_backend.fuse_queued`),
+which it stops and continues by what the processes that queued the work
+leave of the CPU. Its log is ``fuse-queue/worker.log`` in the cache
+directory.
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ import logging
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..graph.fused.governor import Clients
+    from ..graph.fused.queue import FuseQueue
 
 __all__ = ["main"]
 
@@ -45,6 +50,15 @@ def _die_with_parent() -> None:
             os._exit(1)
 
 
+# How long a compile process started before anything was queued (its
+# client missed, and is tracing) waits for work while its clients live.
+WAIT_FOR_WORK_SECONDS = 120.0
+# How long the queue stays as it is before a compile process takes a job
+# while its clients live (GPT-2 small's step queued its graphs at most 1.4 s
+# apart).
+QUIET_SECONDS = 3.0
+
+
 def compile_queue() -> int:
     """The compile: drain the queue, one library at a time, plans first."""
     _die_with_parent()
@@ -54,12 +68,16 @@ def compile_queue() -> int:
     from ..compile_backend.fuse_queued import fuse_queued
     from ..config import CacheConfig
     from ..graph.cache import GraphCache
-    from ..graph.fused.aoti import headers_built_after
+    from ..graph.fused.aoti import headers_built_after, prepare_compiles
     from ..graph.fused.build import time_alone_in
+    from ..graph.fused.governor import Clients
     from ..graph.fused.queue import FuseQueue
 
+    prepare_compiles()
     config = CacheConfig.from_env()
     queue = FuseQueue(config.directory)
+    if not _work_comes(queue, Clients(queue.path)):
+        return 0
     time_alone_in(queue.path)  # each library timed with the other compiles stopped
     # The graphs it runs to build and check a plan's library are not queued
     # again from here (nor is this process a client to wait for).
@@ -69,6 +87,29 @@ def compile_queue() -> int:
     with headers_built_after():
         fuse_queued(cache, queue, timeout=config.fuse_timeout)
     return 0
+
+
+def _work_comes(queue: FuseQueue, clients: Clients) -> bool:
+    """Whether the queue holds work, or gets some while its clients live
+    (within :data:`WAIT_FOR_WORK_SECONDS`); where it does, once the queue
+    has stayed as it is for :data:`QUIET_SECONDS`, or its clients have
+    left. A client tracing a training step queues each region as it is
+    traced and the plan that covers them in between: GPT-2 small's forward
+    regions 5 s before its plan, its backward's over the 9 s after it. A
+    compile that took the first it saw compiled two of those regions, for
+    nothing."""
+    import time
+
+    deadline, seen, since = time.monotonic() + WAIT_FOR_WORK_SECONDS, [], 0.0
+    while True:
+        now, pending = time.monotonic(), queue.pending()
+        if pending != seen:
+            seen, since = pending, now
+        if pending and (now - since >= QUIET_SECONDS or not clients.alive()):
+            return True
+        if not pending and (not clients.alive() or now > deadline):
+            return False
+        time.sleep(0.1)
 
 
 def _compiles() -> int:
@@ -104,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         with queue.worker_lock() as held:
             if not held:
                 return 0  # another worker drains the queue
-            while queue.pending():
+            # Started by a client's miss, before anything is queued: the
+            # compile processes get ready while it traces, and wait for work.
+            waited = not clients.alive()
+            while queue.pending() or not waited:
+                waited = True
                 children = _start_compiles(_compiles())
                 govern([c.pid for c in children], lambda children=children: all(
                     c.poll() is not None for c in children), clients, queue.path)

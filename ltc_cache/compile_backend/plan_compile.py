@@ -55,6 +55,7 @@ def lookup_plan(cache: GraphCache, key: CacheKey) -> Entry | None:
     entry = cache.lookup_entry(key)
     if entry is None:
         cache.record(PLAN_MISSES)
+        cache.fused.expect_work()
     return entry
 
 

@@ -106,6 +106,7 @@ class GraphCache(EntryCache):
                 built = self._lookup(store, key.digest, tensors, len(example_inputs))
                 if built is None:
                     self.record(MISSES, key.digest)
+                    self.fused.expect_work()
                     model = _built(model)
                     graph_name = name or type(model).__name__
                     from ..entries.miss_reasons import explain_miss

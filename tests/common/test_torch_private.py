@@ -280,6 +280,11 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert list(inspect.signature(codecache._worker_compile_cpp).parameters) == [
         "lock_path", "cpp_builders"]
     assert hasattr(cpp_builder.CppBuilder, "get_target_file_path")
+    # The ISA check aoti.prepare_compiles starts ahead: cached, and what the pick reads.
+    from torch._inductor import cpu_vec_isa
+
+    assert hasattr(cpu_vec_isa.valid_vec_isa_list, "cache_info")
+    assert "valid_vec_isa_list()" in inspect.getsource(cpu_vec_isa.pick_vec_isa)
     assert platform.machine_isa() == platform.machine_isa().upper()
     assert aoti.cxx11_abi() in (True, False)
     assert hasattr(torch._C, "_dispatch_get_all_op_names")

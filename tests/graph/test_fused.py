@@ -6,6 +6,7 @@ tests/graph/test_fused_build.py."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -311,15 +312,24 @@ def test_without_a_compiler_the_graph_is_refused_once_and_replays(tmp_path, monk
         platform.compiler_id.cache_clear()
 
 
-def test_a_graph_without_a_library_is_queued_for_the_worker_once(tmp_path, monkeypatch):
+def test_a_miss_starts_the_worker_before_its_graph_is_queued_once(tmp_path, monkeypatch):
+    """The worker is started at the miss, with nothing queued yet (its
+    compile gets ready while the graph is traced), and not again while it
+    runs; once it has left, the next graph queued starts it again."""
     started = []
-    monkeypatch.setattr(tier, "start_worker", started.append)
+    monkeypatch.setattr(tier, "start_worker", lambda directory: started.append(
+        (directory, tier.FuseQueue(directory).pending())))
     (tmp_path / "ltc").mkdir()
+    queue = tier.FuseQueue(tmp_path / "ltc")
     cache = cache_over(MemoryStore(), tmp_path, "background")
-    graph = stored_graph(cache)[0]
-    stored_graph(cache)  # the same graph again: looked up once a process
-    assert started == [tmp_path / "ltc"]
-    assert tier.FuseQueue(tmp_path / "ltc").pending() == [graph.key]
+    with queue.worker_lock() as held:  # the worker, running
+        assert held
+        graph = stored_graph(cache)[0]
+        stored_graph(cache)  # the same graph again: looked up once a process
+    assert started == [(tmp_path / "ltc", [])]
+    assert queue.pending() == [graph.key]
+    cache.fused.queue("0" * 64)  # the worker has left
+    assert len(started) == 2
 
 
 def test_the_entry_records_its_inputs_layouts(tmp_path):
@@ -700,6 +710,16 @@ def test_a_read_only_cache_checks_and_keeps_no_verdict(tmp_path, monkeypatch):
     assert store.get(verdicts.verdict_key(library_key(graph).digest)) is None
 
 
+def _spinning(calls: dict[str, int], side: str, seconds: float):
+    """A function that takes ``seconds`` of CPU a call, counted in ``calls[side]``."""
+    def call(*args):
+        calls[side] += 1
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+    return call
+
+
 def test_the_timing_of_a_long_graph_takes_fewer_rounds(monkeypatch):
     """Both sides are timed in interleaved rounds, fewer where the rounds
     would take too long (a GPT-2 backward's call is seconds): at least
@@ -708,14 +728,7 @@ def test_the_timing_of_a_long_graph_takes_fewer_rounds(monkeypatch):
     from ltc_cache.graph.fused import build
 
     calls = {"script": 0, "fused": 0}
-
-    def spin(side: str, seconds: float):
-        def call(*args):
-            calls[side] += 1
-            end = time.process_time() + seconds
-            while time.process_time() < end:
-                pass
-        return call
+    spin = functools.partial(_spinning, calls)
 
     inputs = [torch.zeros(1)]
     script, fused = spin("script", 0.02), spin("fused", 0.01)
@@ -741,14 +754,7 @@ def test_a_close_refusal_is_timed_again_and_nothing_else(fused_seconds, timings)
     from ltc_cache.graph.fused import build
 
     calls = {"script": 0, "fused": 0}
-
-    def spin(side: str, seconds: float):
-        def call(*args):
-            calls[side] += 1
-            end = time.process_time() + seconds
-            while time.process_time() < end:
-                pass
-        return call
+    spin = functools.partial(_spinning, calls)
 
     script, fused = spin("script", 0.01), spin("fused", fused_seconds)
     build._times_to_keep_by(0.97, script, fused, [torch.zeros(1)], ())

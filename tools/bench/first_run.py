@@ -6,6 +6,7 @@ cold with the defaults, then warm. Times are from each process's start.
 
     python -m tools.bench.first_run [--model small-gpt|gpt2-small] [--steps 40]
         [--variants eager,inductor,ltc-off,ltc] [--plot benchmarks/first_run.png] [--results]
+        [--keep DIR]
 
 Per run: the first iteration's end, the median and the worst of the later
 iterations; for ltc_cache's default cold run, when its fused libraries
@@ -142,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--variants", default="eager,inductor,ltc-off,ltc")
     parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each run's cache directories here (default: a temporary "
+                             "directory, removed), for `ltc-cache ls` and the worker's log")
     add_arguments(parser, "first_run")
     args = parser.parse_args(argv)
     recorder = Recorder.from_args("tools.bench.first_run", args, argv)
@@ -149,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict] = {}
     ready = counts = None
     with tempfile.TemporaryDirectory(prefix="bench-first-run-") as scratch:
-        root = Path(scratch)
+        root = Path(scratch) if args.keep is None else args.keep
+        root.mkdir(parents=True, exist_ok=True)
+        if any(root.iterdir()):
+            raise SystemExit(f"{root} is not empty: each run starts from a fresh machine")
         if "eager" in variants:
             runs["eager"] = run("eager", args.model, args.steps, _env(root / "eager"))
         if "inductor" in variants:

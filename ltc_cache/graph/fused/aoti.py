@@ -18,6 +18,7 @@ Written against torch 2.13.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import os
@@ -33,7 +34,7 @@ import torch
 from ...errors import UnexpectedPackage
 
 __all__ = ["compile_library", "cpu_runner", "cxx11_abi", "headers_built_after",
-           "runner_available"]
+           "prepare_compiles", "runner_available"]
 
 # Held while Inductor's C++ wrapper code generator is patched
 # (_no_input_checks, _interface_compiled_once, _unbuilt_headers_left_out).
@@ -161,7 +162,7 @@ def _interface_compiled_once() -> Iterator[None]:
         return
     run = cpp_builder.run_compile_cmd
     header = wrapper._write_aoti_interface_header
-    built: list[str] = []
+    built: list[concurrent.futures.Future[str]] = []
 
     def declared_only(self: Any) -> None:
         if not config.aot_inductor.dynamic_linkage:
@@ -172,17 +173,43 @@ def _interface_compiled_once() -> Iterator[None]:
     def compile_line(cmd_line: str, cwd: str) -> None:
         words = shlex.split(cmd_line)
         if "-c" in words and any(w.endswith(".wrapper.cpp") for w in words):
-            built[:] = [_interface_object(words, source, Path(cache_dir()), run, cwd)]
+            # Where the object is not made yet, it is made beside the
+            # wrapper's compile, not before it; a compile waiting for
+            # another's to make it compiles its wrapper meanwhile.
+            built[:] = [beside.submit(_interface_object, words, source, Path(cache_dir()),
+                                      run, cwd)]
         elif "-shared" in words and any(w.endswith(".wrapper.o") for w in words):
             if not built:
                 raise UnexpectedPackage("a wrapper linked that was not compiled here")
             at = next(i for i, w in enumerate(words) if w.endswith(".wrapper.o"))
-            cmd_line = shlex.join([*words[:at + 1], built[0], *words[at + 1:]])
+            cmd_line = shlex.join([*words[:at + 1], built[0].result(), *words[at + 1:]])
         run(cmd_line, cwd)
 
-    with _replaced(wrapper, "_write_aoti_interface_header", declared_only), \
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ltc_cache-aoti") \
+            as beside, _replaced(wrapper, "_write_aoti_interface_header", declared_only), \
             _replaced(cpp_builder, "run_compile_cmd", compile_line):
         yield
+
+
+def prepare_compiles() -> None:
+    """Import what a compile runs (Inductor's lowering, code generators and
+    builder: seconds), and start Inductor's check of the vector ISAs this
+    compiler builds for and this CPU runs (a g++ build and a load of a
+    small library a candidate ISA, kept in Inductor's cache directory) in
+    a thread of its own, so that the first library's lowering does not
+    stop for it: 2.3 s on an AVX2 machine, one build more for each of
+    AVX-512's and AMX's ISAs on a CPU that has them. The lowering takes its
+    result from Inductor's cache, or waits on Inductor's lock for the
+    build under way."""
+    import torch._inductor.compile_fx  # noqa: F401
+    from torch._inductor import cpp_builder, cpu_vec_isa  # noqa: F401
+    from torch._inductor.codegen import cpp_wrapper_cpu  # noqa: F401
+
+    def check() -> None:
+        with contextlib.suppress(Exception):  # the lowering checks again, and says
+            cpu_vec_isa.valid_vec_isa_list()
+
+    threading.Thread(target=check, name="ltc_cache-isa-check", daemon=True).start()
 
 
 @contextlib.contextmanager

@@ -3,7 +3,9 @@ compiles them.
 
 A process that meets a stored graph with no library (and no refusal) puts
 its key in the queue, a folder of empty files named by graph key inside
-the cache directory, and starts the worker once in its life. The worker
+the cache directory, and starts the worker unless one runs; a process
+that misses starts it at its first miss already, so that the compile gets
+ready while the process traces (:mod:`ltc_cache.cli.fuse_worker`). The worker
 removes a graph's file once it has stored the graph's fused entry: a
 process waiting for the library watches for that (:mod:`.pickup`). The worker
 holds a file lock, so one compiles at a time however many processes start
@@ -68,6 +70,12 @@ class FuseQueue:
     def done(self, graph_key: str) -> None:
         with contextlib.suppress(OSError):
             (self.path / graph_key).unlink()
+
+    def worker_running(self) -> bool:
+        """Whether a worker holds the queue (one that is leaving looks once
+        more at the queue after it lets go)."""
+        with self.worker_lock() as free:
+            return not free
 
     @contextlib.contextmanager
     def worker_lock(self) -> Iterator[bool]:

@@ -153,25 +153,45 @@ class FusedTier:
             return script
         return slot.function(stored, library, load_runner(library.data), script)
 
+    def expect_work(self) -> None:
+        """A miss: this process is about to trace and store graphs, and then
+        to queue them. The worker is started now, once a process, so that
+        its compile processes import torch and Inductor on the core the
+        tracing leaves idle (:mod:`.governor`), rather than after the
+        queue fills. Never raises."""
+        config = self._cache.config
+        if self._worker_started or config.fuse != "background" or self._cache.readonly:
+            return
+        try:
+            if fusable_here():
+                self._start_worker(FuseQueue(config.directory))
+        except (OSError, subprocess.SubprocessError) as exc:
+            warn_once("fuse-worker", f"cannot start the fuse worker ({exc}); graphs run "
+                      "without their libraries (`ltc-cache fuse` compiles them ahead)")
+
     def queue(self, key: str, counter: str = FUSED_QUEUED) -> str | None:
         """Queue the graph or plan stored under ``key`` for the background
-        worker (started once a process, whatever it was queued for),
-        counting it under ``counter``; the path of its file in the queue,
-        None where it is not queued."""
+        worker (started unless it runs already), counting it under
+        ``counter``; the path of its file in the queue, None where it is
+        not queued."""
         config = self._cache.config
         if config.fuse != "background" or self._cache.readonly:
             return None
         try:
-            queued = FuseQueue(config.directory).put(key)
+            fuse_queue = FuseQueue(config.directory)
+            queued = fuse_queue.put(key)
             count_event(counter)
-            if not self._worker_started:
-                self._worker_started = True
-                start_worker(config.directory)
+            if not self._worker_started or not fuse_queue.worker_running():
+                self._start_worker(fuse_queue)
         except (OSError, subprocess.SubprocessError) as exc:
             warn_once("fuse-worker", f"cannot queue graphs for fusing ({exc}); they run "
                       "without their libraries (`ltc-cache fuse` compiles them ahead)")
             return None
         return str(queued)
+
+    def _start_worker(self, fuse_queue: FuseQueue) -> None:
+        self._worker_started = True
+        start_worker(fuse_queue.path.parent)
 
 # How deep this thread is in runs of a plan's per-region path made only to
 # check the plan's library (:func:`regions_as_reference`).
