@@ -46,7 +46,9 @@ DESCRIBE = {
                 "tier, and when are its libraries ready against Inductor's compile?",
     "method": "`tools/bench/first_run_child.py` (a train.py: the small GPT, or GPT-2 small's "
               "shape, AdamW) in fresh processes at torch's default thread count; times from each "
-              "process's start; later iterations are those after the first.",
+              "process's start; later iterations are those after the first. Each kind of run "
+              "starts on a fresh machine: cache directories and a temporary directory (where "
+              "Inductor keeps its precompiled headers) of its own.",
 }
 
 CHILD = [sys.executable, "-m", "tools.bench.first_run_child"]
