@@ -114,10 +114,11 @@ def _work_comes(queue: FuseQueue, clients: Clients) -> bool:
 
 def _compiles() -> int:
     """How many compile processes side by side: one a core, at most four
-    (a compile holds about a gigabyte); they run together only while the
-    clients are idle (the governor stops them all while one is busy)."""
-    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                      else os.cpu_count() or 1, 4))
+    (a compile holds about a gigabyte); as many run as the governor finds
+    cores its clients leave idle."""
+    from ..graph.fused.governor import usable_cores
+
+    return max(1, min(usable_cores(), 4))
 
 
 def _start_compiles(count: int) -> list[subprocess.Popen]:

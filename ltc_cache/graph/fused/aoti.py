@@ -224,16 +224,16 @@ def headers_built_after() -> Iterator[None]:
     10.4 s of a small GPT's two libraries' compile, and saves 3.4 s a
     library once built (docs/torch/aot-inductor.md#precompiled-headers)."""
     global _unbuilt_headers
-    _unbuilt_headers = []
+    _unbuilt_headers = left = []
     try:
         yield
     finally:
-        left, _unbuilt_headers = _unbuilt_headers, None
-        if left:
-            from torch._inductor import codecache
+        _unbuilt_headers = None
+    if left:  # the block ended as it should
+        from torch._inductor import codecache
 
-            for lock_path, builders in left:
-                codecache._worker_compile_cpp(lock_path, builders)
+        for lock_path, builders in left:
+            codecache._worker_compile_cpp(lock_path, builders)
 
 
 @contextlib.contextmanager

@@ -29,9 +29,9 @@ counts):
   process that traces (LTC, Dynamo, AOTAutograd: one thread) leaves one
   core of two idle, where a compile process imports torch and Inductor
   and checks the compiler's vector ISAs, then waits for the queue to
-  settle (:mod:`ltc_cache.cli.fuse_worker`). Where the client's threads want that core again,
-  they wait for it, which counts as wanting it: the compile is stopped at
-  the next look.
+  settle (:mod:`ltc_cache.cli.fuse_worker`). Where the client's threads
+  want that core again, they wait for it, which counts as wanting it: the
+  compile is stopped at the next look.
 - **Busy** (the clients' threads take every core, as training steps do):
   nothing runs for the first :data:`BURSTS_AFTER_SECONDS`; after that one
   compile process (in turn, where there are several) gets one burst of
@@ -58,7 +58,7 @@ from typing import NamedTuple
 
 __all__ = ["BURSTS_AFTER_SECONDS", "BURST_SECONDS", "BUSY_CORES", "LOOK_SECONDS",
            "PERIOD_SECONDS", "SPARE_CORE", "Clients", "Use", "govern", "register_client",
-           "timed_alone"]
+           "timed_alone", "usable_cores"]
 
 CLIENTS_DIR = "clients"
 TIMING_DIR = "timing"
@@ -112,7 +112,8 @@ def _wanted(path: str) -> float | None:
         return None
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
         else os.cpu_count() or 1
 
@@ -120,7 +121,7 @@ def _cores() -> int:
 def _spare_cores(use: Use) -> int:
     """The whole cores the clients leave idle (near enough: at least
     :data:`SPARE_CORE` of one counts)."""
-    return int(_cores() - use.whole + 1 - SPARE_CORE)
+    return int(usable_cores() - use.whole + 1 - SPARE_CORE)
 
 
 def _tracing(use: Use) -> bool:
