@@ -105,9 +105,11 @@ def _work_comes(queue: FuseQueue, clients: Clients) -> bool:
         now, pending = time.monotonic(), queue.pending()
         if pending != seen:
             seen, since = pending, now
-        if pending and (now - since >= QUIET_SECONDS or not clients.alive()):
+        if pending and now - since >= QUIET_SECONDS:
             return True
-        if not pending and (not clients.alive() or now > deadline):
+        if not clients.alive():
+            return bool(pending)
+        if not pending and now > deadline:
             return False
         time.sleep(0.1)
 

@@ -118,18 +118,6 @@ def usable_cores() -> int:
         else os.cpu_count() or 1
 
 
-def _spare_cores(use: Use) -> int:
-    """The whole cores the clients leave idle (near enough: at least
-    :data:`SPARE_CORE` of one counts)."""
-    return int(usable_cores() - use.whole + 1 - SPARE_CORE)
-
-
-def _tracing(use: Use) -> bool:
-    """Whether a client is busy and leaves cores idle, as a process tracing
-    (LTC, Dynamo, AOTAutograd: one thread) does."""
-    return use.main >= BUSY_CORES and _spare_cores(use) >= 1
-
-
 def register_client(queue_dir: Path) -> None:
     """Record this process as a client of the worker of ``queue_dir``.
     Raises OSError where the folder cannot be written."""
@@ -232,19 +220,23 @@ def govern(groups: Sequence[int], done: Callable[[], bool], clients: Clients,
     running = set(groups)
     burst_until, turn = 0.0, 0
     next_burst = time.monotonic() + BURSTS_AFTER_SECONDS
+    cores = usable_cores()
     try:
         while not done():
             time.sleep(LOOK_SECONDS)
             now = time.monotonic()
             use = clients.look()
             alone = _timing(timing, set(groups))
-            if use.main < BUSY_CORES or _tracing(use):
+            busy = use.main >= BUSY_CORES
+            # The whole cores the clients leave idle (at least SPARE_CORE of one counts).
+            spare = int(cores - use.whole + 1 - SPARE_CORE)
+            if not busy or spare >= 1:
                 next_burst = now + BURSTS_AFTER_SECONDS
-            if use.main < BUSY_CORES:
+            if not busy:
                 want = {min(alone)} if alone else set(groups)
-            elif _tracing(use):
+            elif spare >= 1:  # a client tracing, on one thread
                 free = [g for g in groups if g not in alone]
-                want = set(free[:_spare_cores(use)])
+                want = set(free[:spare])
             elif now < burst_until:
                 want = running
             elif now >= next_burst:
