@@ -31,6 +31,7 @@ import os
 import pickle
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -270,6 +271,10 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert '"interface.cpp"' in inlines and "dynamic_linkage" in inlines
     assert "run_compile_cmd(" in inspect.getsource(cpp_builder.CppBuilder.build)
     assert list(inspect.signature(cpp_builder.run_compile_cmd).parameters) == ["cmd_line", "cwd"]
+    # And the model's base class template it instantiates there, which a
+    # wrapper declares: the class the wrapper defines derives from it.
+    model_h = Path(torch.__file__).parent / "include/torch/csrc/inductor/aoti_runtime/model.h"
+    assert aoti._MODEL_DERIVED in model_h.read_text()
     assert "options" in inspect.signature(torch._inductor.aot_compile).parameters
     # The precompiled headers aoti.headers_built_after leaves for after:
     # each built through the function that builds what is missing.

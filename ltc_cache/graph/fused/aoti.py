@@ -58,6 +58,21 @@ _INTERFACE_DECLARED = """
 #include <torch/csrc/inductor/aoti_runtime/interface.h>
 #include <torch/csrc/inductor/aoti_runtime/model_container.h>
 """
+# The model's base class (aoti_runtime/model_base.h: a template of a few
+# thousand lines, std::regex and all) is instantiated in the interface
+# object, which a wrapper declares (_interface_compiled_once); where
+# AOTInductor's model.h derives the model from it as this relies on.
+_MODEL_DERIVED = "class AOTInductorModel : public AOTInductorModelBase<AOTInductorModel>"
+_BASE_DECLARED = """
+namespace torch::aot_inductor {
+extern template class AOTInductorModelBase<AOTInductorModel>;
+}
+"""
+_BASE_INSTANTIATED = """
+namespace torch::aot_inductor {
+template class AOTInductorModelBase<AOTInductorModel>;
+}
+"""
 
 
 def cxx11_abi() -> bool:
@@ -144,12 +159,14 @@ def _interface_compiled_once() -> Iterator[None]:
     functions a runner calls, about 650 lines that every wrapper inlines
     the same) compiled once per compile line and linked into each library,
     instead of compiled again in every wrapper: 2.4 s of each wrapper's
-    compile. The object is kept beside Inductor's own compiled code (its
-    cache directory, as trusted as the precompiled header the wrapper
-    includes), keyed by the wrapper's compile line with the wrapper's
-    paths taken out, the interface's source and the compiler. Where this
-    torch's generator or build lacks what this relies on, the wrapper is
-    left as it is."""
+    compile. So is the model's base class template, which each wrapper
+    otherwise instantiates whole: a small GPT's forward wrapper compiled in
+    2.8 s instead of 4.5 s, its object a quarter of the size. The object is
+    kept beside Inductor's own compiled code (its cache directory, as
+    trusted as the precompiled header the wrapper includes), keyed by the
+    wrapper's compile line with the wrapper's paths taken out, the source
+    it compiles and the compiler. Where this torch's generator or build
+    lacks what this relies on, the wrapper is left as it is."""
     from torch._inductor import config, cpp_builder
     from torch._inductor.codegen import cpp_wrapper_cpu
     from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -163,11 +180,15 @@ def _interface_compiled_once() -> Iterator[None]:
     run = cpp_builder.run_compile_cmd
     header = wrapper._write_aoti_interface_header
     built: list[concurrent.futures.Future[str]] = []
+    model_h = Path(torch.__file__).parent / "include/torch/csrc/inductor/aoti_runtime/model.h"
+    base = model_h.is_file() and _MODEL_DERIVED in model_h.read_text()
+    declared = _INTERFACE_DECLARED + (_BASE_DECLARED if base else "")
+    interface = source.read_text() + (_BASE_INSTANTIATED if base else "")
 
     def declared_only(self: Any) -> None:
         if not config.aot_inductor.dynamic_linkage:
             return header(self)
-        self.header.splice(_INTERFACE_DECLARED)
+        self.header.splice(declared)
         return None
 
     def compile_line(cmd_line: str, cwd: str) -> None:
@@ -176,8 +197,8 @@ def _interface_compiled_once() -> Iterator[None]:
             # Where the object is not made yet, it is made beside the
             # wrapper's compile, not before it; a compile waiting for
             # another's to make it compiles its wrapper meanwhile.
-            built[:] = [beside.submit(_interface_object, words, source, Path(cache_dir()),
-                                      run, cwd)]
+            built[:] = [beside.submit(_interface_object, words, interface,
+                                      Path(cache_dir()), run, cwd)]
         elif "-shared" in words and any(w.endswith(".wrapper.o") for w in words):
             if not built:
                 raise UnexpectedPackage("a wrapper linked that was not compiled here")
@@ -272,19 +293,19 @@ def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
         yield
 
 
-def _interface_object(wrapper_line: list[str], source: Path, directory: Path,
+def _interface_object(wrapper_line: list[str], source: str, directory: Path,
                       run: Any, cwd: str) -> str:
-    """The object of ``source`` compiled with ``wrapper_line`` (the
+    """The object of the C++ ``source`` compiled with ``wrapper_line`` (the
     wrapper's own compile line), from ``directory`` where it was compiled
     before, else compiled there now (written under a name of its own, then
     renamed: compiles beside it may make the same object)."""
     out = wrapper_line.index("-o")
-    line = [source.as_posix() if w.endswith(".wrapper.cpp") else w for w in wrapper_line]
-    compiler = shutil.which(line[0]) or line[0]
+    flags = [w for w in wrapper_line[:out] + wrapper_line[out + 2:]
+             if not w.endswith(".wrapper.cpp")]
+    compiler = shutil.which(flags[0]) or flags[0]
     seen = os.stat(compiler)
-    key = hashlib.sha256("\0".join([*line[:out], *line[out + 2:], source.read_text(),
-                                     compiler, str(seen.st_size), str(seen.st_mtime_ns)]
-                                    ).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([*flags, source, compiler, str(seen.st_size),
+                                     str(seen.st_mtime_ns)]).encode()).hexdigest()[:32]
     folder = directory / "ltc_cache_interface"
     target = folder / f"{key}.o"
     if target.is_file():
@@ -296,7 +317,10 @@ def _interface_object(wrapper_line: list[str], source: Path, directory: Path,
     # making its own took twice the time on a 2-core machine).
     with filelock.FileLock(str(folder / f"{key}.lock")):
         if not target.is_file():
+            code = folder / f"{key}.cpp"
+            code.write_text(source)
             partial = folder / f"{key}.{os.getpid()}.{threading.get_ident()}.o"
+            line = [code.as_posix() if w.endswith(".wrapper.cpp") else w for w in wrapper_line]
             line[out + 1] = partial.as_posix()
             run(shlex.join(line), cwd)
             os.replace(partial, target)
