@@ -3,13 +3,13 @@
 Started by a process that missed (before it has queued anything) or queued
 graphs or plans (:mod:`ltc_cache.graph.fused.queue`). The worker holds the
 queue's lock and governs (:mod:`ltc_cache.graph.fused.governor`): it runs
-the compile in child processes, each in a group of its own, one a core
-(``--compile``: each gets ready, waits for work while its clients live,
-and drains the queue, a library at a time, plans first, at the lowest CPU
-priority the system has: :mod:`ltc_cache.compile_backend.fuse_queued`),
-which it stops and continues by what the processes that queued the work
-leave of the CPU. Its log is ``fuse-queue/worker.log`` in the cache
-directory.
+the compile in processes of its own, each in a group of its own, one a
+core (``--compile N``: the first gets ready, imports and checks, then forks
+the others; each waits for work while its clients live, and drains the
+queue, a library at a time, plans first, at the lowest CPU priority the
+system has: :mod:`ltc_cache.compile_backend.fuse_queued`), which it stops
+and continues by what the processes that queued the work leave of the CPU.
+Its log is ``fuse-queue/worker.log`` in the cache directory.
 """
 
 from __future__ import annotations
@@ -59,21 +59,70 @@ WAIT_FOR_WORK_SECONDS = 120.0
 QUIET_SECONDS = 3.0
 
 
-def compile_queue() -> int:
-    """The compile: drain the queue, one library at a time, plans first."""
+def compile_queue(count: int = 1, report: int | None = None) -> int:
+    """The compile: get ready, fork into ``count`` compile processes (their
+    pids written to the file descriptor ``report``), and each drain the
+    queue, one library at a time, plans first. Returns the worst exit
+    status of them all."""
+    import time
+
+    started = time.monotonic()
     _die_with_parent()
     lower_priority()
+    from ..graph.fused.aoti import prepare_compiles
+
+    prepare_compiles()
+    logging.getLogger(__name__).info("compiles ready in %.1f s (Inductor imported, the "
+                                     "compiler's vector ISAs checked); %d side by side",
+                                     time.monotonic() - started, count)
+    forked = _forked(count - 1, report)
+    code = _drain()
+    if forked is None:  # a forked compile process: no return into the caller's code
+        logging.shutdown()
+        os._exit(code)
+    for pid in forked:
+        with contextlib.suppress(ChildProcessError):
+            code = code or os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return code
+
+
+def _forked(count: int, report: int | None) -> list[int] | None:
+    """``count`` copies of this process, each in a process group of its own
+    (with the g++ it starts), which the worker stops and continues; their
+    pids written to ``report``. A copy shares what this process imported
+    and checked (4.4 s of a process's start here) rather than doing it
+    again. Returns the pids in this process, None in a copy."""
+    pids: list[int] = []
+    for _ in range(count if hasattr(os, "fork") else 0):
+        pid = os.fork()
+        if pid == 0:
+            os.setpgid(0, 0)
+            _die_with_parent()
+            if report is not None:
+                os.close(report)
+            return None
+        with contextlib.suppress(OSError):  # the copy may have done it first
+            os.setpgid(pid, pid)
+        pids.append(pid)
+    if report is not None:
+        with contextlib.suppress(OSError):
+            os.write(report, "".join(f"{pid}\n" for pid in pids).encode())
+            os.close(report)
+    return pids
+
+
+def _drain() -> int:
+    """Wait for work, then drain the queue (this process's share of it)."""
     import dataclasses
 
     from ..compile_backend.fuse_queued import fuse_queued
     from ..config import CacheConfig
     from ..graph.cache import GraphCache
-    from ..graph.fused.aoti import headers_built_after, prepare_compiles
+    from ..graph.fused.aoti import headers_built_after
     from ..graph.fused.build import time_alone_in
     from ..graph.fused.governor import Clients
     from ..graph.fused.queue import FuseQueue
 
-    prepare_compiles()
     config = CacheConfig.from_env()
     queue = FuseQueue(config.directory)
     if not _work_comes(queue, Clients(queue.path)):
@@ -123,21 +172,43 @@ def _compiles() -> int:
     return max(1, min(usable_cores(), 4))
 
 
-def _start_compiles(count: int) -> list[subprocess.Popen]:
-    """``count`` compile processes, each in a process group of its own (with
-    the g++ it starts), which the governor stops and continues. (The
-    worker's session is its own already: start_worker starts it so.)"""
-    command = [sys.executable, "-m", "ltc_cache.cli.fuse_worker", "--compile"]
-    return [subprocess.Popen(command, preexec_fn=lambda: os.setpgid(0, 0))
-            for _ in range(count)]
+class _Compiles:
+    """The compile processes of one start: the first, started here in a
+    process group of its own (the worker's session is its own already:
+    start_worker starts it so), and the copies it forks once it is ready,
+    whose pids it writes to a pipe."""
+
+    def __init__(self, count: int) -> None:
+        read, write = os.pipe()
+        command = [sys.executable, "-m", "ltc_cache.cli.fuse_worker", "--compile", str(count),
+                   str(write)]
+        try:
+            self.first = subprocess.Popen(command, pass_fds=(write,),
+                                          preexec_fn=lambda: os.setpgid(0, 0))
+        finally:
+            os.close(write)
+        os.set_blocking(read, False)
+        self._read, self._groups = read, [self.first.pid]
+
+    def groups(self) -> list[int]:
+        """The process groups, the copies' as soon as the first has told."""
+        with contextlib.suppress(OSError):  # nothing written yet, or closed
+            self._groups += [int(pid) for pid in os.read(self._read, 4096).split()]
+        return self._groups
+
+    def wait(self) -> int:
+        """The worst exit status of them all (the first waits for its copies)."""
+        code = self.first.wait()
+        os.close(self._read)
+        return code
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s fuse worker %(process)d: "
                         "%(message)s")
-    if argv == ["--compile"]:
-        return compile_queue()
+    if argv[:1] == ["--compile"]:
+        return compile_queue(*map(int, argv[1:]))
     from ..config import CacheConfig
     from ..graph.fused.governor import Clients, govern
     from ..graph.fused.queue import FuseQueue
@@ -153,13 +224,13 @@ def main(argv: list[str] | None = None) -> int:
             waited = not clients.alive()
             while queue.pending() or not waited:
                 waited = True
-                children = _start_compiles(_compiles())
-                govern([c.pid for c in children], lambda children=children: all(
-                    c.poll() is not None for c in children), clients, queue.path)
-                if any(c.wait() != 0 for c in children):
+                compiles = _Compiles(_compiles())
+                govern(compiles.groups, lambda c=compiles: c.first.poll() is not None,
+                       clients, queue.path)
+                code = compiles.wait()
+                if code != 0:
                     logging.getLogger(__name__).warning("a compile exited with %s; leaving "
-                                                        "the rest queued",
-                                                        [c.returncode for c in children])
+                                                        "the rest queued", code)
                     return 1
         if not queue.pending():
             return 0

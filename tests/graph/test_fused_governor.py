@@ -64,7 +64,8 @@ def test_the_compile_gets_bursts_while_a_client_is_busy_and_all_once_it_exits(
     clients = governor.Clients(tmp_path)
     stop = threading.Event()
     thread = threading.Thread(target=governor.govern, args=(
-        pids, lambda: stop.is_set() or any(c.poll() is not None for c in compiles), clients))
+        lambda: pids, lambda: stop.is_set() or any(c.poll() is not None for c in compiles),
+        clients))
     try:
         _wait_registered(client, tmp_path)
         thread.start()
@@ -138,7 +139,7 @@ def test_a_compile_that_times_a_library_runs_alone(tmp_path):
                              start_new_session=True)
     stop = threading.Event()
     thread = threading.Thread(target=governor.govern, args=(
-        [timer.pid, other.pid], stop.is_set, governor.Clients(tmp_path), tmp_path))
+        lambda: [timer.pid, other.pid], stop.is_set, governor.Clients(tmp_path), tmp_path))
 
     def share(pid: int) -> float:
         before, started = _cpu_seconds(pid), time.monotonic()
@@ -183,7 +184,7 @@ def test_the_compile_takes_the_cores_a_busy_client_leaves_idle(tmp_path):
     pids = [c.pid for c in compiles]
     stop = threading.Event()
     thread = threading.Thread(target=governor.govern, args=(
-        pids, stop.is_set, governor.Clients(tmp_path)))
+        lambda: pids, stop.is_set, governor.Clients(tmp_path)))
     try:
         _wait_registered(client, tmp_path)
         thread.start()
@@ -246,3 +247,37 @@ def test_work_is_taken_once_the_queue_settles_or_its_clients_leave(tmp_path, mon
     started = time.monotonic()
     assert fuse_worker._work_comes(queue, governor.Clients(queue.path))
     assert time.monotonic() - started >= 0.3 + 0.5 - 0.1
+
+
+def test_the_first_compile_process_forks_the_others_each_a_group_the_worker_governs(
+        tmp_path, monkeypatch):
+    """The worker starts one compile process; once it has imported Inductor
+    and checked the compiler's ISAs it forks the others, each in a process
+    group of its own, and tells the worker their pids (the groups it
+    stops and continues). All wait for work while a client lives, and leave
+    with it; the first waits for the others."""
+    from ltc_cache.cli import fuse_worker
+
+    monkeypatch.setenv("LTC_CACHE_DIR", str(tmp_path))
+    queue_dir = tmp_path / "fuse-queue"
+    queue_dir.mkdir()
+    client = subprocess.Popen([sys.executable, "-c", CLIENT.format(
+        folder=str(queue_dir), threads=0, seconds=0) + "time.sleep(120)\n"])
+    try:
+        _wait_registered(client, queue_dir)
+        compiles = fuse_worker._Compiles(3)
+        deadline = time.monotonic() + 120
+        while len(compiles.groups()) < 3:
+            assert time.monotonic() < deadline and compiles.first.poll() is None
+            time.sleep(0.1)
+        groups = compiles.groups()
+        assert len(set(groups)) == 3 and groups[0] == compiles.first.pid
+        assert [os.getpgid(pid) for pid in groups] == groups  # each leads its own group
+        assert compiles.first.poll() is None  # all waiting for work
+    finally:
+        client.kill()
+        client.wait()
+    assert compiles.wait() == 0
+    for pid in groups[1:]:  # reaped by the first
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

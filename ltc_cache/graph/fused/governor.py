@@ -210,14 +210,15 @@ def _timing(folder: Path | None, groups: set[int]) -> set[int]:
     return {int(n) for n in names if n.isdigit()} & groups
 
 
-def govern(groups: Sequence[int], done: Callable[[], bool], clients: Clients,
+def govern(groups: Callable[[], Sequence[int]], done: Callable[[], bool], clients: Clients,
            queue_dir: Path | None = None) -> None:
-    """Stop and continue the process groups ``groups`` (the compile
-    processes, each with its g++) by their clients' CPU use, and one alone
-    while it times a library (:func:`timed_alone` in ``queue_dir``), as the
-    module says, until ``done()``; leaves them running."""
+    """Stop and continue the process groups ``groups()`` (the compile
+    processes, each with its g++; a group that joins runs until the look
+    after) by their clients' CPU use, and one alone while it times a library
+    (:func:`timed_alone` in ``queue_dir``), as the module says, until
+    ``done()``; leaves them running."""
     timing = Path(queue_dir) / TIMING_DIR if queue_dir is not None else None
-    running = set(groups)
+    running, known = set(groups()), set(groups())
     burst_until, turn = 0.0, 0
     next_burst = time.monotonic() + BURSTS_AFTER_SECONDS
     cores = usable_cores()
@@ -226,22 +227,25 @@ def govern(groups: Sequence[int], done: Callable[[], bool], clients: Clients,
             time.sleep(LOOK_SECONDS)
             now = time.monotonic()
             use = clients.look()
-            alone = _timing(timing, set(groups))
+            current = list(groups())
+            running |= set(current) - known  # a copy runs from its fork
+            known = set(current)
+            alone = _timing(timing, known)
             busy = use.main >= BUSY_CORES
             # The whole cores the clients leave idle (at least SPARE_CORE of one counts).
             spare = int(cores - use.whole + 1 - SPARE_CORE)
             if not busy or spare >= 1:
                 next_burst = now + BURSTS_AFTER_SECONDS
             if not busy:
-                want = {min(alone)} if alone else set(groups)
+                want = {min(alone)} if alone else set(known)
             elif spare >= 1:  # a client tracing, on one thread
-                free = [g for g in groups if g not in alone]
+                free = [g for g in current if g not in alone]
                 want = set(free[:spare])
             elif now < burst_until:
                 want = running
             elif now >= next_burst:
                 burst_until, next_burst = now + BURST_SECONDS, now + PERIOD_SECONDS
-                want, turn = {groups[turn % len(groups)]}, turn + 1
+                want, turn = {current[turn % len(current)]}, turn + 1
             else:
                 want = set()
             for group in running - want:
@@ -250,7 +254,7 @@ def govern(groups: Sequence[int], done: Callable[[], bool], clients: Clients,
                 _signal(group, signal.SIGCONT)
             running = want
     finally:
-        for group in groups:
+        for group in groups():
             _signal(group, signal.SIGCONT)
 
 
