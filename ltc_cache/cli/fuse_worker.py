@@ -92,9 +92,16 @@ def _forked(count: int, report: int | None) -> list[int] | None:
     pids written to ``report``. A copy shares what this process imported
     and checked (4.4 s of a process's start here) rather than doing it
     again. Returns the pids in this process, None in a copy."""
+    import warnings
+
     pids: list[int] = []
     for _ in range(count if hasattr(os, "fork") else 0):
-        pid = os.fork()
+        # No thread of this process's runs Python here (the ISA check's is
+        # done); torch's own idle native thread makes Python 3.12 warn, as it
+        # does for every fork of a torch process (DataLoader's workers).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             os.setpgid(0, 0)
             _die_with_parent()

@@ -744,6 +744,10 @@ def test_the_timing_of_a_long_graph_takes_fewer_rounds(monkeypatch):
     calls.update(script=0, fused=0)
     script_ms, fused_ms = build._time_both(script, fused, inputs, ())
     assert calls == {"script": 1, "fused": 1} and fused_ms < script_ms
+    # The build's own first calls, timed as the timing times them: no call more.
+    calls.update(script=0, fused=0)
+    assert build._time_both(script, fused, inputs, (), first=(20.0, 10.0)) == (20.0, 10.0)
+    assert calls == {"script": 0, "fused": 0}
 
 
 @pytest.mark.parametrize(("fused_seconds", "timings"), [(0.0105, 2), (0.02, 1), (0.005, 1)])
@@ -757,5 +761,7 @@ def test_a_close_refusal_is_timed_again_and_nothing_else(fused_seconds, timings)
     spin = functools.partial(_spinning, calls)
 
     script, fused = spin("script", 0.01), spin("fused", fused_seconds)
-    build._times_to_keep_by(0.97, script, fused, [torch.zeros(1)], ())
-    assert calls["script"] == calls["fused"] == timings * build._ROUNDS
+    # The build's first calls (timed, as the timing's first round) are not made again.
+    build._times_to_keep_by(0.97, script, fused, [torch.zeros(1)], (),
+                            first=(10.0, 1e3 * fused_seconds))
+    assert calls["script"] == calls["fused"] == timings * build._ROUNDS - 1

@@ -58,7 +58,8 @@ logger = logging.getLogger("ltc_cache.fused")
 # backward runs 9.4 s a call, and 15 rounds of both were 280 s of its build,
 # twice its compile. A call of _ONE_ROUND_SECONDS or more is an average of
 # its own: its first call each is the timing (three rounds of that
-# backward were 55 s, a third of the time to its libraries being ready).
+# backward were 55 s, a third of the time to its libraries being ready),
+# and the first calls are those the build makes to check the library.
 # (Its 2.3 s training forward keeps its rounds: timed by one, its library
 # measured 1.05x of the per-region path and was refused, where the fastest
 # of four rounds kept it.)
@@ -156,8 +157,13 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     reference's time the library may take at most. Raises FuseFailed
     where the library's outputs differ, and whatever the compile raises."""
     before = saved_writes(inputs, writes)
-    with torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
+    # Each side's first call is timed too, as the timing times them, and
+    # counts as its first round (a call of GPT-2 small's training backward
+    # takes 9 s: its timing is that one round).
+    with _timing(), torch.no_grad(), torch.jit.optimized_execution(False):  # as replays run it
+        called = time.process_time()
         expected = as_tuple(reference(*inputs))
+        script_first = time.process_time() - called
     written = saved_writes(inputs, writes)
     put_back(inputs, writes, before)
     aliases = output_aliases(expected, inputs)
@@ -170,21 +176,24 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     isa = library_needs(inductor_isa)
     compile_seconds = round(time.monotonic() - started, 2)
     runner = load_runner(library)
-    with torch.no_grad():
-        # One call gives the layouts to restride to and the outputs to check
-        # (a call of GPT-2 small's training backward takes 4 s).
+    with _timing(), torch.no_grad():
+        # One call gives the layouts to restride to and the outputs to check.
+        called = time.process_time()
         out = runner.run(list(inputs))
-    restride = _restride(expected, out, aliases)
-    fused = FusedFunction(runner, reference, aliases=aliases, restride=restride,
-                          check=lambda expected, got, error: True)
+        restride = _restride(expected, out, aliases)
+        fused = FusedFunction(runner, reference, aliases=aliases, restride=restride,
+                              check=lambda expected, got, error: True)
+        arranged = fused.arranged(out, inputs)  # run_library's call, in two
+        fused_first = time.process_time() - called
     with torch.no_grad(), torch.jit.optimized_execution(False):
-        got = fused.arranged(out, inputs) + tuple(inputs[i].clone() for i in writes)
+        got = arranged + tuple(inputs[i].clone() for i in writes)
         problem = mismatch(expected + written, got, rtol=_BUILD_RTOL)
         put_back(inputs, writes, before)
         if problem and not no_further_from_exact(graph, inputs, writes, expected + written, got):
             raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
         script_ms, fused_ms = _times_to_keep_by(keep, reference, fused.run_library, inputs,
-                                                writes)
+                                                writes, first=(1e3 * script_first,
+                                                               1e3 * fused_first))
     stats = {"compile_seconds": compile_seconds, "script_ms": round(script_ms, 4),
              "fused_ms": round(fused_ms, 4), "compiler": compiler_version()}
     slower = None
@@ -329,11 +338,13 @@ def _overlap(views: Sequence[torch.Tensor]) -> bool:
 
 
 def _times_to_keep_by(keep: float, script: Callable[..., Any], fused: Any,
-                      inputs: list[torch.Tensor], writes: Sequence[int]) -> tuple[float, float]:
-    """:func:`_time_both`'s times, and where the library misses ``keep`` of
-    the script's time by a close call (less than :data:`_CLOSE` past it),
-    both timed again and each side's fastest of the two timings."""
-    script_ms, fused_ms = _time_both(script, fused, inputs, writes)
+                      inputs: list[torch.Tensor], writes: Sequence[int],
+                      first: tuple[float, float]) -> tuple[float, float]:
+    """:func:`_time_both`'s times (``first``: the milliseconds of each
+    side's first call), and where the library misses ``keep`` of the
+    script's time by a close call (less than :data:`_CLOSE` past it), both
+    timed again and each side's fastest of the two timings."""
+    script_ms, fused_ms = _time_both(script, fused, inputs, writes, first)
     if keep * script_ms < fused_ms < _CLOSE * keep * script_ms:
         again = _time_both(script, fused, inputs, writes)
         script_ms, fused_ms = min(script_ms, again[0]), min(fused_ms, again[1])
@@ -341,8 +352,10 @@ def _times_to_keep_by(keep: float, script: Callable[..., Any], fused: Any,
 
 
 def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor],
-               writes: Sequence[int]) -> tuple[float, float]:
-    """Milliseconds a call of each, the fastest of interleaved rounds, in the
+               writes: Sequence[int], first: tuple[float, float] | None = None
+               ) -> tuple[float, float]:
+    """Milliseconds a call of each, the fastest of interleaved rounds (the
+    first calls' milliseconds ``first`` where they were timed), in the
     process's CPU time: the background worker runs at idle priority, where
     the wall clock mostly measures who preempted it; in the worker, with
     its other compile processes stopped (:func:`time_alone_in`). The
@@ -360,7 +373,7 @@ def _time_both(script: Callable[..., Any], fused: Any, inputs: list[torch.Tensor
         return (time.process_time() - start) * 1e3 / calls
 
     with _timing():
-        return _fastest_rounds(per_call, script, fused)
+        return _fastest_rounds(per_call, script, fused, first)
 
 
 # What a library's timing runs in: the background worker's compile
@@ -375,9 +388,9 @@ def time_alone_in(queue_dir: Path) -> None:
     _timing = functools.partial(timed_alone, queue_dir)
 
 
-def _fastest_rounds(per_call: Callable[[Any, int], float], script: Any,
-                    fused: Any) -> tuple[float, float]:
-    first = per_call(script, 1), per_call(fused, 1)
+def _fastest_rounds(per_call: Callable[[Any, int], float], script: Any, fused: Any,
+                    first: tuple[float, float] | None = None) -> tuple[float, float]:
+    first = first or (per_call(script, 1), per_call(fused, 1))
     once = max(*first, 1e-3)
     calls = max(1, math.ceil(_ROUND_SECONDS * 1e3 / once))
     rounds = 1 if once >= _ONE_ROUND_SECONDS * 1e3 else \
