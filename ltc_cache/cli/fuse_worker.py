@@ -76,10 +76,16 @@ def compile_queue(count: int = 1, report: int | None = None) -> int:
                                      "compiler's vector ISAs checked); %d side by side",
                                      time.monotonic() - started, count)
     forked = _forked(count - 1, report)
+    if forked is None:  # a copy: it never returns into the code it was forked in
+        code = 1
+        try:
+            code = _drain()
+        except BaseException:
+            logging.getLogger(__name__).exception("a compile process failed")
+        finally:
+            logging.shutdown()
+            os._exit(code)
     code = _drain()
-    if forked is None:  # a forked compile process: no return into the caller's code
-        logging.shutdown()
-        os._exit(code)
     for pid in forked:
         with contextlib.suppress(ChildProcessError):
             code = code or os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -748,6 +748,9 @@ def test_the_timing_of_a_long_graph_takes_fewer_rounds(monkeypatch):
     calls.update(script=0, fused=0)
     assert build._time_both(script, fused, inputs, (), first=(20.0, 10.0)) == (20.0, 10.0)
     assert calls == {"script": 0, "fused": 0}
+    # But a first call shorter than a round is mostly set-up: timed again.
+    build._time_both(script, fused, inputs, (), first=(3.0, 1.0))
+    assert calls == {"script": 1, "fused": 1}
 
 
 @pytest.mark.parametrize(("fused_seconds", "timings"), [(0.0105, 2), (0.02, 1), (0.005, 1)])
