@@ -69,13 +69,13 @@ def compile_queue(count: int = 1, report: int | None = None) -> int:
     started = time.monotonic()
     _die_with_parent()
     lower_priority()
-    from ..graph.fused.aoti import prepare_compiles
+    from ..graph.fused.aoti import check_isas_beside, prepare_compiles
 
     prepare_compiles()
-    logging.getLogger(__name__).info("compiles ready in %.1f s (Inductor imported, the "
-                                     "compiler's vector ISAs checked); %d side by side",
-                                     time.monotonic() - started, count)
+    logging.getLogger(__name__).info("compiles ready in %.1f s (Inductor imported); %d side "
+                                     "by side", time.monotonic() - started, count)
     forked = _forked(count - 1, report)
+    check_isas_beside()
     if forked is None:  # a copy: it never returns into the code it was forked in
         code = 1
         try:
@@ -96,15 +96,15 @@ def _forked(count: int, report: int | None) -> list[int] | None:
     """``count`` copies of this process, each in a process group of its own
     (with the g++ it starts), which the worker stops and continues; their
     pids written to ``report``. A copy shares what this process imported
-    and checked (4.4 s of a process's start here) rather than doing it
-    again. Returns the pids in this process, None in a copy."""
+    (3-4 s of a process's start here) rather than importing it again.
+    Returns the pids in this process, None in a copy."""
     import warnings
 
     pids: list[int] = []
     for _ in range(count if hasattr(os, "fork") else 0):
-        # No thread of this process's runs Python here (the ISA check's is
-        # done); torch's own idle native thread makes Python 3.12 warn, as it
-        # does for every fork of a torch process (DataLoader's workers).
+        # No thread of this process's runs Python here; torch's own idle
+        # native thread makes Python 3.12 warn, as it does for every fork of
+        # a torch process (DataLoader's workers).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()

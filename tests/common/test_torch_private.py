@@ -285,7 +285,7 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert list(inspect.signature(codecache._worker_compile_cpp).parameters) == [
         "lock_path", "cpp_builders"]
     assert hasattr(cpp_builder.CppBuilder, "get_target_file_path")
-    # The ISA check aoti.prepare_compiles starts ahead: cached, and what the pick reads.
+    # The ISA check aoti.check_isas_beside starts ahead: cached, and what the pick reads.
     from torch._inductor import cpu_vec_isa
 
     assert hasattr(cpu_vec_isa.valid_vec_isa_list, "cache_info")

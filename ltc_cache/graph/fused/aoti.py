@@ -33,8 +33,8 @@ import torch
 
 from ...errors import UnexpectedPackage
 
-__all__ = ["compile_library", "cpu_runner", "cxx11_abi", "headers_built_after",
-           "prepare_compiles", "runner_available"]
+__all__ = ["check_isas_beside", "compile_library", "cpu_runner", "cxx11_abi",
+           "headers_built_after", "prepare_compiles", "runner_available"]
 
 # Held while Inductor's C++ wrapper code generator is patched
 # (_no_input_checks, _interface_compiled_once, _unbuilt_headers_left_out).
@@ -214,28 +214,30 @@ def _interface_compiled_once() -> Iterator[None]:
 
 
 def prepare_compiles() -> None:
-    """Import what a compile runs (Inductor's lowering, code generators and
-    builder: seconds) and run Inductor's check of the vector ISAs this
-    compiler builds for and this CPU runs (a g++ build and a load of a
-    small library a candidate ISA, kept in Inductor's cache directory:
-    2.3-3.5 s on an AVX2 machine, one build more for each of AVX-512's and
-    AMX's ISAs on a CPU that has them), the check in a thread beside the
-    imports. Returns with that thread done, so that the process may fork
-    (the worker's compile processes do) and its children hold the check's
-    result (Inductor keeps it for the process)."""
+    """Import what a compile runs: Inductor's lowering, code generators and
+    builder (seconds). Starts no thread: the process may fork after (the
+    worker's compile processes do, and share what it imported)."""
+    import torch._inductor.compile_fx  # noqa: F401
+    from torch._inductor import cpp_builder, cpu_vec_isa  # noqa: F401
+    from torch._inductor.codegen import cpp_wrapper_cpu  # noqa: F401
+
+
+def check_isas_beside() -> None:
+    """Start Inductor's check of the vector ISAs this compiler builds for
+    and this CPU runs (a g++ build and a load of a small library a
+    candidate ISA, kept in Inductor's cache directory: 2.3-3.5 s on an AVX2
+    machine, one build more for each of AVX-512's and AMX's ISAs on a CPU
+    that has them) in a thread, so that the first library's lowering does
+    not wait for it to start: the lowering takes its result from Inductor's
+    cache, or waits on Inductor's lock for the build under way (another
+    compile process's)."""
     from torch._inductor import cpu_vec_isa
 
     def check() -> None:
         with contextlib.suppress(Exception):  # the lowering checks again, and says
             cpu_vec_isa.valid_vec_isa_list()
 
-    checking = threading.Thread(target=check, name="ltc_cache-isa-check", daemon=True)
-    checking.start()
-    import torch._inductor.compile_fx  # noqa: F401
-    from torch._inductor import cpp_builder  # noqa: F401
-    from torch._inductor.codegen import cpp_wrapper_cpu  # noqa: F401
-
-    checking.join()
+    threading.Thread(target=check, name="ltc_cache-isa-check", daemon=True).start()
 
 
 @contextlib.contextmanager
