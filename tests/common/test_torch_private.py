@@ -153,6 +153,9 @@ def test_aotautograd_internals_plans_rely_on():
     JointFunction repeats (``_unsafe_view`` over views of intermediates,
     docs/torch/aot-autograd.md#views-of-intermediates-hidden-from-autograd). A torch that changes
     these fails here by name, not as a wrong gradient."""
+    # Dynamo first, as every import of AOTAutograd in torch comes after it:
+    # runtime_wrappers imported first in a process meets a cycle through Dynamo.
+    import torch._dynamo  # noqa: F401
     from torch._functorch._aot_autograd import runtime_wrappers, schemas
 
     names = {t.name for t in schemas.OutputType}
