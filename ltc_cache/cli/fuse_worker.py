@@ -4,12 +4,13 @@ Started by a process that missed (before it has queued anything) or queued
 graphs or plans (:mod:`ltc_cache.graph.fused.queue`). The worker holds the
 queue's lock and governs (:mod:`ltc_cache.graph.fused.governor`): it runs
 the compile in processes of its own, each in a group of its own, one a
-core (``--compile N``: the first gets ready, imports and checks, then forks
-the others; each waits for work while its clients live, and drains the
-queue, a library at a time, plans first, at the lowest CPU priority the
-system has: :mod:`ltc_cache.compile_backend.fuse_queued`), which it stops
-and continues by what the processes that queued the work leave of the CPU.
-Its log is ``fuse-queue/worker.log`` in the cache directory.
+core (``--compile N``: the first imports Inductor, then forks the others;
+each checks the compiler's ISAs, waits for work while its clients live,
+and drains the queue, a library at a time, plans first, at the lowest CPU
+priority the system has: :mod:`ltc_cache.compile_backend.fuse_queued`),
+which it stops and continues by what the processes that queued the work
+leave of the CPU. Its log is ``fuse-queue/worker.log`` in the cache
+directory.
 """
 
 from __future__ import annotations

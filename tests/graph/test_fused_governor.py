@@ -252,7 +252,7 @@ def test_work_is_taken_once_the_queue_settles_or_its_clients_leave(tmp_path, mon
 def test_the_first_compile_process_forks_the_others_each_a_group_the_worker_governs(
         tmp_path, monkeypatch):
     """The worker starts one compile process; once it has imported Inductor
-    and checked the compiler's ISAs it forks the others, each in a process
+    it forks the others, each in a process
     group of its own, and tells the worker their pids (the groups it
     stops and continues). All wait for work while a client lives, and leave
     with it; the first waits for the others."""
