@@ -80,13 +80,15 @@ def compile_queue(count: int = 1, report: int | None = None) -> int:
     if forked is None:  # a copy: it never returns into the code it was forked in
         code = 1
         try:
-            code = _drain()
+            _drain()
+            code = 0
         except BaseException:
             logging.getLogger(__name__).exception("a compile process failed")
         finally:
             logging.shutdown()
             os._exit(code)
-    code = _drain()
+    _drain()
+    code = 0
     for pid in forked:
         with contextlib.suppress(ChildProcessError):
             code = code or os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -125,7 +127,7 @@ def _forked(count: int, report: int | None) -> list[int] | None:
     return pids
 
 
-def _drain() -> int:
+def _drain() -> None:
     """Wait for work, then drain the queue (this process's share of it)."""
     import dataclasses
 
@@ -140,7 +142,7 @@ def _drain() -> int:
     config = CacheConfig.from_env()
     queue = FuseQueue(config.directory)
     if not _work_comes(queue, Clients(queue.path)):
-        return 0
+        return
     time_alone_in(queue.path)  # each library timed with the other compiles stopped
     # The graphs it runs to build and check a plan's library are not queued
     # again from here (nor is this process a client to wait for).
@@ -149,7 +151,6 @@ def _drain() -> int:
     # speed up later compiles after them.
     with headers_built_after():
         fuse_queued(cache, queue, timeout=config.fuse_timeout)
-    return 0
 
 
 def _work_comes(queue: FuseQueue, clients: Clients) -> bool:

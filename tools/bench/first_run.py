@@ -94,10 +94,8 @@ def libraries_ready(cache_dir: Path, since: float, limit: float = 3600) -> float
     while time.time() < deadline:
         if drained is None and not queue.pending():
             drained = time.time() - since
-        if drained is not None:
-            with queue.worker_lock() as free:  # held while a worker runs
-                if free:
-                    return drained
+        if drained is not None and not queue.worker_running():
+            return drained
         time.sleep(0.25)
     return None
 

@@ -218,7 +218,8 @@ def govern(groups: Callable[[], Sequence[int]], done: Callable[[], bool], client
     (:func:`timed_alone` in ``queue_dir``), as the module says, until
     ``done()``; leaves them running."""
     timing = Path(queue_dir) / TIMING_DIR if queue_dir is not None else None
-    running, known = set(groups()), set(groups())
+    known = set(groups())
+    running = set(known)
     burst_until, turn = 0.0, 0
     next_burst = time.monotonic() + BURSTS_AFTER_SECONDS
     cores = usable_cores()

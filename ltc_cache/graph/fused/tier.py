@@ -164,7 +164,7 @@ class FusedTier:
             return
         try:
             if fusable_here():
-                self._start_worker(FuseQueue(config.directory))
+                self._start_worker()
         except (OSError, subprocess.SubprocessError) as exc:
             warn_once("fuse-worker", f"cannot start the fuse worker ({exc}); graphs run "
                       "without their libraries (`ltc-cache fuse` compiles them ahead)")
@@ -182,16 +182,16 @@ class FusedTier:
             queued = fuse_queue.put(key)
             count_event(counter)
             if not self._worker_started or not fuse_queue.worker_running():
-                self._start_worker(fuse_queue)
+                self._start_worker()
         except (OSError, subprocess.SubprocessError) as exc:
             warn_once("fuse-worker", f"cannot queue graphs for fusing ({exc}); they run "
                       "without their libraries (`ltc-cache fuse` compiles them ahead)")
             return None
         return str(queued)
 
-    def _start_worker(self, fuse_queue: FuseQueue) -> None:
+    def _start_worker(self) -> None:
         self._worker_started = True
-        start_worker(fuse_queue.path.parent)
+        start_worker(self._cache.config.directory)
 
 # How deep this thread is in runs of a plan's per-region path made only to
 # check the plan's library (:func:`regions_as_reference`).
