@@ -242,6 +242,11 @@ class SingleGraphRoute:
         layout goes to torch.compile)."""
         target = self._target
         counters.bump(PROGRAM_CAPTURES)
+        # A cold run's first miss: the fused tier's worker starts now, so that
+        # its compile imports Inductor on the core Dynamo's trace leaves idle
+        # (a small GPT's plan misses 1.5 s later, its libraries got ready so
+        # much later).
+        target.cache.fused.expect_work()
         guard_filter = GuardFilter(target.fn.__globals__)
         codes: list[types.CodeType] = []
         own_sources = self._own_sources()

@@ -315,7 +315,8 @@ SURFACES = [
              "torch._guards", "torch.compiler._compile_session_context", "torch._subclasses",
              "torch.utils._python_dispatch", "torch._C.DispatchKeySet")),
     Surface("AOTInductor", "ltc_cache.graph.fused.aoti",
-            ("torch._inductor", "torch._C._aoti", "torch._C._GLIBCXX_USE_CXX11_ABI")),
+            ("torch._inductor", "torch._C._aoti", "torch._C._GLIBCXX_USE_CXX11_ABI",
+             "torch.compiler._is_exporting_flag")),
     Surface("TorchScript IR", "ltc_cache.graph.torchscript_ir",
             tuple(f"torch._C.{name}" for name in (
                 "parse_ir", "parse_schema", "_create_function_from_graph", "_jit_pass_dce",

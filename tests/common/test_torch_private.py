@@ -279,6 +279,14 @@ def test_torch_still_has_what_the_fused_tier_uses():
     model_h = Path(torch.__file__).parent / "include/torch/csrc/inductor/aoti_runtime/model.h"
     assert aoti._MODEL_DERIVED in model_h.read_text()
     assert "options" in inspect.signature(torch._inductor.aot_compile).parameters
+    # The decompositions aoti._decompositions_added adds: the table the
+    # export reads is select_decomp_table's, which reads one of two globals.
+    from torch._inductor import compile_fx, decomposition
+
+    picks = inspect.getsource(decomposition.select_decomp_table)
+    assert "return decompositions" in picks and "fast_random_decomps()" in picks
+    assert inspect.signature(compile_fx._compile_fx_main).parameters[
+        "get_decomp_fn"].default is decomposition.select_decomp_table
     # The precompiled headers aoti.headers_built_after leaves for after:
     # each built through the function that builds what is missing.
     from torch._inductor import codecache
@@ -296,6 +304,38 @@ def test_torch_still_has_what_the_fused_tier_uses():
     assert platform.machine_isa() == platform.machine_isa().upper()
     assert aoti.cxx11_abi() in (True, False)
     assert hasattr(torch._C, "_dispatch_get_all_op_names")
+
+
+def test_a_script_made_from_a_graph_is_traced_by_the_export_once_told_it_is_not_exporting():
+    """Pinned: what aoti.scripts_called_in_export relies on. While torch
+    says it is exporting, calling a TorchScript function made from a graph
+    (as a replay's is) fails an internal assert; told it is not, the
+    function runs as TorchScript, its ops dispatched to whatever traces."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ltc_cache.graph.fused import aoti
+
+    graph = torch._C.parse_ir("""
+        graph(%x : Tensor):
+          %y : Tensor = aten::relu(%x)
+          return (%y)""")
+    script = torch._C._create_function_from_graph("pinned", graph)
+    assert not hasattr(script, "_torchdynamo_inline")
+    assert aoti.exports_call_scripts()
+    x = torch.randn(3)
+    exporting = torch.compiler._is_exporting_flag
+    torch.compiler._is_exporting_flag = True
+    try:
+        with pytest.raises(RuntimeError, match="_torchdynamo_inline"):
+            script(x)
+        with aoti.scripts_called_in_export():
+            assert not torch.compiler.is_exporting()
+            traced = make_fx(script, tracing_mode="fake")(x)
+        assert torch.compiler.is_exporting()
+    finally:
+        torch.compiler._is_exporting_flag = exporting
+    assert [n.target for n in traced.graph.nodes if n.op == "call_function"] == [
+        torch.ops.aten.relu.default]
 
 
 def test_inductor_picks_the_isa_cpu_isa_predicts(monkeypatch):

@@ -808,3 +808,26 @@ def test_programs_are_evicted_like_any_entry(models, cache_dir):
     assert stats["counters"]["evictions"] >= 1
     again = run(models, env=env)
     assert_captured(again)
+
+
+def test_a_capture_starts_the_fuse_worker_before_anything_is_traced(cache_dir, monkeypatch,
+                                                                     dynamo_reset):
+    """A program capture is a cold run's first miss: the fused tier's worker
+    is started then, before Dynamo, AOTAutograd or LTC has traced a graph
+    (its compile imports Inductor while they do), once."""
+    import torch
+
+    from ltc_cache.graph.fused import tier
+
+    monkeypatch.setenv("LTC_CACHE_FUSE", "background")
+    seen: list[dict] = []
+    monkeypatch.setattr(tier, "start_worker", lambda directory: seen.append(ltc_cache.stats()))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(ltc_cache.compile(model)(x), model(x))
+    after = ltc_cache.stats()
+    assert after["program_captures"] == 1 and after["traces"] >= 1, after
+    assert seen, "no worker started"
+    first = seen[0]
+    assert first.get("program_captures") == 1, first
+    assert [first.get(n, 0) for n in ("dynamo_graphs", "aot_traces", "traces")] == [0, 0, 0]

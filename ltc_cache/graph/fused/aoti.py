@@ -34,7 +34,8 @@ import torch
 from ...errors import UnexpectedPackage
 
 __all__ = ["check_isas_beside", "compile_library", "cpu_runner", "cxx11_abi",
-           "headers_built_after", "prepare_compiles", "runner_available"]
+           "exports_call_scripts", "headers_built_after", "prepare_compiles",
+           "runner_available", "scripts_called_in_export"]
 
 # Held while Inductor's C++ wrapper code generator is patched
 # (_no_input_checks, _interface_compiled_once, _unbuilt_headers_left_out).
@@ -95,11 +96,13 @@ def cpu_runner(path: str) -> Any:
 
 
 def compile_library(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor],
-                    settings: Mapping[str, Any]) -> tuple[bytes, str]:
-    """The shared library AOTInductor compiles ``graph`` (an aten graph of
-    tensors to a tuple of tensors, traced by ``make_fx``) into, for inputs
-    laid out as ``inputs``, with Inductor ``settings``, and the vector ISA
-    it compiled it for. Raises :class:`UnexpectedPackage` where the
+                    settings: Mapping[str, Any],
+                    decompositions: Mapping[Any, Any] | None = None) -> tuple[bytes, str]:
+    """The shared library AOTInductor compiles ``graph`` (of tensors to a
+    tuple of tensors: :func:`.aten_graph.one_call`) into, for inputs
+    laid out as ``inputs``, with Inductor ``settings`` and
+    ``decompositions`` besides Inductor's, and the vector ISA it compiled
+    it for. Raises :class:`UnexpectedPackage` where the
     compile makes more than one library, and whatever the compile raises.
 
     Through ``torch._inductor.aot_compile`` on the graph as it is, not
@@ -112,7 +115,7 @@ def compile_library(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor],
 
     options = {**settings, "aot_inductor.package": True}
     with torch.no_grad(), _no_input_checks(), _interface_compiled_once(), \
-            _unbuilt_headers_left_out():
+            _unbuilt_headers_left_out(), _decompositions_added(decompositions or {}):
         files = torch._inductor.aot_compile(graph, tuple(inputs), options=options)
     paths = [Path(f) for f in files if isinstance(f, str)]
     libraries = [p for p in paths if p.suffix == ".so"]
@@ -125,6 +128,50 @@ def compile_library(graph: torch.fx.GraphModule, inputs: Sequence[torch.Tensor],
     meta = libraries[0].with_name(libraries[0].name.removesuffix(".so") + "_metadata.json")
     isa = json.loads(meta.read_text()).get("AOTI_CPU_ISA", "") if meta.exists() else ""
     return library, str(isa)
+
+
+def exports_call_scripts() -> bool:
+    """Whether AOTInductor's export can trace a TorchScript function made
+    from a graph (:func:`scripts_called_in_export`)."""
+    import torch.compiler
+
+    return hasattr(torch.compiler, "_is_exporting_flag")
+
+
+@contextlib.contextmanager
+def scripts_called_in_export() -> Iterator[None]:
+    """TorchScript functions called in the block run as TorchScript, within
+    AOTInductor's export too. While torch says it is exporting
+    (``torch.compiler.is_exporting()``), its caller of a TorchScript
+    function calls the Python function it was scripted from
+    (``_torchdynamo_inline``) instead, which a replay's function, made
+    from a graph, has none of (an internal assert); in the block torch says
+    it is not, and the export traces the ops the function dispatches all
+    the same."""
+    import torch.compiler
+
+    exporting = torch.compiler._is_exporting_flag
+    torch.compiler._is_exporting_flag = False
+    try:
+        yield
+    finally:
+        torch.compiler._is_exporting_flag = exporting
+
+
+@contextlib.contextmanager
+def _decompositions_added(table: Mapping[Any, Any]) -> Iterator[None]:
+    """Inductor's decompositions, and ``table``'s over them, in the block:
+    those its export applies as it traces (Inductor reads them from
+    ``select_decomp_table``, whichever of its two tables that picks)."""
+    if not table:
+        yield
+        return
+    from torch._inductor import decomposition
+
+    fast = {**decomposition.fast_random_decomps(), **table}
+    with _replaced(decomposition, "fast_random_decomps", lambda: fast), \
+            _replaced(decomposition, "decompositions", {**decomposition.decompositions, **table}):
+        yield
 
 
 @contextlib.contextmanager

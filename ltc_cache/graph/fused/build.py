@@ -2,8 +2,9 @@
 the path of a user's call).
 
 The library is compiled from the entry alone, so any process can do it:
-the stored TorchScript function is traced to an aten FX graph and exported
-(:mod:`.aten_graph`), and compiled by AOTInductor (:mod:`.aoti`) with the
+the stored TorchScript function is exported (traced on fake tensors, in a
+graph of one call: :mod:`.aten_graph`) and compiled by AOTInductor
+(:mod:`.aoti`) with the
 graph's inputs as the library's inputs, in the TorchScript function's
 order. Inputs are made from the layouts the entry recorded
 (``input_specs``); stored constants are used as they are.
@@ -35,8 +36,8 @@ from ...entries.keys import CacheKey
 from ...entries.kinds import EntryKind
 from ...errors import FuseFailed, UnexpectedPackage
 from ..replay import build_function
-from .aoti import compile_library
-from .aten_graph import as_tuple, aten_graph
+from .aoti import compile_library, exports_call_scripts
+from .aten_graph import as_tuple, aten_graph, one_call, view_copies
 from .cpu_isa import library_needs
 from .exact import no_further_from_exact
 from .governor import timed_alone
@@ -167,10 +168,14 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     written = saved_writes(inputs, writes)
     put_back(inputs, writes, before)
     aliases = output_aliases(expected, inputs)
-    graph = aten_graph(traced or reference, inputs)
+    traceable = traced or reference
+    # One trace where the export can call TorchScript: the export's own.
+    graph, decompositions = ((one_call(traceable, len(inputs), len(expected)), view_copies())
+                             if exports_call_scripts() else (aten_graph(traceable, inputs), None))
     try:
         library, inductor_isa = compile_library(graph, inputs,
-                                                {**inductor_settings(), **(settings or {})})
+                                                {**inductor_settings(), **(settings or {})},
+                                                decompositions)
     except UnexpectedPackage as exc:
         raise FuseFailed(str(exc)) from None
     isa = library_needs(inductor_isa)
@@ -189,7 +194,8 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
         got = arranged + tuple(inputs[i].clone() for i in writes)
         problem = mismatch(expected + written, got, rtol=_BUILD_RTOL)
         put_back(inputs, writes, before)
-        if problem and not no_further_from_exact(graph, inputs, writes, expected + written, got):
+        if problem and not no_further_from_exact(aten_graph(traceable, inputs), inputs, writes,
+                                                 expected + written, got):
             raise FuseFailed(f"the library's outputs differ from {versus}'s: {problem}")
         script_ms, fused_ms = _times_to_keep_by(keep, reference, fused.run_library, inputs,
                                                 writes, first=(1e3 * script_first,

@@ -4,8 +4,9 @@ compiles them.
 A process that meets a stored graph with no library (and no refusal) puts
 its key in the queue, a folder of empty files named by graph key inside
 the cache directory, and starts the worker unless one runs; a process
-that misses starts it at its first miss already, so that the compile gets
-ready while the process traces (:mod:`ltc_cache.cli.fuse_worker`). The worker
+that misses starts it at its first miss already (a program's capture, a
+plan's or a graph's miss), so that the compile gets ready while the
+process traces (:mod:`ltc_cache.cli.fuse_worker`). The worker
 removes a graph's file once it has stored the graph's fused entry: a
 process waiting for the library watches for that (:mod:`.pickup`). The worker
 holds a file lock, so one compiles at a time however many processes start
