@@ -366,6 +366,42 @@ def test_a_graph_with_constant_masks_is_traced_for_its_library(tmp_path):
     torch.testing.assert_close(traced(*inputs)[0], TwoMasks()(x))
 
 
+@pytest.mark.parametrize("exports_call_scripts", [True, False], ids=["one call", "aten graph"])
+def test_a_library_is_compiled_from_one_call_or_the_aten_graph_where_export_cannot_call_scripts(
+        tmp_path, monkeypatch, exports_call_scripts):
+    """Where this torch's export can call a TorchScript function, the
+    compile is given a graph of one call of it, LTC's view copies among its
+    decompositions (one trace: the export's); where not, the aten graph
+    make_fx traces, Inductor's decompositions alone. Both compute what the
+    entry's function computes."""
+    from ltc_cache.graph.fused import build
+
+    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
+    x = torch.randn(2, 8, 8)
+    entry = cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()), [x]).entry
+    given = []
+
+    def compile_library(graph, inputs, settings, decompositions=None):
+        given.append((graph, decompositions))
+        raise build.FuseFailed("compiled no further")
+
+    monkeypatch.setattr(build, "compile_library", compile_library)
+    monkeypatch.setattr(build, "exports_call_scripts", lambda: exports_call_scripts)
+    refused = build.build_entry(entry, library_key(entry), SECRET)
+    assert refused.payload["reason"] == "compiled no further"
+    ((graph, decompositions),) = given
+    calls = [n.target for n in graph.graph.nodes if n.op == "call_function"
+             and n.target.__name__ != "getitem"]
+    if exports_call_scripts:
+        assert len(calls) == 1 and torch.ops.aten.slice_copy.Tensor in decompositions
+    else:
+        assert len(calls) > 1 and decompositions is None
+        assert all(isinstance(t, torch._ops.OpOverload) for t in calls), calls
+    inputs = build.example_inputs(entry)
+    x = next(t for source, t in zip(entry.inputs, inputs, strict=True) if source.kind == "arg")
+    torch.testing.assert_close(graph(*inputs)[0], TwoMasks()(x))
+
+
 # -- a library's calls -------------------------------------------------------------------------
 
 

@@ -9,8 +9,10 @@ records exactly what the replay computes, views and all (:mod:`.aoti`).
 (A small GPT's two plan parts, traced to aten graphs first and those
 exported: 4.3 s of tracing; exported as one call: 1.9 s.)
 
-:func:`aten_graph` still traces a function to an aten graph, for the
-float64 run that arbitrates a failed check (:mod:`.exact`).
+:func:`aten_graph` still traces a function to an aten graph: for the
+float64 run that arbitrates a failed check (:mod:`.exact`), and to be
+compiled where this torch's export cannot call TorchScript
+(:func:`.aoti.exports_call_scripts`).
 """
 
 from __future__ import annotations
