@@ -402,6 +402,31 @@ def test_a_library_is_compiled_from_one_call_or_the_aten_graph_where_export_cann
     torch.testing.assert_close(graph(*inputs)[0], TwoMasks()(x))
 
 
+def test_where_the_export_cannot_trace_the_call_the_aten_graph_is_compiled(tmp_path,
+                                                                             monkeypatch):
+    """A call the export's trace fails in (as T5's training forward's
+    does: a view of a tensor its fake regions laid out otherwise) is
+    compiled from the aten graph make_fx traces; a failure past the call
+    (the compile) refuses the library at once."""
+    from ltc_cache.graph.fused import build
+
+    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
+    x = torch.randn(2, 8, 8)
+    entry = cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()), [x]).entry
+    given = []
+
+    def compile_library(graph, inputs, settings, decompositions=None):
+        given.append(decompositions)
+        if decompositions is not None:  # the graph of one call: its call fails
+            graph(*[torch.randn(3) for _ in inputs])
+        raise build.FuseFailed("compiled no further")
+
+    monkeypatch.setattr(build, "compile_library", compile_library)
+    refused = build.build_entry(entry, library_key(entry), SECRET)
+    assert refused.payload["reason"] == "compiled no further"
+    assert len(given) == 2 and given[0] is not None and given[1] is None
+
+
 # -- a library's calls -------------------------------------------------------------------------
 
 

@@ -26,7 +26,11 @@ import torch
 from ...fx_ops import aten_op_names
 from .aoti import scripts_called_in_export
 
-__all__ = ["as_tuple", "aten_graph", "one_call", "view_copies"]
+__all__ = ["CALL_FAILED", "as_tuple", "aten_graph", "one_call", "view_copies"]
+
+# Set in a graph of one call's meta where the call raised (the export
+# could not trace the function through it).
+CALL_FAILED = "ltc_cache_call_failed"
 
 
 def as_tuple(results: Any) -> tuple[Any, ...]:
@@ -35,12 +39,12 @@ def as_tuple(results: Any) -> tuple[Any, ...]:
 
 def _views_as_reshapes(traced: torch.fx.GraphModule) -> None:
     """Each ``view`` of ``traced`` made a ``reshape``, which is that view
-    where the strides allow it and a copy where not. The compile traces
-    the graph again on fake tensors of its own, whose strides can differ
-    from the first trace's where a region's output was laid out otherwise:
-    T5's training forward failed there, through ``torch.export`` ("Cannot
-    view a tensor with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as
-    (4, 16, 8)").
+    where the strides allow it and a copy where not. The export traces the
+    graph again on fake tensors of its own, functionalized, whose strides
+    can differ from the first trace's where a region's output was laid out
+    otherwise: T5's training forward failed there ("Cannot view a tensor
+    with shape [2, 2, 16, 8] and strides (256, 16, 1, 32) as (4, 16, 8)"),
+    and fails so in a trace of one call (:func:`.build._compiled`).
     A library returns no view of its own making (aliases are taken from
     the reference's outputs, :func:`.build.output_aliases`), so what the view
     shared is nobody's business."""
@@ -102,14 +106,20 @@ def one_call(fn: Callable[..., Any], inputs: int, outputs: int) -> torch.fx.Grap
     TorchScript function, a plan's per-region path) on them, run
     unoptimized as a replay runs it, and returns its ``outputs`` tensors:
     what AOTInductor exports, with :func:`view_copies` among its
-    decompositions (:func:`.aoti.compile_library`), and compiles."""
+    decompositions (:func:`.aoti.compile_library`), and compiles. Where
+    the call raises, the graph's meta says so (:data:`CALL_FAILED`)."""
     def call(*args: torch.Tensor) -> tuple[Any, ...]:
-        with torch.jit.optimized_execution(False), scripts_called_in_export():
-            return as_tuple(fn(*args))
+        try:
+            with torch.jit.optimized_execution(False), scripts_called_in_export():
+                return as_tuple(fn(*args))
+        except Exception:
+            module.meta[CALL_FAILED] = True
+            raise
 
     graph = torch.fx.Graph()
     called = graph.call_function(call, tuple(graph.placeholder(f"input_{i}")
                                              for i in range(inputs)))
     graph.output(tuple(graph.call_function(operator.getitem, (called, i))
                        for i in range(outputs)))
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    return module

@@ -37,7 +37,7 @@ from ...entries.kinds import EntryKind
 from ...errors import FuseFailed, UnexpectedPackage
 from ..replay import build_function
 from .aoti import compile_library, exports_call_scripts
-from .aten_graph import as_tuple, aten_graph, one_call, view_copies
+from .aten_graph import CALL_FAILED, as_tuple, aten_graph, one_call, view_copies
 from .cpu_isa import library_needs
 from .exact import no_further_from_exact
 from .governor import timed_alone
@@ -169,13 +169,9 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
     put_back(inputs, writes, before)
     aliases = output_aliases(expected, inputs)
     traceable = traced or reference
-    # One trace where the export can call TorchScript: the export's own.
-    graph, decompositions = ((one_call(traceable, len(inputs), len(expected)), view_copies())
-                             if exports_call_scripts() else (aten_graph(traceable, inputs), None))
     try:
-        library, inductor_isa = compile_library(graph, inputs,
-                                                {**inductor_settings(), **(settings or {})},
-                                                decompositions)
+        library, inductor_isa = _compiled(traceable, inputs, len(expected),
+                                          {**inductor_settings(), **(settings or {})})
     except UnexpectedPackage as exc:
         raise FuseFailed(str(exc)) from None
     isa = library_needs(inductor_isa)
@@ -207,6 +203,25 @@ def build_library(reference: Callable[..., Any], inputs: list[torch.Tensor], *, 
         slower = (f"{NOT_FASTER}: {fused_ms:.3f} ms a call against {versus}'s "
                   f"{script_ms:.3f} ms (CPU time)")
     return Built(library, isa, aliases, restride, stats, slower)
+
+
+def _compiled(traceable: Callable[..., Any], inputs: list[torch.Tensor], outputs: int,
+              settings: Mapping[str, Any]) -> tuple[bytes, str]:
+    """:func:`~.aoti.compile_library` of ``traceable``: traced once, by the
+    export, as one call where the export can call TorchScript; where it
+    cannot, or where its trace of the call fails, from the aten graph
+    ``make_fx`` traces, its views made reshapes (T5's training forward:
+    a view of a tensor the functionalized trace laid out otherwise)."""
+    if exports_call_scripts():
+        graph = one_call(traceable, len(inputs), outputs)
+        try:
+            return compile_library(graph, inputs, settings, view_copies())
+        except Exception as exc:
+            if not graph.meta.get(CALL_FAILED):
+                raise
+            logger.info("the export could not trace the call (%s); traced to an aten graph "
+                        "first", " ".join(str(exc).split())[:200])
+    return compile_library(aten_graph(traceable, inputs), inputs, settings)
 
 
 def refusal_reason(exc: Exception) -> str:
