@@ -350,6 +350,12 @@ class TwoMasks(nn.Module):
         return x.masked_fill(a.expand(2, 8, 8), 0.0) + x.masked_fill(b.expand(2, 8, 8), 1.0)
 
 
+def _two_masks_entry(tmp_path):
+    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
+    return cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()),
+                                        [torch.randn(2, 8, 8)]).entry
+
+
 def test_a_graph_with_constant_masks_is_traced_for_its_library(tmp_path):
     """TorchScript's optimizing executor would fold both masks into
     constants and compare them (aten.equal), which fake tensors cannot
@@ -357,9 +363,7 @@ def test_a_graph_with_constant_masks_is_traced_for_its_library(tmp_path):
     from ltc_cache.graph.fused import build
     from ltc_cache.graph.fused.aten_graph import aten_graph
 
-    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
-    x = torch.randn(2, 8, 8)
-    entry = cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()), [x]).entry
+    entry = _two_masks_entry(tmp_path)
     inputs = build.example_inputs(entry)
     traced = aten_graph(build_function(entry.ir), inputs)
     x = next(t for source, t in zip(entry.inputs, inputs, strict=True) if source.kind == "arg")
@@ -376,9 +380,7 @@ def test_a_library_is_compiled_from_one_call_or_the_aten_graph_where_export_cann
     entry's function computes."""
     from ltc_cache.graph.fused import build
 
-    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
-    x = torch.randn(2, 8, 8)
-    entry = cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()), [x]).entry
+    entry = _two_masks_entry(tmp_path)
     given = []
 
     def compile_library(graph, inputs, settings, decompositions=None):
@@ -410,9 +412,7 @@ def test_where_the_export_cannot_trace_the_call_the_aten_graph_is_compiled(tmp_p
     (the compile) refuses the library at once."""
     from ltc_cache.graph.fused import build
 
-    cache = GraphCache(CacheConfig(directory=tmp_path, fuse="off"))
-    x = torch.randn(2, 8, 8)
-    entry = cache.extract_compiled_graph(fx.symbolic_trace(TwoMasks()), [x]).entry
+    entry = _two_masks_entry(tmp_path)
     given = []
 
     def compile_library(graph, inputs, settings, decompositions=None):

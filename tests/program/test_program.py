@@ -814,7 +814,7 @@ def test_a_capture_starts_the_fuse_worker_before_anything_is_traced(cache_dir, m
                                                                      dynamo_reset):
     """A program capture is a cold run's first miss: the fused tier's worker
     is started then, before Dynamo, AOTAutograd or LTC has traced a graph
-    (its compile imports Inductor while they do), once."""
+    (its compile imports Inductor while they do)."""
     import torch
 
     from ltc_cache.graph.fused import tier

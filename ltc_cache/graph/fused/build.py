@@ -4,9 +4,8 @@ the path of a user's call).
 The library is compiled from the entry alone, so any process can do it:
 the stored TorchScript function is exported (traced on fake tensors, in a
 graph of one call: :mod:`.aten_graph`) and compiled by AOTInductor
-(:mod:`.aoti`) with the
-graph's inputs as the library's inputs, in the TorchScript function's
-order. Inputs are made from the layouts the entry recorded
+(:mod:`.aoti`) with the graph's inputs as the library's inputs, in the
+TorchScript function's order. Inputs are made from the layouts the entry recorded
 (``input_specs``); stored constants are used as they are.
 
 Before it is stored, the library is checked against the TorchScript
